@@ -1,0 +1,121 @@
+"""The `gpuobs` command line."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+
+from . import __version__
+
+
+@click.group()
+@click.version_option(__version__, prog_name="gpuobs")
+def main() -> None:
+    """gpuobs: GPU observability and alerting."""
+
+
+@main.group()
+def sim() -> None:
+    """The NVML simulator (a libnvidia-ml.so.1 built from source)."""
+
+
+@sim.command("build")
+@click.option("--force", is_flag=True, help="Rebuild even if a cached library matches the source.")
+def sim_build(force: bool) -> None:
+    """Compile the simulator library and print its path."""
+    from .sim import BuildError, build
+
+    try:
+        click.echo(build(force=force))
+    except BuildError as e:
+        raise click.ClickException(str(e)) from None
+
+
+@sim.command("exec", context_settings={"ignore_unknown_options": True})
+@click.option("--scenario", "scenario_file", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="Scenario YAML describing the simulated node.")
+@click.option("--state-dir", type=click.Path(file_okay=False),
+              help="Keep the state file here (for live changes with `gpuobs sim inject`).")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def sim_exec(scenario_file: str, state_dir: str | None, command: tuple[str, ...]) -> None:
+    """Run COMMAND with the simulator loaded as libnvidia-ml.so.1 and the scenario applied."""
+    from .sim import Simulator
+    from .sim.scenario import ScenarioError
+
+    try:
+        simulator = Simulator.from_file(scenario_file, directory=state_dir)
+    except ScenarioError as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"gpuobs sim: simulated GPUs from {scenario_file}; state {simulator.state_path}", err=True)
+    try:
+        proc = subprocess.Popen(list(command), env=simulator.env())
+    except OSError as e:
+        simulator.close()
+        raise click.ClickException(f"cannot run {command[0]}: {e}") from None
+    previous = signal.signal(signal.SIGTERM, lambda *_: proc.terminate())
+    try:
+        code = proc.wait()
+    except KeyboardInterrupt:
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        simulator.close()
+    sys.exit(code if code >= 0 else 128 - code)
+
+
+@sim.command("inject")
+@click.option("--state", "state_file", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="State file of a running simulated node.")
+@click.option("--gpu", type=int, help="GPU slot (default: every GPU).")
+@click.option("--xid", type=int, help="Queue an XID event with this code.")
+@click.option("--lose", is_flag=True, help="The GPU falls off the bus (GPU_IS_LOST).")
+@click.option("--fail", "func", help="Make this NVML function fail (use with --error).")
+@click.option("--error", type=int, default=999, show_default=True, help="NVML return code for --fail.")
+@click.option("--times", type=int, help="Fail only this many calls.")
+@click.option("--clear", is_flag=True, help="Clear every injected fault and lost GPU.")
+def sim_inject(state_file: str, gpu: int | None, xid: int | None, lose: bool, func: str | None,
+               error: int, times: int | None, clear: bool) -> None:
+    """Change a running simulated node: XID events, lost GPUs, failing NVML calls."""
+    from .sim import SimState
+
+    st = SimState.open(state_file)
+    slots = range(st.s.gpu_slots) if gpu is None else [gpu]
+    try:
+        if clear:
+            st.clear_faults()
+            st.clear_init_error()
+            for s in slots:
+                st.lose_gpu(s, False)
+        for s in slots:
+            if xid is not None:
+                st.xid(s, xid)
+            if lose:
+                st.lose_gpu(s)
+        if func:
+            st.fail(func, error, gpu=gpu, times=times)
+    except (IndexError, KeyError) as e:
+        raise click.ClickException(str(e.args[0])) from None
+
+
+@sim.command("calls")
+@click.option("--state", "state_file", required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--reset", is_flag=True, help="Zero the counters after printing.")
+def sim_calls(state_file: str, reset: bool) -> None:
+    """Print NVML calls per function made against a simulated node."""
+    from .sim import SimState
+
+    st = SimState.open(state_file)
+    for name, n in sorted(st.calls().items()):
+        click.echo(f"{n:10d}  {name}")
+    if reset:
+        st.reset_calls()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,437 @@
+"""Scenarios: a simulated node described in YAML, written into a state file.
+
+```yaml
+driver_version: "590.48.01"      # optional
+cuda_version: "13.1"             # optional
+gpus:
+  - profile: h100-sxm-80gb        # a built-in profile (gpuobs.sim.profiles) ...
+    count: 8
+    behaviour: steady             # idle | steady | ramp | noise (default idle)
+    period_s: 300                 # ramp length / noise interval
+    mig: [3g.40gb, 2g.20gb, 1g.10gb, 1g.10gb]   # optional MIG layout
+    overrides: {power_w: {limit: 600}}          # deep-merged into the profile
+  - capture: shared/captures/linux-x86_64__nvidia-h200__590.48.01.txt   # ... or a real capture
+    phase: load                   # idle | load
+processes:                        # optional, per GPU slot
+  - {gpu: 0, pid: 4242, name: python train.py, used_mib: 30000, sm_util: 90}
+```
+Relative capture paths resolve against the scenario file's folder, then the current directory.
+"""
+
+from __future__ import annotations
+
+import copy
+import ctypes
+import hashlib
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import layout, profiles
+from .layout import Gpu, Val
+from .state import SimState, set_counter, set_val
+
+MIB = 1024 * 1024
+NO_ID = 0xFFFFFFFF  # gpuInstanceId/computeInstanceId of a process outside MIG
+
+ARCHITECTURES = {"kepler": 2, "maxwell": 3, "pascal": 4, "volta": 5, "turing": 6, "ampere": 7,
+                 "ada lovelace": 8, "ada": 8, "hopper": 9, "blackwell": 10}
+BRANDS = {"quadro": 1, "tesla": 2, "nvs": 3, "geforce": 5, "titan": 6, "quadro rtx": 12,
+          "nvidia rtx": 13, "nvidia": 14}
+CLOCKS = ("graphics", "sm", "memory", "video")  # nvmlClockType_t order
+THRESHOLDS = {"shutdown": 0, "slowdown": 1, "memory_max": 2, "gpu_max": 3}  # nvmlTemperatureThresholds_t
+POLICIES = {"power": 0, "sw_thermal": 1, "sync_boost": 2, "hw_thermal": 3, "hw_power_brake": 5}
+GPM_SLOT = {name: i for i, name in enumerate(layout.GPM_METRICS.values())}
+# GPU instance ids as NVIDIA places them on an H100/A100, first free one per profile size.
+GI_IDS = {1: [7, 8, 9, 10, 11, 12, 13], 2: [3, 4, 5], 3: [1, 2], 4: [1], 7: [0]}
+MIG_SMS = {1: 16, 2: 32, 3: 60, 4: 64, 7: 132}
+HGX_BUSES = [0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB]
+
+
+class ScenarioError(ValueError):
+    """A scenario that cannot be applied; the message names the offending entry."""
+
+
+def _num(v: Val, value: Any, scale: float = 1.0) -> None:
+    set_val(v, None if value is None else float(value) * scale)
+
+
+def _str(s: layout.Str, value: str | bytes | None) -> None:
+    if value is None:
+        s.ret = 3
+        return
+    raw = value if isinstance(value, bytes) else value.encode()
+    s.s = raw[: layout.STR_LEN - 1]
+    s.ret = 0
+
+
+def _sub(profile: dict, key: str) -> dict:
+    value = profile.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def _identity(g: Gpu, p: dict, slot: int, node: str) -> None:
+    _str(g.name, p.get("name"))
+    uuid = p.get("uuid")
+    if not uuid or set(uuid.replace("GPU-", "").replace("-", "")) <= {"0"}:  # masked in captures
+        h = hashlib.sha1(f"{node}/{slot}".encode()).hexdigest()
+        uuid = f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+    _str(g.uuid, uuid)
+    serial = p.get("serial")
+    _str(g.serial, None if serial is None else f"{serial[:-3]}{slot:03d}" if len(serial) > 3 else serial)
+    _str(g.vbios, p.get("vbios"))
+    _str(g.board_part, p.get("board_part_number"))
+    _str(g.inforom_image, p.get("inforom_image"))
+    brand = p.get("brand")
+    _num(g.brand, None if brand is None else BRANDS.get(str(brand).lower(), 0))
+    arch = p.get("architecture")
+    _num(g.arch, None if arch is None else ARCHITECTURES.get(str(arch).lower(), 0xFFFFFFFF))
+    minor = p.get("minor_number")
+    _num(g.minor, slot if minor is None else minor + slot)
+    cc = p.get("compute_capability") or [None, None]
+    _num(g.cc_major, cc[0])
+    _num(g.cc_minor, cc[1])
+    _num(g.persistence, p.get("persistence_mode"))
+    _num(g.compute_mode, p.get("compute_mode"))
+    _num(g.num_cores, p.get("cores"))
+    pci = _sub(p, "pci")
+    bus = HGX_BUSES[slot] if slot < len(HGX_BUSES) else 0x10 + slot
+    if pci.get("bus") is not None and slot == 0:
+        bus = pci["bus"]
+    domain, device = pci.get("domain") or 0, pci.get("device") or 0
+    _str(g.bus_id, f"{domain:08X}:{bus:02X}:{device:02X}.0")
+    _num(g.pci_domain, domain)
+    _num(g.pci_bus, bus)
+    _num(g.pci_device, device)
+    _num(g.pci_device_id, pci.get("device_id"))
+    _num(g.pci_subsystem_id, pci.get("subsystem_id"))
+
+
+def _memory(g: Gpu, p: dict) -> None:
+    mem, bar1 = _sub(p, "memory_mib"), _sub(p, "bar1_mib")
+    _num(g.mem_total, mem.get("total"), MIB)
+    _num(g.mem_reserved, mem.get("reserved"), MIB)
+    _num(g.mem_used, mem.get("used"), MIB)
+    _num(g.bar1_total, bar1.get("total"), MIB)
+    _num(g.bar1_used, bar1.get("used"), MIB)
+
+
+def _power_thermal_clocks(g: Gpu, p: dict) -> None:
+    util, power, temp = _sub(p, "utilization_pct"), _sub(p, "power_w"), _sub(p, "temperature_c")
+    _num(g.util_gpu, util.get("gpu"))
+    _num(g.util_mem, util.get("memory"))
+    _num(g.util_enc, util.get("encoder"))
+    _num(g.util_dec, util.get("decoder"))
+    _num(g.power_mw, power.get("draw", power.get("average")), 1000)
+    _num(g.power_avg_mw, power.get("average"), 1000)
+    _num(g.power_limit_mw, power.get("limit"), 1000)
+    _num(g.enforced_limit_mw, power.get("enforced_limit", power.get("limit")), 1000)
+    _num(g.default_limit_mw, power.get("default_limit"), 1000)
+    _num(g.min_limit_mw, power.get("min_limit"), 1000)
+    _num(g.max_limit_mw, power.get("max_limit"), 1000)
+    draw = power.get("draw") or power.get("average")
+    if "nvmlDeviceGetTotalEnergyConsumption" in p.get("unsupported", []) or draw is None:
+        set_val(g.energy_mj, None)
+    else:  # energy since driver load: start at an hour's worth, growing at the draw
+        set_val(g.energy_mj, draw * 3600 * 1000, "counter", amp=draw * 1000)
+    _num(g.temp_gpu, temp.get("gpu"))
+    _num(g.temp_mem, temp.get("memory"))
+    _num(g.temp_margin, temp.get("margin"))
+    for i in range(8):
+        set_val(g.temp_threshold[i], None)
+    for name, i in THRESHOLDS.items():
+        _num(g.temp_threshold[i], temp.get(name))
+    clocks, maxc = _sub(p, "clocks_mhz"), _sub(p, "max_clocks_mhz")
+    for i, name in enumerate(CLOCKS):
+        _num(g.clock[i], clocks.get(name))
+        _num(g.max_clock[i], maxc.get(name))
+    _num(g.pstate, p.get("pstate"))
+    fan = p.get("fan_speed_pct")
+    _num(g.fan_count, None if fan is None else 1)
+    _num(g.fan[0], fan)
+    _num(g.clock_events, p.get("clock_event_reasons"))
+    _num(g.clock_events_supported, None if p.get("clock_event_reasons") is None else 0x1FF)
+    viol = p.get("violation_us")
+    for i in range(layout.PERF_POLICIES):
+        set_val(g.violation_ns[i], None if viol is None else 0.0, "counter")
+    for name, i in POLICIES.items():
+        if viol is not None:
+            set_val(g.violation_ns[i], None if viol.get(name) is None else viol[name] * 1000.0, "counter")
+
+
+def _pcie_ecc(g: Gpu, p: dict) -> None:
+    pcie = _sub(p, "pcie")
+    _num(g.pcie_gen, pcie.get("gen"))
+    _num(g.pcie_max_gen, pcie.get("max_gen"))
+    _num(g.pcie_gpu_max_gen, pcie.get("gpu_max_gen", pcie.get("max_gen")))
+    _num(g.pcie_width, pcie.get("width"))
+    _num(g.pcie_max_width, pcie.get("max_width"))
+    _num(g.pcie_replay, pcie.get("replay"))
+    for v, key in ((g.pcie_tx_bytes, "tx_kbps"), (g.pcie_rx_bytes, "rx_kbps")):
+        rate = pcie.get(key)
+        set_val(v, None if rate is None else 0.0, "counter", amp=(rate or 0) * 1000.0)
+    ecc = _sub(p, "ecc")
+    _num(g.ecc_current, ecc.get("mode"))
+    _num(g.ecc_pending, ecc.get("pending"))
+    for i, key in enumerate(("corrected_volatile", "corrected_aggregate",
+                             "uncorrected_volatile", "uncorrected_aggregate")):
+        set_val(g.ecc[i], ecc.get(key), "counter")
+    retired = p.get("retired_pages") or {}
+    _num(g.retired_sbe, retired.get("sbe"))
+    _num(g.retired_dbe, retired.get("dbe"))
+    _num(g.retired_pending, retired.get("pending"))
+    remap = p.get("remapped_rows") or {}
+    _num(g.remap_cor, remap.get("correctable"))
+    _num(g.remap_unc, remap.get("uncorrectable"))
+    _num(g.remap_pending, remap.get("pending"))
+    _num(g.remap_failure, remap.get("failure"))
+
+
+def _nvlink(g: Gpu, p: dict, slot: int) -> None:
+    nv = p.get("nvlink")
+    mig_on = (p.get("mig") or {}).get("mode") == 1
+    g.link_count = 0 if not nv or mig_on else min(int(nv["links"]), layout.MAX_LINKS)
+    for i in range(g.link_count):
+        link = g.links[i]
+        set_val(link.state, 1)
+        set_val(link.version, nv.get("version", 4))
+        set_val(link.speed_mbps, nv.get("speed_mbps", 53125))
+        set_val(link.tx_bytes, 0.0, "counter", amp=nv.get("tx_bytes_per_s", 0.0))
+        set_val(link.rx_bytes, 0.0, "counter", amp=nv.get("rx_bytes_per_s", 0.0))
+        for v in (link.crc_errors, link.replay_errors, link.recovery_errors, link.ecc_errors):
+            set_val(v, 0.0, "counter")
+        _str(link.remote_bus_id, f"00000000:{0xC0 + i // 4:02X}:{i % 4:02X}.0")  # NVSwitch ports
+
+
+def _gpm(vals, gpm: dict | None) -> None:
+    for name, i in GPM_SLOT.items():
+        _num(vals[i], None if gpm is None else gpm.get(name, 0.0))
+
+
+def _mig(g: Gpu, p: dict, slot: int) -> None:
+    mig = p.get("mig")
+    _num(g.mig_current, None if mig is None else mig.get("mode", 0))
+    _num(g.mig_pending, None if mig is None else mig.get("pending", mig.get("mode", 0)))
+    devices = (mig or {}).get("devices") or []
+    if len(devices) > layout.MAX_MIG:
+        raise ScenarioError(f"{len(devices)} MIG devices exceed the maximum of {layout.MAX_MIG}")
+    g.mig_count = len(devices)
+    uuid = g.uuid.s.decode(errors="replace")
+    for i, d in enumerate(devices):
+        m = g.migs[i]
+        m.gi_id, m.ci_id = d["gi_id"], d.get("ci_id", 0)
+        slices = int(str(d.get("profile", "1g"))[0]) if d.get("profile") else 1
+        m.gi_slices, m.ci_slices = slices, slices
+        m.gi_profile_id = d.get("gi_profile_id", {1: 0, 2: 5, 3: 2, 4: 3, 7: 4}.get(slices, 0))
+        m.sm_count = d.get("sm_count") or MIG_SMS.get(slices, 16)
+        m.ce_count, m.dec_count = d.get("ce_count", slices), d.get("dec_count", slices)
+        m.enc_count, m.jpg_count, m.ofa_count = d.get("enc_count", 0), d.get("jpg_count", slices), d.get("ofa_count", 0)
+        _str(m.profile, d.get("profile", f"{slices}g"))
+        _str(m.uuid, f"MIG-{uuid[4:12]}-{i:04d}-{m.gi_id:04d}-{m.ci_id:04d}-{uuid[-12:]}")
+        mem, bar1 = d.get("memory_mib") or {}, d.get("bar1_mib") or {}
+        _num(m.mem_total, mem.get("total"), MIB)
+        _num(m.mem_reserved, mem.get("reserved", 0), MIB)
+        _num(m.mem_used, mem.get("used", 0), MIB)
+        _num(m.bar1_total, bar1.get("total"), MIB)
+        _num(m.bar1_used, bar1.get("used", 0), MIB)
+        _gpm(m.gpm, p.get("gpm"))
+
+
+def _processes(g: Gpu, procs: list[dict]) -> None:
+    if len(procs) > layout.MAX_PROCS:
+        raise ScenarioError(f"{len(procs)} processes exceed the maximum of {layout.MAX_PROCS} per GPU")
+    g.proc_count = len(procs)
+    for i, pr in enumerate(procs):
+        slot = g.procs[i]
+        kind = str(pr.get("type", "C"))
+        slot.pid = int(pr["pid"])
+        slot.kind = (1 if "C" in kind else 0) | (2 if "G" in kind else 0)
+        slot.gi_id = NO_ID if pr.get("gi_id") is None else pr["gi_id"]
+        slot.ci_id = NO_ID if pr.get("ci_id") is None else pr["ci_id"]
+        slot.used_mem = int((pr.get("used_mib") or 0) * MIB)
+        slot.sm_util, slot.mem_util = int(pr.get("sm_util", 0)), int(pr.get("mem_util", 0))
+        _str(slot.name, pr.get("name", f"pid{slot.pid}"))
+
+
+def apply_profile(st: SimState, slot: int, p: dict, node: str = "node") -> None:
+    """Write one GPU profile (schema of gpuobs.sim.profiles) into a slot and make it present."""
+    g = st.s.gpus[slot]
+    ctypes.memset(ctypes.addressof(g), 0, ctypes.sizeof(Gpu))
+    _identity(g, p, slot, node)
+    _memory(g, p)
+    _power_thermal_clocks(g, p)
+    _pcie_ecc(g, p)
+    _nvlink(g, p, slot)
+    _num(g.gpm_supported, int(p.get("gpm") is not None))  # pre-Hopper: supported call, isSupportedDevice 0
+    _gpm(g.gpm, p.get("gpm"))
+    _mig(g, p, slot)
+    _processes(g, p.get("processes") or [])
+    in_use = sum(pr.used_mem for pr in g.procs[: g.proc_count] if pr.gi_id == NO_ID)
+    if in_use and not g.mem_used.ret and g.mem_used.base < in_use:  # memory used covers its processes
+        set_val(g.mem_used, float(in_use))
+    g.supported_events = int(p.get("events", 0x8))
+    for name in p.get("unsupported", []):
+        st.unsupported(slot, name)
+    g.present = 1
+
+
+def behave(g: Gpu, p: dict, kind: str, period: float = 300.0) -> None:
+    """Make a GPU's live values move: idle (flat), steady (busy with jitter), ramp (idle -> busy
+    over `period` seconds) or noise (random between idle and busy, new every `period` seconds)."""
+    if kind == "idle":
+        return
+    if kind not in ("steady", "ramp", "noise"):
+        raise ScenarioError(f"unknown behaviour {kind!r}; use idle, steady, ramp or noise")
+    power, clocks = _sub(p, "power_w"), _sub(p, "max_clocks_mhz")
+    limit = power.get("enforced_limit") or power.get("limit") or 300.0
+    busy = {  # (value, idle value) pairs; Val, busy, idle
+        "util_gpu": (98.0, 0.0), "util_mem": (60.0, 0.0),
+        "power_mw": (0.85 * limit * 1000, (power.get("draw") or 0.1 * limit) * 1000),
+        "temp_gpu": (68.0, float(_sub(p, "temperature_c").get("gpu") or 35)),
+    }
+    for attr, (hi, lo) in busy.items():
+        v = getattr(g, attr)
+        if v.ret:
+            continue
+        if kind == "steady":
+            set_val(v, hi, "noise", amp=0.02 * hi, period=1.0)
+        elif kind == "ramp":
+            set_val(v, lo, "ramp", amp=hi - lo, period=period)
+        else:
+            set_val(v, (hi + lo) / 2, "noise", amp=(hi - lo) / 2, period=period)
+    for i, name in enumerate(("graphics", "sm")):
+        if not g.clock[i].ret and clocks.get(name):
+            set_val(g.clock[i], clocks[name])
+    if not g.pstate.ret:
+        set_val(g.pstate, 0)
+    if not g.clock_events.ret:
+        set_val(g.clock_events, 0)  # busy: not idle
+    if not g.power_mw.ret and not g.energy_mj.ret:
+        set_counter(g.energy_mj, rate=g.power_mw.base)
+    for name, value in (("sm_util", 85.0), ("sm_occupancy", 45.0), ("any_tensor_util", 60.0),
+                        ("dram_bw_util", 55.0), ("fp16_util", 30.0), ("fp32_util", 10.0),
+                        ("graphics_util", 98.0)):
+        v = g.gpm[GPM_SLOT[name]]
+        if not v.ret:
+            set_val(v, value, "noise", amp=2.0, period=1.0)
+
+
+def mig_layout(gpu_profile: dict, names: list[str]) -> dict:
+    """MIG section for a layout such as ["3g.40gb", "2g.20gb"], sized from the GPU's memory."""
+    total = _sub(gpu_profile, "memory_mib").get("total") or 81559
+    free_ids = copy.deepcopy(GI_IDS)
+    devices = []
+    for name in names:
+        slices = int(name.split("g", 1)[0])
+        if slices not in free_ids or not free_ids[slices]:
+            raise ScenarioError(f"MIG profile {name!r} does not fit this layout")
+        devices.append({"gi_id": free_ids[slices].pop(0), "ci_id": 0, "profile": name,
+                        "memory_mib": {"total": int(total * slices / 8.07), "used": 0, "reserved": 0},
+                        "bar1_mib": {"total": 1024 * 32 * slices // 7, "used": 0}})
+    return {"mode": 1, "pending": 1, "devices": devices}
+
+
+# Simulator-only keys a capture cannot show, by architecture.
+ARCH_EXTRAS = {
+    "Hopper": {"compute_capability": [9, 0], "gpm": dict.fromkeys(GPM_SLOT, 0.0)},
+    "Blackwell": {"compute_capability": [10, 0], "gpm": dict.fromkeys(GPM_SLOT, 0.0)},
+    "Ada Lovelace": {"compute_capability": [8, 9]},
+    "Ampere": {"compute_capability": [8, 0]},
+    "Turing": {"compute_capability": [7, 5]},
+}
+
+
+def _capture_profile(path: Path, phase: str) -> dict:
+    """First GPU of a capture, completed with what -q does not show (NVLink from `nvlink -s`)."""
+    from . import capture  # imported lazily: only capture-based scenarios need the parser
+
+    text = path.read_text(errors="replace")
+    found = capture.load_capture(path, phase)
+    if not found:
+        raise ScenarioError(f"no GPU in capture {path}")
+    p = found[0]
+    for key, value in ARCH_EXTRAS.get(p.get("architecture") or "", {}).items():
+        p.setdefault(key, copy.deepcopy(value))
+    p.setdefault("gpm", None)
+    speeds = [float(x) for x in re.findall(r"Link \d+: ([\d.]+) GB/s", text)]
+    p.setdefault("nvlink", {"links": len(speeds), "version": 4, "speed_mbps": int(speeds[0] * 1000),
+                            "tx_bytes_per_s": 0.0, "rx_bytes_per_s": 0.0} if speeds else None)
+    return p
+
+
+def _deep_merge(base: dict, extra: dict) -> dict:
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _deep_merge(base[key], value)
+        else:
+            base[key] = value
+    return base
+
+
+def _resolve(path: str, base: Path | None) -> Path:
+    candidates = [base / path] if base else []
+    candidates.append(Path(path))
+    for c in candidates:
+        if c.exists():
+            return c
+    raise ScenarioError(f"capture file {path!r} not found")
+
+
+def expand(spec: dict, base: Path | None = None) -> tuple[dict, list[tuple[dict, str, float]]]:
+    """Turn a scenario mapping into (driver info, [(profile, behaviour, period)] per GPU slot)."""
+    if not isinstance(spec, dict) or not isinstance(spec.get("gpus"), list):
+        raise ScenarioError("a scenario needs a 'gpus' list")
+    info = {"driver_version": str(spec.get("driver_version", "590.48.01")),
+            "cuda_version": str(spec.get("cuda_version", "13.1"))}
+    slots: list[tuple[dict, str, float]] = []
+    for n, entry in enumerate(spec["gpus"]):
+        if "capture" in entry:
+            base_profile = _capture_profile(_resolve(entry["capture"], base), entry.get("phase", "load"))
+            for key in ("driver_version", "cuda_version"):
+                if base_profile.get(key) and key not in spec:
+                    info[key] = base_profile[key]
+        elif "profile" in entry:
+            try:
+                base_profile = profiles.get(entry["profile"])
+            except KeyError as e:
+                raise ScenarioError(f"gpus[{n}]: {e.args[0]}") from None
+        else:
+            raise ScenarioError(f"gpus[{n}] needs 'profile' or 'capture'")
+        _deep_merge(base_profile, entry.get("overrides") or {})
+        if entry.get("mig"):
+            base_profile["mig"] = mig_layout(base_profile, list(entry["mig"]))
+        for _ in range(int(entry.get("count", 1))):
+            slots.append((copy.deepcopy(base_profile), entry.get("behaviour", "idle"),
+                          float(entry.get("period_s", 300))))
+    if len(slots) > layout.MAX_GPUS:
+        raise ScenarioError(f"{len(slots)} GPUs exceed the maximum of {layout.MAX_GPUS}")
+    for pr in spec.get("processes") or []:
+        gpu = int(pr.get("gpu", 0))
+        if not 0 <= gpu < len(slots):
+            raise ScenarioError(f"process {pr.get('pid')} names GPU {gpu}, which does not exist")
+        slots[gpu][0].setdefault("processes", []).append(pr)
+    return info, slots
+
+
+def apply(st: SimState, spec: dict, base: Path | None = None, node: str = "node") -> None:
+    """Write a whole scenario (a parsed YAML mapping) into a state file."""
+    info, slots = expand(spec, base)
+    _str(st.s.driver_version, info["driver_version"])
+    major, _, minor = info["cuda_version"].partition(".")
+    st.s.cuda_version = int(major) * 1000 + int(minor or 0) * 10
+    _str(st.s.nvml_version, "13." + info["driver_version"])
+    st.s.gpu_slots = len(slots)
+    for slot, (p, behaviour, period) in enumerate(slots):
+        apply_profile(st, slot, p, node)
+        behave(st.s.gpus[slot], p, behaviour, period)
+
+
+def load(path: str | Path) -> dict:
+    """Parse a scenario YAML file; ScenarioError on a missing file or bad YAML."""
+    path = Path(path)
+    try:
+        return yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise ScenarioError(f"cannot read scenario {path}: {e}") from None
