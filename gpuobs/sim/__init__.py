@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from . import scenario
-from .build import BuildError, build
+from .builder import BuildError, build
 from .state import SimState
 
 __all__ = ["BuildError", "SimState", "Simulator", "build", "preload"]

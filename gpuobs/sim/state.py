@@ -12,7 +12,7 @@ import os
 import time
 from pathlib import Path
 
-from . import build, layout
+from . import builder, layout
 from .layout import Gpu, State, Val
 
 NOT_SUPPORTED = 3  # NVML_ERROR_NOT_SUPPORTED
@@ -63,7 +63,7 @@ class SimState:
         self.path = path
         self._mm = mm
         self.s = State.from_buffer(mm)
-        self._ids = {name: i for i, name in enumerate(build.implemented_functions())}
+        self._ids = {name: i for i, name in enumerate(builder.implemented_functions())}
 
     @classmethod
     def create(cls, path: str | os.PathLike) -> "SimState":
