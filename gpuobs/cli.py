@@ -19,6 +19,36 @@ def main() -> None:
     """gpuobs: GPU observability and alerting."""
 
 
+@main.command()
+@click.option("--simulate", "scenario_file", type=click.Path(exists=True, dir_okay=False),
+              help="Read simulated GPUs from this scenario (default: the real driver, or the 8xH100 "
+                   "example scenario when no driver is present).")
+def smi(scenario_file: str | None) -> None:
+    """List the node's GPUs through NVML: name, utilization, memory, power, temperature, clock."""
+    import pynvml
+
+    from . import smi as smi_mod
+
+    sim = None
+    if scenario_file is None and not smi_mod.driver_present():
+        scenario_file = str(smi_mod.DEFAULT_SCENARIO)
+        click.echo(f"no NVIDIA driver found: using simulated GPUs from {scenario_file}")
+    elif scenario_file:
+        click.echo(f"using simulated GPUs from {scenario_file}")
+    if scenario_file:
+        from .sim import Simulator
+
+        sim = Simulator.from_file(scenario_file).activate()
+    try:
+        for line in smi_mod.rows():
+            click.echo(line)
+    except pynvml.NVMLError as e:
+        raise click.ClickException(f"NVML: {e}") from None
+    finally:
+        if sim:
+            sim.close()
+
+
 @main.group()
 def sim() -> None:
     """The NVML simulator (a libnvidia-ml.so.1 built from source)."""

@@ -158,3 +158,44 @@ def test_sim_build_command_prints_library_path():
     out = subprocess.run([*GPUOBS, "sim", "build"], capture_output=True, text=True, check=True, timeout=120)
     path = Path(out.stdout.strip())
     assert path.name == "libnvidia-ml.so.1" and path.exists()
+
+
+@pytest.mark.parametrize("scenario", sorted((REPO / "examples" / "scenarios").glob("*.yaml")), ids=lambda p: p.name)
+def test_example_scenarios_apply(tmp_path, scenario):
+    from gpuobs.sim import scenario as sc
+
+    spec = sc.load(scenario)
+    sim = Simulator.from_file(scenario, directory=tmp_path)
+    assert sim.state.s.gpu_slots == sum(int(g.get("count", 1)) for g in spec["gpus"])
+    sim.close()
+
+
+def test_smi_command_lists_simulated_gpus():
+    out = subprocess.run([*GPUOBS, "smi", "--simulate", str(SCENARIO)], capture_output=True, text=True,
+                         check=True, timeout=60)
+    lines = out.stdout.splitlines()
+    assert lines[0] == f"using simulated GPUs from {SCENARIO}"
+    assert lines[1] == "driver 590.48.01, 8 GPU(s)"
+    gpus = [line for line in lines if "NVIDIA H100 80GB HBM3" in line]
+    assert len(gpus) == 8 and all("61440/81559" in line for line in gpus)
+
+
+def test_scenario_errors_name_the_problem(tmp_path):
+    from gpuobs.sim.scenario import ScenarioError
+
+    for spec, message in [({}, "needs a 'gpus' list"),
+                          ({"gpus": [{"count": 2}]}, "needs 'profile' or 'capture'"),
+                          ({"gpus": [{"profile": "h100-sxm-80gb", "count": 65}]}, "exceed the maximum of 64"),
+                          ({"gpus": [{"profile": "h100-sxm-80gb", "mig": ["7g.80gb", "1g.10gb"]}]},
+                           "does not fit"),
+                          ({"gpus": [{"profile": "h100-sxm-80gb", "mig": ["7g.80gb"]}]}, None),
+                          ({"gpus": [{"profile": "h100-sxm-80gb", "mig": ["4g.40gb", "4g.40gb"]}]},
+                           "does not fit"),
+                          ({"gpus": [{"profile": "h100-sxm-80gb"}], "processes": [{"gpu": 3, "pid": 1}]},
+                           "names GPU 3"),
+                          ({"gpus": [{"capture": "nope.txt"}]}, "not found")]:
+        if message is None:
+            Simulator(spec, directory=tmp_path).close()
+            continue
+        with pytest.raises(ScenarioError, match=message):
+            Simulator(spec, directory=tmp_path)

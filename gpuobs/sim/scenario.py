@@ -323,8 +323,13 @@ def mig_layout(gpu_profile: dict, names: list[str]) -> dict:
     total = _sub(gpu_profile, "memory_mib").get("total") or 81559
     free_ids = copy.deepcopy(GI_IDS)
     devices = []
-    for name in names:
-        slices = int(name.split("g", 1)[0])
+    try:
+        sizes = [int(name.split("g", 1)[0]) for name in names]
+    except ValueError:
+        raise ScenarioError(f"MIG profiles look like '3g.40gb', got {names}") from None
+    if sum(sizes) > 7:
+        raise ScenarioError(f"MIG layout {names} does not fit: {sum(sizes)} of 7 compute slices")
+    for name, slices in zip(names, sizes):
         if slices not in free_ids or not free_ids[slices]:
             raise ScenarioError(f"MIG profile {name!r} does not fit this layout")
         devices.append({"gi_id": free_ids[slices].pop(0), "ci_id": 0, "profile": name,

@@ -1,0 +1,59 @@
+"""`gpuobs smi`: one line per GPU read through NVML, on the real driver or the simulator.
+
+It is the smallest end-to-end use of the stack: pynvml -> libnvidia-ml.so.1 (driver or
+simulator) -> values, and shows which of the two answered.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+DEFAULT_SCENARIO = Path(__file__).resolve().parents[1] / "examples" / "scenarios" / "8xh100.yaml"
+
+
+def driver_present() -> bool:
+    """True when a real NVIDIA driver answers nvmlInit (checked in a child, so that this
+    process can still load the simulator if it does not)."""
+    probe = "import pynvml; pynvml.nvmlInit()"
+    return subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=30).returncode == 0
+
+
+def _get(fn, *args, fmt="{}"):
+    import pynvml
+
+    try:
+        return fmt.format(fn(*args))
+    except pynvml.NVMLError as e:
+        return "N/A" if isinstance(e, pynvml.NVMLError_NotSupported) else f"ERR({e})"
+    except UnicodeDecodeError:
+        return "ERR(invalid UTF-8)"
+
+
+def rows() -> list[str]:
+    """One formatted line per GPU; NVML must be reachable (raises pynvml.NVMLError otherwise)."""
+    import pynvml as N
+
+    N.nvmlInit()
+    try:
+        out = [f"driver {N.nvmlSystemGetDriverVersion()}, {N.nvmlDeviceGetCount()} GPU(s)",
+               f"{'idx':>3}  {'name':<26} {'uuid':<17} {'util':>5} {'mem used/total MiB':>19} "
+               f"{'power W':>8} {'temp C':>6} {'sm MHz':>6}  pstate"]
+        for i in range(N.nvmlDeviceGetCount()):
+            try:
+                h = N.nvmlDeviceGetHandleByIndex(i)
+            except N.NVMLError as e:
+                out.append(f"{i:>3}  unavailable: {e}")
+                continue
+            mem = _get(lambda: (lambda m: f"{m.used >> 20}/{m.total >> 20}")(
+                N.nvmlDeviceGetMemoryInfo(h, version=N.nvmlMemory_v2)))
+            out.append(
+                f"{i:>3}  {_get(N.nvmlDeviceGetName, h):<26.26} {_get(N.nvmlDeviceGetUUID, h):<17.17} "
+                f"{_get(lambda: N.nvmlDeviceGetUtilizationRates(h).gpu, fmt='{}%'):>5} {mem:>19} "
+                f"{_get(lambda: N.nvmlDeviceGetPowerUsage(h) / 1000, fmt='{:.1f}'):>8} "
+                f"{_get(N.nvmlDeviceGetTemperature, h, 0):>6} {_get(N.nvmlDeviceGetClockInfo, h, 1):>6}  "
+                f"P{_get(N.nvmlDeviceGetPerformanceState, h)}")
+        return out
+    finally:
+        N.nvmlShutdown()
