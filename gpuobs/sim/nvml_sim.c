@@ -426,7 +426,8 @@ API nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t dev, char *name, unsigned len) {
     if (!m) return copy_str(&g->name, name, len);
     NEED(name);
     if (g->name.ret) return g->name.ret;
-    int n = snprintf(name, len, "%s MIG %s", g->name.s, m->profile.s);
+    int n = snprintf(name, len, "%.*s MIG %.*s", (int)strnlen(g->name.s, SIM_STR_LEN), g->name.s,
+                     (int)strnlen(m->profile.s, SIM_STR_LEN), m->profile.s);
     return n < 0 || (unsigned)n >= len ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
 }
 
@@ -837,7 +838,7 @@ API nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t dev, unsigned 
     memset(p, 0, sizeof(*p));
     snprintf(p->busId, sizeof(p->busId), "%.31s", l->remote_bus_id.s);
     unsigned dom = 0, bus = 0, devn = 0;
-    sscanf(l->remote_bus_id.s, "%x:%x:%x", &dom, &bus, &devn);
+    sscanf(p->busId, "%x:%x:%x", &dom, &bus, &devn); /* the bounded copy, not the shared string */
     p->domain = dom; p->bus = bus; p->device = devn;
     snprintf(p->busIdLegacy, sizeof(p->busIdLegacy), "%04X:%02X:%02X.0", dom & 0xFFFF, bus, devn);
     return NVML_SUCCESS;
