@@ -87,14 +87,16 @@ def sim_exec(scenario_file: str, state_dir: str | None, command: tuple[str, ...]
     except OSError as e:
         simulator.close()
         raise click.ClickException(f"cannot run {command[0]}: {e}") from None
-    previous = signal.signal(signal.SIGTERM, lambda *_: proc.terminate())
+    # Ctrl-C already reaches the child through the terminal's process group: the parent only
+    # waits, so the state file outlives the child. SIGTERM and SIGHUP are passed on.
+    forward = {sig: signal.signal(sig, lambda num, _: proc.send_signal(num))
+               for sig in (signal.SIGTERM, signal.SIGHUP)}
+    forward[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         code = proc.wait()
-    except KeyboardInterrupt:
-        proc.send_signal(signal.SIGINT)
-        code = proc.wait()
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, previous in forward.items():
+            signal.signal(sig, previous)
         simulator.close()
     sys.exit(code if code >= 0 else 128 - code)
 
@@ -114,7 +116,13 @@ def sim_inject(state_file: str, gpu: int | None, xid: int | None, lose: bool, fu
     """Change a running simulated node: XID events, lost GPUs, failing NVML calls."""
     from .sim import SimState
 
-    st = SimState.open(state_file)
+    if not (clear or lose or func or xid is not None):
+        raise click.UsageError("nothing to do: give --xid, --lose, --fail or --clear")
+    if times is not None and times < 1:
+        raise click.BadParameter("must be at least 1", param_hint="--times")
+    st = _open_state(state_file)
+    if gpu is not None and not 0 <= gpu < st.s.gpu_slots:
+        raise click.BadParameter(f"the node has GPU slots 0-{st.s.gpu_slots - 1}", param_hint="--gpu")
     slots = range(st.s.gpu_slots) if gpu is None else [gpu]
     try:
         if clear:
@@ -133,14 +141,21 @@ def sim_inject(state_file: str, gpu: int | None, xid: int | None, lose: bool, fu
         raise click.ClickException(str(e.args[0])) from None
 
 
+def _open_state(path: str):
+    from .sim import SimState
+
+    try:
+        return SimState.open(path)
+    except (ValueError, OSError) as e:
+        raise click.ClickException(f"{path} is not a simulator state file: {e}") from None
+
+
 @sim.command("calls")
 @click.option("--state", "state_file", required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("--reset", is_flag=True, help="Zero the counters after printing.")
 def sim_calls(state_file: str, reset: bool) -> None:
     """Print NVML calls per function made against a simulated node."""
-    from .sim import SimState
-
-    st = SimState.open(state_file)
+    st = _open_state(state_file)
     for name, n in sorted(st.calls().items()):
         click.echo(f"{n:10d}  {name}")
     if reset:

@@ -312,3 +312,79 @@ def test_thread_safety_under_concurrent_callers(make_sim):
     calls = sim.state.calls()
     assert calls["nvmlDeviceGetPowerUsage"] == 3 * 200 * 8  # exact: atomic accounting
     assert calls["nvmlGpmSampleAlloc"] == calls["nvmlGpmSampleFree"] == 3 * 200 * 8
+
+
+def test_gpm_metrics_get_rejects_more_metrics_than_the_struct_holds(make_sim):
+    make_sim(H100)
+    h = handle(0)
+    s1, s2 = N.nvmlGpmSampleAlloc(), N.nvmlGpmSampleAlloc()
+    N.nvmlGpmSampleGet(h, s1)
+    N.nvmlGpmSampleGet(h, s2)
+    mg = N.c_nvmlGpmMetricsGet_t()
+    mg.version, mg.numMetrics, mg.sample1, mg.sample2 = 1, N.NVML_GPM_METRIC_MAX + 1, s1, s2
+    with pytest.raises(N.NVMLError_InvalidArgument):
+        N.nvmlGpmMetricsGet(mg)
+
+
+def test_hang_for_one_call_blocks_that_call_until_cleared(make_sim):
+    sim = make_sim(H100)
+    idx = sim.state.fail("nvmlDeviceGetPowerUsage", 0, hang=True, times=1)
+    done = threading.Event()
+    t = threading.Thread(target=lambda: (N.nvmlDeviceGetPowerUsage(handle(0)), done.set()), daemon=True)
+    t.start()
+    assert not done.wait(0.3)
+    sim.state.clear_fault(idx)
+    assert done.wait(2)
+    assert N.nvmlDeviceGetPowerUsage(handle(0)) > 0  # used up: later calls answer at once
+
+
+def test_hung_init_blocks_only_its_caller(make_sim):
+    sim = make_sim(H100)
+    idx = sim.state.fail("nvmlInitWithFlags", 0, hang=True)
+    t = threading.Thread(target=N.nvmlInit, daemon=True)
+    t.start()
+    time.sleep(0.1)
+    start = time.monotonic()
+    assert N.nvmlSystemGetCudaDriverVersion() == 13010
+    assert N.nvmlDeviceGetCount() == 3
+    assert time.monotonic() - start < 0.5
+    sim.state.clear_fault(idx)
+    t.join(2)
+    assert not t.is_alive()
+
+
+def test_non_finite_values_clamp_instead_of_undefined_casts(make_sim):
+    sim = make_sim(H100)
+    g = sim.state.gpu(0)
+    set_val(g.temp_gpu, float("nan"))
+    set_val(g.temp_margin, -1e30)
+    set_val(g.energy_mj, 1e30)
+    assert N.nvmlDeviceGetTemperature(handle(0), 0) == 0
+    assert N.nvmlDeviceGetMarginTemperature(handle(0)) == -(2 ** 31)
+    assert N.nvmlDeviceGetTotalEnergyConsumption(handle(0)) == 2 ** 64 - 1
+    assert N.nvmlDeviceGetFieldValues(handle(0), [N.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION])[0].value.ullVal == 2 ** 64 - 1
+
+
+def test_process_utilization_never_writes_past_the_callers_array(make_sim):
+    make_sim({"gpus": [{"profile": "h100-sxm-80gb"}],
+              "processes": [{"gpu": 0, "pid": 100 + i, "used_mib": 1} for i in range(3)]})
+    samples = (N.c_nvmlProcessUtilizationSample_t * 4)()
+    n = ctypes.c_uint(1)
+    ret = N.nvmlLib.nvmlDeviceGetProcessUtilization(handle(0), samples, ctypes.byref(n), ctypes.c_ulonglong(0))
+    assert ret == N.NVML_ERROR_INSUFFICIENT_SIZE and n.value == 3
+    assert samples[1].pid == 0  # untouched
+
+
+def test_many_gpus_get_distinct_bus_ids_and_mig_memory_follows_profiles(make_sim):
+    make_sim({"gpus": [{"profile": "h100-sxm-80gb", "mig": ["3g.40gb", "2g.20gb", "1g.10gb"]},
+                       {"profile": "h100-sxm-80gb", "count": 40}],
+              "processes": [{"gpu": 0, "pid": 7, "gi_id": 1, "ci_id": 0, "used_mib": 2000}]})
+    buses = [N.nvmlDeviceGetPciInfo(handle(i)).busId for i in range(41)]
+    assert len(set(buses)) == 41
+    assert all(N.nvmlDeviceGetIndex(N.nvmlDeviceGetHandleByPciBusId(b)) == i for i, b in enumerate(buses))
+    h = handle(0)
+    migs = [N.nvmlDeviceGetMigDeviceHandleByIndex(h, i) for i in range(3)]
+    mem = [N.nvmlDeviceGetMemoryInfo(m, version=N.nvmlMemory_v2) for m in migs]
+    assert [m.total // (1024 * 1024) for m in mem] == [40448, 20096, 9984]
+    assert mem[0].used == 2000 * 1024 * 1024 and mem[1].used == 0
+    assert N.nvmlDeviceGetMemoryInfo(h, version=N.nvmlMemory_v2).used >= 2000 * 1024 * 1024

@@ -185,7 +185,15 @@ def test_scenario_errors_name_the_problem(tmp_path):
 
     for spec, message in [({}, "needs a 'gpus' list"),
                           ({"gpus": [{"count": 2}]}, "needs 'profile' or 'capture'"),
-                          ({"gpus": [{"profile": "h100-sxm-80gb", "count": 65}]}, "exceed the maximum of 64"),
+                          ({"gpus": [{"profile": "h100-sxm-80gb", "count": 65}]}, "count must be an integer from 1 to 64"),
+                          ({"gpus": [{"profile": "h100-sxm-80gb", "count": 10**8}]}, "count must be"),
+                          ({"gpus": [{"profile": "h100-sxm-80gb", "count": "x"}]}, "count must be"),
+                          ({"gpus": []}, "at least one GPU"),
+                          ({"gpus": [5]}, "must be a mapping"),
+                          ({"gpus": [{"profile": "h100-sxm-80gb"}], "processes": [{"gpu": 0}]}, "needs at least a pid"),
+                          ({"gpus": [{"profile": "h100-sxm-80gb"}], "processes": [{"gpu": 0, "pid": -5}]},
+                           "pid must be a number >= 0"),
+                          ({"gpus": [{"profile": "h100-sxm-80gb", "overrides": "nope"}]}, "invalid scenario"),
                           ({"gpus": [{"profile": "h100-sxm-80gb", "mig": ["7g.80gb", "1g.10gb"]}]},
                            "does not fit"),
                           ({"gpus": [{"profile": "h100-sxm-80gb", "mig": ["7g.80gb"]}]}, None),
@@ -199,3 +207,18 @@ def test_scenario_errors_name_the_problem(tmp_path):
             continue
         with pytest.raises(ScenarioError, match=message):
             Simulator(spec, directory=tmp_path)
+
+
+def test_inject_rejects_what_would_do_nothing(tmp_path):
+    sim = Simulator({"gpus": [{"profile": "h100-sxm-80gb", "count": 2}]}, directory=tmp_path)
+    state = str(sim.state_path)
+    for args, message in [([], "nothing to do"), (["--gpu", "9", "--xid", "79"], "GPU slots 0-1"),
+                          (["--fail", "nvmlDeviceGetPowerUsage", "--times", "0"], "must be at least 1")]:
+        out = subprocess.run([*GPUOBS, "sim", "inject", "--state", state, *args], capture_output=True,
+                             text=True, timeout=60)
+        assert out.returncode == 2 and message in out.stderr, (args, out.stderr)
+    junk = tmp_path / "junk.bin"
+    junk.write_bytes(b"x" * 10)
+    out = subprocess.run([*GPUOBS, "sim", "calls", "--state", str(junk)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "is not a simulator state file" in out.stderr
+    sim.close()

@@ -58,7 +58,11 @@ class Simulator:
         folder.mkdir(parents=True, exist_ok=True)
         self.library = build()
         self.state = SimState.create(folder / "state.bin")
-        scenario.apply(self.state, spec, base, node)
+        try:
+            scenario.apply(self.state, spec, base, node)
+        except Exception:
+            self.close()
+            raise
 
     @classmethod
     def from_file(cls, path: str | os.PathLike, **kw) -> "Simulator":

@@ -48,7 +48,6 @@ static sim_handle_t H[SIM_MAX_GPUS];
 static sim_handle_t HM[SIM_MAX_GPUS][SIM_MAX_MIG];
 
 static sim_state_t *S;
-static size_t S_len;
 static int init_refs;
 static pthread_mutex_t L = PTHREAD_MUTEX_INITIALIZER;
 
@@ -105,17 +104,14 @@ static double eval(const sim_val_t *v) {
     }
 }
 
-static unsigned u32(const sim_val_t *v) {
-    double x = eval(v);
-    return x <= 0 ? 0u : x >= 4294967295.0 ? 0xFFFFFFFFu : (unsigned)x;
-}
-
-static unsigned long long u64(const sim_val_t *v) {
-    double x = eval(v);
-    return x <= 0 ? 0ull : x >= 1.8446744073709552e19 ? ~0ull : (unsigned long long)x;
-}
-
-static int i32(const sim_val_t *v) { return (int)lround(eval(v)); }
+/* Conversions clamp to the target range; NaN reads as 0 (casting it would be undefined). */
+static unsigned to_u32(double x) { return !(x > 0) ? 0u : x >= 4294967295.0 ? 0xFFFFFFFFu : (unsigned)x; }
+static unsigned long long to_u64(double x) { return !(x > 0) ? 0ull : x >= 1.8446744073709552e19 ? ~0ull : (unsigned long long)x; }
+static long long to_i64(double x) { return x != x ? 0 : x <= -9.2e18 ? INT64_MIN : x >= 9.2e18 ? INT64_MAX : (long long)x; }
+static int to_i32(double x) { return x != x ? 0 : x <= -2147483648.0 ? INT32_MIN : x >= 2147483647.0 ? INT32_MAX : (int)lround(x); }
+static unsigned u32(const sim_val_t *v) { return to_u32(eval(v)); }
+static unsigned long long u64(const sim_val_t *v) { return to_u64(eval(v)); }
+static int i32(const sim_val_t *v) { return to_i32(eval(v)); }
 
 #define GET(vp) do { if ((vp)->ret) return (vp)->ret; } while (0)
 #define NEED(p) do { if (!(p)) return NVML_ERROR_INVALID_ARGUMENT; } while (0)
@@ -139,10 +135,7 @@ static char S_path[4096];
 static nvmlReturn_t map_state(void) {
     const char *path = getenv("GPUOBS_SIM_STATE");
     if (S && (init_refs > 0 || (path && strcmp(path, S_path) == 0))) return NVML_SUCCESS;
-    if (S) {
-        munmap(S, S_len);
-        S = NULL;
-    }
+    /* An earlier mapping is left in place (not unmapped): a racing caller may still read it. */
     if (!path || !*path || strlen(path) >= sizeof(S_path)) return NVML_ERROR_DRIVER_NOT_LOADED;
     int fd = open(path, O_RDWR | O_CLOEXEC);
     if (fd < 0) return NVML_ERROR_DRIVER_NOT_LOADED;
@@ -163,9 +156,8 @@ static nvmlReturn_t map_state(void) {
         H[g] = (sim_handle_t){HANDLE_MAGIC, g, -1};
         for (int i = 0; i < SIM_MAX_MIG; i++) HM[g][i] = (sim_handle_t){HANDLE_MAGIC, g, i};
     }
-    S_len = sizeof(sim_state_t);
     snprintf(S_path, sizeof(S_path), "%s", path);
-    S = s;
+    __atomic_store_n(&S, s, __ATOMIC_RELEASE);
     return NVML_SUCCESS;
 }
 
@@ -179,7 +171,8 @@ static int take(sim_fault_t *f) {
     while (r != -1) {
         if (r <= 0) return 0;
         if (__atomic_compare_exchange_n(&f->remaining, &r, r - 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-            if (r == 1) __atomic_store_n(&f->active, 0, __ATOMIC_RELEASE);
+            /* A used-up hang stays active: its callers block until Python clears it. */
+            if (r == 1 && f->delay_ms >= 0) __atomic_store_n(&f->active, 0, __ATOMIC_RELEASE);
             return 1;
         }
     }
@@ -253,10 +246,10 @@ static nvmlReturn_t do_init(int fid) {
                     __atomic_store_n(&S->init_error, 0, __ATOMIC_RELEASE);
             }
         }
-        if (r == NVML_SUCCESS) r = fault(fid, -1, -1);
-        if (r == NVML_SUCCESS) __atomic_add_fetch(&init_refs, 1, __ATOMIC_ACQ_REL);
     }
     pthread_mutex_unlock(&L);
+    if (r == NVML_SUCCESS) r = fault(fid, -1, -1); /* outside the lock: a hung init blocks only its caller */
+    if (r == NVML_SUCCESS) __atomic_add_fetch(&init_refs, 1, __ATOMIC_ACQ_REL);
     return r;
 }
 
@@ -334,7 +327,7 @@ API nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *v) { return cuda_version
 API nvmlReturn_t nvmlSystemGetProcessName(unsigned pid, char *name, unsigned len) {
     SYS(F_nvmlSystemGetProcessName);
     NEED(name && len);
-    for (int s = 0; s < S->gpu_slots; s++) {
+    for (int s = 0; s < S->gpu_slots && s < SIM_MAX_GPUS; s++) {
         sim_gpu_t *g = &S->gpus[s];
         for (int i = 0; g->present && i < g->proc_count && i < SIM_MAX_PROCS; i++) {
             if (g->procs[i].pid != pid) continue;
@@ -785,7 +778,7 @@ API nvmlReturn_t nvmlDeviceGetPcieThroughput(nvmlDevice_t dev, int counter, unsi
     sim_val_t *v = counter == 0 ? &g->pcie_tx_bytes : &g->pcie_rx_bytes;
     GET(v);
     usleep(20000); /* the driver samples over 20 ms and blocks the caller meanwhile */
-    *kbps = (unsigned)(v->amp / 1000.0);
+    *kbps = to_u32(v->amp / 1000.0);
     return NVML_SUCCESS;
 }
 
@@ -862,10 +855,10 @@ static nvmlReturn_t put(nvmlFieldValue_t *f, sim_val_t *v, int type, double scal
     f->valueType = type;
     double x = eval(v) * scale;
     switch (type) {
-    case VT_UINT: f->value.uiVal = x <= 0 ? 0 : x >= 4294967295.0 ? 0xFFFFFFFFu : (unsigned)x; break;
-    case VT_ULL: f->value.ullVal = x <= 0 ? 0 : (unsigned long long)x; break;
-    case VT_SLL: f->value.sllVal = (long long)x; break;
-    case VT_SINT: f->value.siVal = (int)lround(x); break;
+    case VT_UINT: f->value.uiVal = to_u32(x); break;
+    case VT_ULL: f->value.ullVal = to_u64(x); break;
+    case VT_SLL: f->value.sllVal = to_i64(x); break;
+    case VT_SINT: f->value.siVal = to_i32(x); break;
     default: f->value.dVal = x;
     }
     return NVML_SUCCESS;
@@ -881,7 +874,7 @@ static nvmlReturn_t put_link_sum(sim_gpu_t *g, nvmlFieldValue_t *f, size_t off, 
         sum += eval(v);
     }
     f->valueType = VT_ULL;
-    f->value.ullVal = (unsigned long long)(sum * scale);
+    f->value.ullVal = to_u64(sum * scale);
     return NVML_SUCCESS;
 }
 
@@ -1089,9 +1082,9 @@ API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t dev, nvmlProcessUt
     for (int i = 0; i < g->proc_count && i < SIM_MAX_PROCS; i++) have += (g->procs[i].kind & 1) != 0;
     if (have == 0) { *n = 0; return NVML_ERROR_NOT_FOUND; } /* no samples since `since` */
     if (!out || *n < have) { *n = have; return NVML_ERROR_INSUFFICIENT_SIZE; }
-    unsigned k = 0;
+    unsigned k = 0, cap = *n;
     unsigned long long ts = (unsigned long long)(now_s() * 1e6);
-    for (int i = 0; i < g->proc_count && i < SIM_MAX_PROCS; i++) {
+    for (int i = 0; i < g->proc_count && i < SIM_MAX_PROCS && k < cap; i++) { /* state may change meanwhile */
         sim_proc_t *p = &g->procs[i];
         if (!(p->kind & 1)) continue;
         out[k++] = (nvmlProcessUtilizationSample_t){p->pid, ts, p->sm_util, p->mem_util, 0, 0};
@@ -1282,6 +1275,7 @@ API nvmlReturn_t nvmlGpmMigSampleGet(nvmlDevice_t dev, unsigned gi_id, nvmlGpmSa
     return NVML_ERROR_INVALID_ARGUMENT;
 }
 
+#define GPM_METRIC_MAX 477 /* metrics[] length of nvmlGpmMetricsGet_t (NVML_GPM_METRIC_MAX) */
 typedef struct { const char *shortName, *longName, *unit; } nvmlGpmMetricInfo_t;
 typedef struct { unsigned metricId; nvmlReturn_t nvmlReturn; double value; nvmlGpmMetricInfo_t metricInfo; } nvmlGpmMetric_t;
 typedef struct { unsigned version, numMetrics; nvmlGpmSample_t sample1, sample2; nvmlGpmMetric_t metrics[]; } nvmlGpmMetricsGet_t;
@@ -1290,6 +1284,7 @@ API nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *mg) {
     SYS(F_nvmlGpmMetricsGet);
     NEED(mg);
     if (mg->version != 1) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    if (mg->numMetrics > GPM_METRIC_MAX) return NVML_ERROR_INVALID_ARGUMENT;
     pthread_mutex_lock(&L);
     sim_sample_t *a = sample_of(mg->sample1), *b = sample_of(mg->sample2);
     sim_sample_t s1 = a ? *a : (sim_sample_t){0}, s2 = b ? *b : (sim_sample_t){0};
@@ -1305,7 +1300,7 @@ API nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *mg) {
             if ((int)g->migs[i].gi_id == s1.gi) vals = g->migs[i].gpm;
         if (!vals) return NVML_ERROR_INVALID_ARGUMENT;
     }
-    for (unsigned i = 0; i < mg->numMetrics && i < 512; i++) {
+    for (unsigned i = 0; i < mg->numMetrics; i++) {
         nvmlGpmMetric_t *mt = &mg->metrics[i];
         mt->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
         mt->value = 0;

@@ -47,7 +47,9 @@ GPM_SLOT = {name: i for i, name in enumerate(layout.GPM_METRICS.values())}
 # GPU instance ids as NVIDIA places them on an H100/A100, first free one per profile size.
 GI_IDS = {1: [7, 8, 9, 10, 11, 12, 13], 2: [3, 4, 5], 3: [1, 2], 4: [1], 7: [0]}
 MIG_SMS = {1: 16, 2: 32, 3: 60, 4: 64, 7: 132}
-HGX_BUSES = [0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB]
+HGX_BUSES = [0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB]  # an HGX H100 board's, then the rest
+BUSES = HGX_BUSES + [b for b in range(0x01, 0x100) if b not in HGX_BUSES]
+MIG_MEMORY_MIB = {10: 9984, 20: 20096, 40: 40448, 80: 80768}  # H100 80GB, from the MIG capture
 
 
 class ScenarioError(ValueError):
@@ -97,7 +99,7 @@ def _identity(g: Gpu, p: dict, slot: int, node: str) -> None:
     _num(g.compute_mode, p.get("compute_mode"))
     _num(g.num_cores, p.get("cores"))
     pci = _sub(p, "pci")
-    bus = HGX_BUSES[slot] if slot < len(HGX_BUSES) else 0x10 + slot
+    bus = BUSES[slot]
     if pci.get("bus") is not None and slot == 0:
         bus = pci["bus"]
     domain, device = pci.get("domain") or 0, pci.get("device") or 0
@@ -244,6 +246,11 @@ def _processes(g: Gpu, procs: list[dict]) -> None:
         raise ScenarioError(f"{len(procs)} processes exceed the maximum of {layout.MAX_PROCS} per GPU")
     g.proc_count = len(procs)
     for i, pr in enumerate(procs):
+        if not isinstance(pr, dict) or "pid" not in pr:
+            raise ScenarioError(f"a process needs at least a pid: {pr!r}")
+        for key in ("pid", "used_mib", "sm_util", "mem_util", "gi_id", "ci_id"):
+            if pr.get(key) is not None and (not isinstance(pr[key], (int, float)) or pr[key] < 0):
+                raise ScenarioError(f"process {pr['pid']}: {key} must be a number >= 0, got {pr[key]!r}")
         slot = g.procs[i]
         kind = str(pr.get("type", "C"))
         slot.pid = int(pr["pid"])
@@ -252,7 +259,7 @@ def _processes(g: Gpu, procs: list[dict]) -> None:
         slot.ci_id = NO_ID if pr.get("ci_id") is None else pr["ci_id"]
         slot.used_mem = int((pr.get("used_mib") or 0) * MIB)
         slot.sm_util, slot.mem_util = int(pr.get("sm_util", 0)), int(pr.get("mem_util", 0))
-        _str(slot.name, pr.get("name", f"pid{slot.pid}"))
+        _str(slot.name, str(pr.get("name", f"pid{slot.pid}")))
 
 
 def apply_profile(st: SimState, slot: int, p: dict, node: str = "node") -> None:
@@ -268,8 +275,12 @@ def apply_profile(st: SimState, slot: int, p: dict, node: str = "node") -> None:
     _gpm(g.gpm, p.get("gpm"))
     _mig(g, p, slot)
     _processes(g, p.get("processes") or [])
-    in_use = sum(pr.used_mem for pr in g.procs[: g.proc_count] if pr.gi_id == NO_ID)
-    if in_use and not g.mem_used.ret and g.mem_used.base < in_use:  # memory used covers its processes
+    for m in g.migs[: g.mig_count]:  # a MIG device's memory used covers its processes
+        mine = sum(pr.used_mem for pr in g.procs[: g.proc_count] if (pr.gi_id, pr.ci_id) == (m.gi_id, m.ci_id))
+        if not m.mem_used.ret and m.mem_used.base < mine:
+            set_val(m.mem_used, float(mine))
+    in_use = sum(pr.used_mem for pr in g.procs[: g.proc_count])
+    if in_use and not g.mem_used.ret and g.mem_used.base < in_use:  # and the GPU's covers all of them
         set_val(g.mem_used, float(in_use))
     g.supported_events = int(p.get("events", 0x8))
     for name in p.get("unsupported", []):
@@ -332,8 +343,10 @@ def mig_layout(gpu_profile: dict, names: list[str]) -> dict:
     for name, slices in zip(names, sizes):
         if slices not in free_ids or not free_ids[slices]:
             raise ScenarioError(f"MIG profile {name!r} does not fit this layout")
+        gb = re.search(r"\.(\d+)gb$", name)
+        mib = MIG_MEMORY_MIB.get(int(gb[1]), int(gb[1]) * 1011) if gb else int(total * slices / 8)
         devices.append({"gi_id": free_ids[slices].pop(0), "ci_id": 0, "profile": name,
-                        "memory_mib": {"total": int(total * slices / 8.07), "used": 0, "reserved": 0},
+                        "memory_mib": {"total": mib, "used": 0, "reserved": 0},
                         "bar1_mib": {"total": 1024 * 32 * slices // 7, "used": 0}})
     return {"mode": 1, "pending": 1, "devices": devices}
 
@@ -391,7 +404,11 @@ def expand(spec: dict, base: Path | None = None) -> tuple[dict, list[tuple[dict,
     info = {"driver_version": str(spec.get("driver_version", "590.48.01")),
             "cuda_version": str(spec.get("cuda_version", "13.1"))}
     slots: list[tuple[dict, str, float]] = []
+    if not spec["gpus"]:
+        raise ScenarioError("a scenario needs at least one GPU in 'gpus'")
     for n, entry in enumerate(spec["gpus"]):
+        if not isinstance(entry, dict):
+            raise ScenarioError(f"gpus[{n}] must be a mapping, got {entry!r}")
         if "capture" in entry:
             base_profile = _capture_profile(_resolve(entry["capture"], base), entry.get("phase", "load"))
             for key in ("driver_version", "cuda_version"):
@@ -407,12 +424,17 @@ def expand(spec: dict, base: Path | None = None) -> tuple[dict, list[tuple[dict,
         _deep_merge(base_profile, entry.get("overrides") or {})
         if entry.get("mig"):
             base_profile["mig"] = mig_layout(base_profile, list(entry["mig"]))
-        for _ in range(int(entry.get("count", 1))):
+        count = entry.get("count", 1)
+        if not isinstance(count, int) or not 1 <= count <= layout.MAX_GPUS - len(slots):
+            raise ScenarioError(f"gpus[{n}]: count must be an integer from 1 to {layout.MAX_GPUS} GPUs in all, "
+                                f"got {count!r}")
+        for _ in range(count):
             slots.append((copy.deepcopy(base_profile), entry.get("behaviour", "idle"),
                           float(entry.get("period_s", 300))))
-    if len(slots) > layout.MAX_GPUS:
-        raise ScenarioError(f"{len(slots)} GPUs exceed the maximum of {layout.MAX_GPUS}")
-    for pr in spec.get("processes") or []:
+    procs = spec.get("processes") or []
+    if not isinstance(procs, list):
+        raise ScenarioError("'processes' must be a list")
+    for pr in procs:
         gpu = int(pr.get("gpu", 0))
         if not 0 <= gpu < len(slots):
             raise ScenarioError(f"process {pr.get('pid')} names GPU {gpu}, which does not exist")
@@ -421,7 +443,19 @@ def expand(spec: dict, base: Path | None = None) -> tuple[dict, list[tuple[dict,
 
 
 def apply(st: SimState, spec: dict, base: Path | None = None, node: str = "node") -> None:
-    """Write a whole scenario (a parsed YAML mapping) into a state file."""
+    """Write a whole scenario (a parsed YAML mapping) into a state file.
+
+    Raises ScenarioError for any scenario it cannot apply, naming what is wrong.
+    """
+    try:
+        _apply(st, spec, base, node)
+    except ScenarioError:
+        raise
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError, OSError) as e:
+        raise ScenarioError(f"invalid scenario: {type(e).__name__}: {e}") from None
+
+
+def _apply(st: SimState, spec: dict, base: Path | None, node: str) -> None:
     info, slots = expand(spec, base)
     _str(st.s.driver_version, info["driver_version"])
     major, _, minor = info["cuda_version"].partition(".")
