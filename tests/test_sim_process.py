@@ -222,3 +222,14 @@ def test_inject_rejects_what_would_do_nothing(tmp_path):
     out = subprocess.run([*GPUOBS, "sim", "calls", "--state", str(junk)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and "is not a simulator state file" in out.stderr
     sim.close()
+
+
+def test_activate_inside_a_process_started_by_sim_exec(tmp_path):
+    code = ("import pynvml as N; N.nvmlInit(); N.nvmlShutdown()\n"
+            "from gpuobs.sim import Simulator\n"
+            "with Simulator({'gpus': [{'profile': 'h200', 'count': 3}]}):\n"
+            "    N.nvmlInit(); print(N.nvmlDeviceGetCount(), N.nvmlDeviceGetName(N.nvmlDeviceGetHandleByIndex(0)))")
+    out = subprocess.run([*GPUOBS, "sim", "exec", "--scenario", str(SCENARIO), "--", sys.executable, "-c", code],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "3 NVIDIA H200"

@@ -36,8 +36,11 @@ def preload() -> Path:
     if _preloaded is None:
         import pynvml
 
-        if pynvml.nvmlLib is not None and getattr(pynvml.nvmlLib, "_name", None) != str(lib):
-            raise RuntimeError("pynvml already loaded another libnvidia-ml.so.1 in this process")
+        if pynvml.nvmlLib is not None:
+            try:  # succeeds only if this very file is what pynvml loaded (e.g. via LD_LIBRARY_PATH)
+                ctypes.CDLL(str(lib), mode=os.RTLD_NOLOAD)
+            except OSError:
+                raise RuntimeError("pynvml already loaded another libnvidia-ml.so.1 in this process") from None
         handle = ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
         if pynvml.nvmlLib is None:
             pynvml.nvmlLib = handle
