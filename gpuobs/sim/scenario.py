@@ -99,9 +99,7 @@ def _identity(g: Gpu, p: dict, slot: int, node: str) -> None:
     _num(g.compute_mode, p.get("compute_mode"))
     _num(g.num_cores, p.get("cores"))
     pci = _sub(p, "pci")
-    bus = BUSES[slot]
-    if pci.get("bus") is not None and slot == 0:
-        bus = pci["bus"]
+    bus = BUSES[slot]  # generated, not the capture's: bus ids must stay distinct across slots
     domain, device = pci.get("domain") or 0, pci.get("device") or 0
     _str(g.bus_id, f"{domain:08X}:{bus:02X}:{device:02X}.0")
     _num(g.pci_domain, domain)
@@ -126,14 +124,14 @@ def _power_thermal_clocks(g: Gpu, p: dict) -> None:
     _num(g.util_mem, util.get("memory"))
     _num(g.util_enc, util.get("encoder"))
     _num(g.util_dec, util.get("decoder"))
-    _num(g.power_mw, power.get("draw", power.get("average")), 1000)
+    draw = power.get("draw") if power.get("draw") is not None else power.get("average")
+    _num(g.power_mw, draw, 1000)
     _num(g.power_avg_mw, power.get("average"), 1000)
     _num(g.power_limit_mw, power.get("limit"), 1000)
     _num(g.enforced_limit_mw, power.get("enforced_limit", power.get("limit")), 1000)
     _num(g.default_limit_mw, power.get("default_limit"), 1000)
     _num(g.min_limit_mw, power.get("min_limit"), 1000)
     _num(g.max_limit_mw, power.get("max_limit"), 1000)
-    draw = power.get("draw") or power.get("average")
     if "nvmlDeviceGetTotalEnergyConsumption" in p.get("unsupported", []) or draw is None:
         set_val(g.energy_mj, None)
     else:  # energy since driver load: start at an hour's worth, growing at the draw
