@@ -217,7 +217,12 @@ def test_rtx2080_idle():
 
 def test_phase_fallback_and_errors(tmp_path):
     f = cap("nvidia-h200")
-    assert load_capture(f, "nosuchphase") == load_capture(f, "idle")
+    text = f.read_text()
+    idle_only = tmp_path / "idle-only.txt"  # the same capture cut before its load phase
+    idle_only.write_text(text[: text.rfind("\n#####", 0, text.index("# load ::"))])
+    assert load_capture(idle_only, "load") == load_capture(f, "idle")
+    with pytest.raises(ValueError, match="phase must be"):
+        load_capture(f, "nosuchphase")
     bad = tmp_path / "empty.txt"
     bad.write_text("nothing\n")
     with pytest.raises(ValueError):
@@ -268,3 +273,10 @@ def test_older_format_fallbacks(tmp_path):
     assert (p["power_w"]["draw"], p["power_w"]["limit"], p["power_w"]["enforced_limit"]) == (25.5, 250.0, 240.0)
     assert p["compute_mode"] == 3 and p["driver_version"] == "470.82.01"
     assert p["memory_mib"] == {"total": None, "reserved": None, "used": None} and p["mig"] is None
+
+
+def test_unknown_phase_is_rejected(tmp_path):
+    capture = tmp_path / "c.txt"
+    capture.write_text("")
+    with pytest.raises(ValueError, match="phase must be one of idle, load"):
+        load_capture(capture, "bogus")

@@ -26,6 +26,7 @@ _LINE = re.compile(r"^( *)(\S.*?)\s*:(?:\s+(.*?))?\s*$")  # "Key   : value" (val
 _GPU_KEY = re.compile(r"^GPU [0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+\.[0-9A-Fa-f]+$")
 _NA = {"n/a", "not supported", "requested functionality has been deprecated", "unknown error",
        "insufficient permissions", "not available", ""}
+PHASES = ("idle", "load")  # the capture phases a -q section is taken in
 VALUE = "_value"  # key holding the value of a line that has both a value and a sub-block
 
 # Clocks Event Reasons (née Clocks Throttle Reasons) -> nvmlClocksEventReason* bits.
@@ -364,9 +365,11 @@ def load_capture(path: str | Path, phase: str = "load") -> list[dict]:
     index. driver_version / cuda_version come from the top of the `-q` output (falling back to
     the `capabilities :: version` section). Units are in the key names (MiB, W, C, MHz, KB/s,
     us, %); unavailable values are None.
-    Raises FileNotFoundError for a missing file, ValueError when neither phase has a `-q`
-    section or a GPU block has no Product Name.
+    Raises FileNotFoundError for a missing file, ValueError for a phase other than idle/load,
+    when neither phase has a `-q` section, or when a GPU block has no Product Name.
     """
+    if phase not in PHASES:
+        raise ValueError(f"phase must be one of {', '.join(PHASES)}, got {phase!r}")
     secs = sections(Path(path).read_text(encoding="utf-8", errors="replace"))
     body = secs.get((phase, "query (-q)")) or secs.get(("idle", "query (-q)"))
     if body is None:
