@@ -49,6 +49,80 @@ def smi(scenario_file: str | None) -> None:
             sim.close()
 
 
+def _families(value: str | None) -> set[str]:
+    from . import catalog
+
+    if not value:
+        return set(catalog.FAMILIES) - catalog.DEFAULT_OFF
+    names = {v.strip() for v in value.split(",") if v.strip()}
+    unknown = names - set(catalog.FAMILIES)
+    if unknown:
+        raise click.BadParameter(f"unknown: {', '.join(sorted(unknown))}; known: {', '.join(catalog.FAMILIES)}",
+                                 param_hint="--families")
+    return names
+
+
+@main.command()
+@click.option("--listen-address", envvar="GPUOBS_LISTEN_ADDRESS", default="0.0.0.0", show_default=True)
+@click.option("--port", envvar="GPUOBS_PORT", type=int, default=9445, show_default=True,
+              help="9445: clear of dcgm-exporter (9400) and nvidia_gpu_exporter (9835).")
+@click.option("--interval", envvar="GPUOBS_INTERVAL", type=click.FloatRange(min=0.1), default=5.0, show_default=True,
+              help="Seconds between sampling passes.")
+@click.option("--families", envvar="GPUOBS_FAMILIES",
+              help="Comma-separated metric families to collect (default: all but processes).")
+@click.option("--processes/--no-processes", envvar="GPUOBS_PROCESSES", default=False, show_default=True,
+              help="Also export per-process series.")
+@click.option("--process-cap", envvar="GPUOBS_PROCESS_CAP", type=click.IntRange(min=1), default=32, show_default=True,
+              help="Most processes exported per GPU (the largest memory users).")
+@click.option("--naming", envvar="GPUOBS_NAMING", type=click.Choice(["gpuobs", "dcgm"]), default="gpuobs",
+              show_default=True, help="dcgm: dcgm-exporter's DCGM_FI_* names and labels.")
+@click.option("--expected-gpus", envvar="GPUOBS_EXPECTED_GPUS", type=click.IntRange(min=0),
+              help="GPUs this node should have (default: the most seen since start).")
+@click.option("--web-config", envvar="GPUOBS_WEB_CONFIG", type=click.Path(exists=True, dir_okay=False),
+              help="Prometheus web-config file: TLS and bcrypt basic auth.")
+@click.option("--hostname", envvar=["GPUOBS_HOSTNAME", "NODE_NAME"], help="Hostname label for dcgm naming.")
+@click.option("--otlp-endpoint", envvar=["OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"],
+              help="Also push the metrics over OTLP (gRPC, or HTTP for .../v1/metrics URLs).")
+@click.option("--simulate", "scenario_file", envvar="GPUOBS_SIMULATE", type=click.Path(exists=True, dir_okay=False),
+              help="Run on simulated GPUs from this scenario instead of the driver.")
+@click.option("--log-level", envvar="GPUOBS_LOG_LEVEL", default="info", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"]))
+def exporter(listen_address, port, interval, families, processes, process_cap, naming, expected_gpus,
+             web_config, hostname, otlp_endpoint, scenario_file, log_level) -> None:
+    """Serve GPU metrics to Prometheus: /metrics, /healthz, /readyz."""
+    import logging
+    import threading
+
+    from . import logs
+
+    logs.setup(log_level)
+    log = logging.getLogger("gpuobs.exporter")
+    sim = None
+    if scenario_file:
+        from .sim import Simulator
+
+        log.warning("running on SIMULATED GPUs, not the driver", extra={"scenario": scenario_file})
+        sim = Simulator.from_file(scenario_file).activate()
+    from .exporter import Exporter, ExporterConfig
+    from .exporter.server import WebConfigError
+
+    chosen = _families(families) | ({"processes"} if processes else set())
+    config = ExporterConfig(listen_address, port, interval, chosen, naming, expected_gpus, process_cap,
+                            web_config, hostname, otlp_endpoint)
+    try:
+        exp = Exporter(config).start()
+    except (WebConfigError, OSError) as e:
+        raise click.ClickException(str(e)) from None
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    done.wait()
+    log.info("stopping")
+    exp.stop()
+    if sim:
+        sim.close()
+
+
 @main.group()
 def sim() -> None:
     """The NVML simulator (a libnvidia-ml.so.1 built from source)."""

@@ -1,0 +1,298 @@
+"""The one catalog of metrics: every series gpuobs exports is defined here, once.
+
+The collectors emit these definitions, the exporter renders them (native or DCGM names),
+docs/metrics.md is generated from them, and rules and dashboards refer to them by their
+Python names. Naming follows Prometheus conventions: one `gpuobs_` namespace, base units
+(bytes, watts, joules, celsius, hertz, seconds, ratio 0-1) and `_total` only on counters
+(prometheus_client adds it to counter families at exposition).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+NAMESPACE = "gpuobs"
+GPU_LABELS = ("gpu", "uuid")  # identity on every per-GPU series: NVML index and UUID
+MIG_LABELS = GPU_LABELS + ("gpu_instance_id", "compute_instance_id")
+
+
+@dataclass(frozen=True, eq=False)  # each Metric is a singleton: identity is equality
+class Metric:
+    """One exported metric.
+
+    name: exposition name without `_total` (counters get it at exposition).
+    kind: "gauge", "counter" or "info" (a gauge of 1 whose labels carry the data).
+    labels: every label, identity first. source: where NVML gives the value, with its unit.
+    dcgm: dcgm-exporter field names, keyed by the values of the labels after the identity
+    ones (() for a metric without such labels); dcgm_scale converts our unit to DCGM's.
+    """
+    name: str
+    kind: str
+    unit: str
+    help: str
+    family: str
+    source: str
+    labels: tuple[str, ...] = GPU_LABELS
+    dcgm: dict[tuple[str, ...], str] = field(default_factory=dict)
+    dcgm_scale: float = 1.0
+    max_value: float | None = None  # values above this are impossible and dropped
+
+    @property
+    def identity(self) -> tuple[str, ...]:
+        """The identity labels this metric starts with: MIG_LABELS, GPU_LABELS or none."""
+        for base in (MIG_LABELS, GPU_LABELS):
+            if self.labels[: len(base)] == base:
+                return base
+        return ()
+
+    @property
+    def extra_labels(self) -> tuple[str, ...]:
+        """Labels after the identity labels."""
+        return self.labels[len(self.identity):]
+
+    @property
+    def exposed_name(self) -> str:
+        """The name as it appears in /metrics (counters with `_total`, info with `_info`)."""
+        return self.name + {"counter": "_total", "info": "_info"}.get(self.kind, "")
+
+
+def _m(name: str, kind: str, unit: str, help: str, family: str, source: str, **kw) -> Metric:
+    return Metric(f"{NAMESPACE}_{name}", kind, unit, help, family, source, **kw)
+
+
+MIB = 1 / (1024 * 1024)
+# ---------------------------------------------------------------------------------------- identity
+GPU_INFO = _m("gpu", "info", "", "GPU identity; value 1, identity in the labels.", "identity",
+              "nvmlDeviceGetName/GetUUID/GetPciInfo_v3/GetSerial/GetVbiosVersion/GetCudaComputeCapability/"
+              "GetBrand/GetArchitecture, nvmlSystemGetDriverVersion/GetCudaDriverVersion",
+              labels=GPU_LABELS + ("name", "pci_bus_id", "serial", "vbios_version", "driver_version",
+                                   "cuda_version", "compute_capability", "brand", "architecture"))
+GPU_UP = _m("gpu_up", "gauge", "", "1 if the GPU answers NVML, 0 if it is lost or missing; its value "
+            "series are absent while 0.", "identity", "nvmlDeviceGetHandleByIndex_v2 / GPU_IS_LOST")
+# ------------------------------------------------------------------------------------- utilization
+UTILIZATION = _m("gpu_utilization_ratio", "gauge", "ratio", "Fraction of the sample period a kernel ran on the GPU.",
+                 "utilization", "nvmlDeviceGetUtilizationRates .gpu (percent) / 100",
+                 dcgm={(): "DCGM_FI_DEV_GPU_UTIL"}, dcgm_scale=100, max_value=1.0)
+MEMORY_UTILIZATION = _m("gpu_memory_utilization_ratio", "gauge", "ratio",
+                        "Fraction of the sample period device memory was read or written.", "utilization",
+                        "nvmlDeviceGetUtilizationRates .memory (percent) / 100",
+                        dcgm={(): "DCGM_FI_DEV_MEM_COPY_UTIL"}, dcgm_scale=100, max_value=1.0)
+ENCODER_UTILIZATION = _m("gpu_encoder_utilization_ratio", "gauge", "ratio", "Video encoder utilization.",
+                         "utilization", "nvmlDeviceGetEncoderUtilization (percent) / 100",
+                         dcgm={(): "DCGM_FI_DEV_ENC_UTIL"}, dcgm_scale=100, max_value=1.0)
+DECODER_UTILIZATION = _m("gpu_decoder_utilization_ratio", "gauge", "ratio", "Video decoder utilization.",
+                         "utilization", "nvmlDeviceGetDecoderUtilization (percent) / 100",
+                         dcgm={(): "DCGM_FI_DEV_DEC_UTIL"}, dcgm_scale=100, max_value=1.0)
+# ------------------------------------------------------------------------- profiling (GPM, Hopper+)
+# (metric, NVML_GPM_METRIC_* id, DCGM profiling field)
+_GPM = [("sm_active", 2, "DCGM_FI_PROF_SM_ACTIVE", "Fraction of SMs busy."),
+        ("sm_occupancy", 3, "DCGM_FI_PROF_SM_OCCUPANCY", "Resident warps over the SMs' maximum."),
+        ("tensor_active", 5, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "Fraction of cycles any tensor pipe was active."),
+        ("dram_active", 10, "DCGM_FI_PROF_DRAM_ACTIVE", "Fraction of peak DRAM bandwidth used."),
+        ("fp64_active", 11, "DCGM_FI_PROF_PIPE_FP64_ACTIVE", "Fraction of cycles the FP64 pipe was active."),
+        ("fp32_active", 12, "DCGM_FI_PROF_PIPE_FP32_ACTIVE", "Fraction of cycles the FP32 pipe was active."),
+        ("fp16_active", 13, "DCGM_FI_PROF_PIPE_FP16_ACTIVE", "Fraction of cycles the FP16 pipe was active."),
+        ("graphics_active", 1, "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "Fraction of time the graphics engine was active.")]
+GPM_METRICS: dict[int, Metric] = {
+    gid: _m(f"gpu_{name}_ratio", "gauge", "ratio", help, "gpm",
+            f"nvmlGpmMetricsGet metric {gid} (percent) / 100 over two nvmlGpmSampleGet samples",
+            dcgm={(): dcgm}, max_value=1.0)
+    for name, gid, dcgm, help in _GPM}
+MIG_GPM_METRICS: dict[int, Metric] = {
+    gid: _m(f"mig_{name}_ratio", "gauge", "ratio", f"{help} Per MIG GPU instance.", "mig",
+            f"nvmlGpmMetricsGet metric {gid} (percent) / 100 over two nvmlGpmMigSampleGet samples",
+            labels=MIG_LABELS, dcgm={(): dcgm}, max_value=1.0)
+    for name, gid, dcgm, help in _GPM}
+# ------------------------------------------------------------------------------------------ memory
+MEMORY_TOTAL = _m("gpu_memory_total_bytes", "gauge", "bytes", "Device memory in total.", "memory",
+                  "nvmlDeviceGetMemoryInfo_v2 .total", dcgm={(): "DCGM_FI_DEV_FB_TOTAL"}, dcgm_scale=MIB)
+MEMORY_USED = _m("gpu_memory_used_bytes", "gauge", "bytes", "Device memory allocated, reserved memory excluded.",
+                 "memory", "nvmlDeviceGetMemoryInfo_v2 .used", dcgm={(): "DCGM_FI_DEV_FB_USED"}, dcgm_scale=MIB)
+MEMORY_RESERVED = _m("gpu_memory_reserved_bytes", "gauge", "bytes", "Device memory reserved by the driver and firmware.",
+                     "memory", "nvmlDeviceGetMemoryInfo_v2 .reserved", dcgm={(): "DCGM_FI_DEV_FB_RESERVED"},
+                     dcgm_scale=MIB)
+MEMORY_FREE = _m("gpu_memory_free_bytes", "gauge", "bytes", "Device memory free.", "memory",
+                 "nvmlDeviceGetMemoryInfo_v2 .free", dcgm={(): "DCGM_FI_DEV_FB_FREE"}, dcgm_scale=MIB)
+BAR1_TOTAL = _m("gpu_bar1_total_bytes", "gauge", "bytes", "BAR1 aperture size.", "memory",
+                "nvmlDeviceGetBAR1MemoryInfo .bar1Total", dcgm={(): "DCGM_FI_DEV_BAR1_TOTAL"}, dcgm_scale=MIB)
+BAR1_USED = _m("gpu_bar1_used_bytes", "gauge", "bytes", "BAR1 aperture in use.", "memory",
+               "nvmlDeviceGetBAR1MemoryInfo .bar1Used", dcgm={(): "DCGM_FI_DEV_BAR1_USED"}, dcgm_scale=MIB)
+# ------------------------------------------------------------------------------------------- power
+POWER_USAGE = _m("gpu_power_usage_watts", "gauge", "watts", "Power draw of the GPU board.", "power",
+                 "NVML_FI_DEV_POWER_INSTANT (milliwatts) / 1000, else nvmlDeviceGetPowerUsage",
+                 dcgm={(): "DCGM_FI_DEV_POWER_USAGE"})
+POWER_LIMIT = _m("gpu_power_limit_watts", "gauge", "watts", "Power limit the driver enforces now.", "power",
+                 "NVML_FI_DEV_POWER_CURRENT_LIMIT (milliwatts) / 1000",
+                 dcgm={(): "DCGM_FI_DEV_ENFORCED_POWER_LIMIT"})
+POWER_DEFAULT_LIMIT = _m("gpu_power_default_limit_watts", "gauge", "watts", "Default power limit.", "power",
+                         "NVML_FI_DEV_POWER_DEFAULT_LIMIT (milliwatts) / 1000")
+POWER_MIN_LIMIT = _m("gpu_power_min_limit_watts", "gauge", "watts", "Lowest settable power limit.", "power",
+                     "NVML_FI_DEV_POWER_MIN_LIMIT (milliwatts) / 1000",
+                     dcgm={(): "DCGM_FI_DEV_POWER_MGMT_LIMIT_MIN"})
+POWER_MAX_LIMIT = _m("gpu_power_max_limit_watts", "gauge", "watts", "Highest settable power limit.", "power",
+                     "NVML_FI_DEV_POWER_MAX_LIMIT (milliwatts) / 1000",
+                     dcgm={(): "DCGM_FI_DEV_POWER_MGMT_LIMIT_MAX"})
+ENERGY = _m("gpu_energy_consumption_joules", "counter", "joules", "Energy used since the driver was loaded.",
+            "power", "NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION (millijoules) / 1000",
+            dcgm={(): "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"}, dcgm_scale=1000)
+# ----------------------------------------------------------------------------------------- thermal
+TEMPERATURE = _m("gpu_temperature_celsius", "gauge", "celsius", "GPU core temperature.", "thermal",
+                 "nvmlDeviceGetTemperature(NVML_TEMPERATURE_GPU)", dcgm={(): "DCGM_FI_DEV_GPU_TEMP"},
+                 max_value=200)
+MEMORY_TEMPERATURE = _m("gpu_memory_temperature_celsius", "gauge", "celsius", "HBM/GDDR temperature.", "thermal",
+                        "NVML_FI_DEV_MEMORY_TEMP", dcgm={(): "DCGM_FI_DEV_MEMORY_TEMP"}, max_value=200)
+SLOWDOWN_TEMPERATURE = _m("gpu_slowdown_temperature_celsius", "gauge", "celsius",
+                          "GPU temperature at which the hardware slows its clocks.", "thermal",
+                          "NVML_FI_DEV_TEMPERATURE_SLOWDOWN_TLIMIT, else nvmlDeviceGetTemperatureThreshold(SLOWDOWN)",
+                          dcgm={(): "DCGM_FI_DEV_SLOWDOWN_TEMP"}, max_value=200)
+SHUTDOWN_TEMPERATURE = _m("gpu_shutdown_temperature_celsius", "gauge", "celsius",
+                          "GPU temperature at which the hardware shuts down.", "thermal",
+                          "NVML_FI_DEV_TEMPERATURE_SHUTDOWN_TLIMIT", dcgm={(): "DCGM_FI_DEV_SHUTDOWN_TEMP"},
+                          max_value=200)
+MAX_OPERATING_TEMPERATURE = _m("gpu_max_operating_temperature_celsius", "gauge", "celsius",
+                               "Highest GPU temperature for normal operation.", "thermal",
+                               "NVML_FI_DEV_TEMPERATURE_GPU_MAX_TLIMIT", max_value=200)
+MEMORY_MAX_TEMPERATURE = _m("gpu_memory_max_operating_temperature_celsius", "gauge", "celsius",
+                            "Highest memory temperature for normal operation.", "thermal",
+                            "NVML_FI_DEV_TEMPERATURE_MEM_MAX_TLIMIT", max_value=200)
+FAN_SPEED = _m("gpu_fan_speed_ratio", "gauge", "ratio", "Fan speed as a fraction of its maximum.", "thermal",
+               "nvmlDeviceGetFanSpeed (percent) / 100", dcgm={(): "DCGM_FI_DEV_FAN_SPEED"}, dcgm_scale=100,
+               max_value=1.0)
+# ------------------------------------------------------------------------------------------ clocks
+CLOCKS = ("graphics", "sm", "memory", "video")  # nvmlClockType_t order
+CLOCK = _m("gpu_clock_hertz", "gauge", "hertz", "Current clock frequency per clock domain.", "clocks",
+           "nvmlDeviceGetClockInfo (MHz) * 1e6", labels=GPU_LABELS + ("clock",),
+           dcgm={("sm",): "DCGM_FI_DEV_SM_CLOCK", ("memory",): "DCGM_FI_DEV_MEM_CLOCK",
+                 ("video",): "DCGM_FI_DEV_VIDEO_CLOCK"}, dcgm_scale=1e-6, max_value=20e9)
+MAX_CLOCK = _m("gpu_max_clock_hertz", "gauge", "hertz", "Maximum clock frequency per clock domain.", "clocks",
+               "nvmlDeviceGetMaxClockInfo (MHz) * 1e6", labels=GPU_LABELS + ("clock",),
+               dcgm={("sm",): "DCGM_FI_DEV_MAX_SM_CLOCK", ("memory",): "DCGM_FI_DEV_MAX_MEM_CLOCK",
+                     ("video",): "DCGM_FI_DEV_MAX_VIDEO_CLOCK"}, dcgm_scale=1e-6, max_value=20e9)
+PSTATE = _m("gpu_performance_state", "gauge", "", "Performance state: 0 (P0, maximum) to 15 (minimum).", "clocks",
+            "nvmlDeviceGetPerformanceState", dcgm={(): "DCGM_FI_DEV_PSTATE"}, max_value=15)
+# ------------------------------------------------------------------------------------ clock events
+# nvmlClocksEventReason* bits; unknown bits are exported as bit_N.
+CLOCK_EVENT_REASONS = {0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap",
+                       0x8: "hw_slowdown", 0x10: "sync_boost", 0x20: "sw_thermal_slowdown",
+                       0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake_slowdown",
+                       0x100: "display_clock_setting"}
+CLOCK_EVENT_ACTIVE = _m("gpu_clock_event_reason_active", "gauge", "",
+                        "1 while this reason holds clocks down (throttling), else 0.", "clock_events",
+                        "nvmlDeviceGetCurrentClocksEventReasons, one series per bit",
+                        labels=GPU_LABELS + ("reason",))
+# nvmlPerfPolicyType_t -> reason label of the violation-time counter
+VIOLATION_POLICIES = {0: "power", 1: "thermal", 2: "sync_boost", 3: "board_limit", 4: "low_utilization",
+                      5: "reliability", 10: "total_app_clocks", 11: "total_base_clocks"}
+CLOCK_EVENT_DURATION = _m("gpu_clock_event_duration_seconds", "counter", "seconds",
+                          "Time clocks were held below their target, per policy.", "clock_events",
+                          "nvmlDeviceGetViolationStatus .violationTime (nanoseconds) / 1e9",
+                          labels=GPU_LABELS + ("reason",),
+                          dcgm={("power",): "DCGM_FI_DEV_POWER_VIOLATION", ("thermal",): "DCGM_FI_DEV_THERMAL_VIOLATION",
+                                ("sync_boost",): "DCGM_FI_DEV_SYNC_BOOST_VIOLATION",
+                                ("board_limit",): "DCGM_FI_DEV_BOARD_LIMIT_VIOLATION",
+                                ("low_utilization",): "DCGM_FI_DEV_LOW_UTIL_VIOLATION",
+                                ("reliability",): "DCGM_FI_DEV_RELIABILITY_VIOLATION"}, dcgm_scale=1e6)
+# --------------------------------------------------------------------------------------------- ECC
+ECC_MODE = _m("gpu_ecc_enabled", "gauge", "", "1 if ECC is enabled now.", "ecc", "nvmlDeviceGetEccMode current")
+ECC_ERRORS = _m("gpu_ecc_errors", "counter", "", "ECC errors in device memory.", "ecc",
+                "NVML_FI_DEV_ECC_{SBE,DBE}_{VOL,AGG}_TOTAL", labels=GPU_LABELS + ("error_type", "counter_type"),
+                dcgm={("corrected", "volatile"): "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+                      ("uncorrected", "volatile"): "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+                      ("corrected", "aggregate"): "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
+                      ("uncorrected", "aggregate"): "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL"})
+RETIRED_PAGES = _m("gpu_retired_pages", "counter", "", "Memory pages retired (pre-Ampere page retirement).", "ecc",
+                   "NVML_FI_DEV_RETIRED_SBE / NVML_FI_DEV_RETIRED_DBE", labels=GPU_LABELS + ("cause",),
+                   dcgm={("single_bit_ecc",): "DCGM_FI_DEV_RETIRED_SBE", ("double_bit_ecc",): "DCGM_FI_DEV_RETIRED_DBE"})
+RETIRED_PAGES_PENDING = _m("gpu_retired_pages_pending", "gauge", "", "1 if a page retirement waits for a reset.",
+                           "ecc", "NVML_FI_DEV_RETIRED_PENDING", dcgm={(): "DCGM_FI_DEV_RETIRED_PENDING"})
+REMAPPED_ROWS = _m("gpu_remapped_rows", "counter", "", "DRAM rows remapped after ECC errors.", "ecc",
+                   "NVML_FI_DEV_REMAPPED_COR / NVML_FI_DEV_REMAPPED_UNC", labels=GPU_LABELS + ("error_type",),
+                   dcgm={("correctable",): "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+                         ("uncorrectable",): "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"})
+REMAP_PENDING = _m("gpu_row_remap_pending", "gauge", "", "1 if a row remap waits for a GPU reset.", "ecc",
+                   "NVML_FI_DEV_REMAPPED_PENDING", dcgm={(): "DCGM_FI_DEV_ROW_REMAP_PENDING"})
+REMAP_FAILURE = _m("gpu_row_remap_failure", "gauge", "", "1 if a row remap failed (the GPU needs service).", "ecc",
+                   "NVML_FI_DEV_REMAPPED_FAILURE", dcgm={(): "DCGM_FI_DEV_ROW_REMAP_FAILURE"})
+# -------------------------------------------------------------------------------------------- PCIe
+PCIE_GENERATION = _m("gpu_pcie_link_generation", "gauge", "", "PCIe link generation in use now.", "pcie",
+                     "nvmlDeviceGetCurrPcieLinkGeneration", dcgm={(): "DCGM_FI_DEV_PCIE_LINK_GEN"})
+PCIE_MAX_GENERATION = _m("gpu_pcie_link_generation_max", "gauge", "", "Highest PCIe generation the link supports.",
+                         "pcie", "nvmlDeviceGetMaxPcieLinkGeneration", dcgm={(): "DCGM_FI_DEV_PCIE_MAX_LINK_GEN"})
+PCIE_WIDTH = _m("gpu_pcie_link_width", "gauge", "", "PCIe lanes in use now.", "pcie",
+                "nvmlDeviceGetCurrPcieLinkWidth", dcgm={(): "DCGM_FI_DEV_PCIE_LINK_WIDTH"})
+PCIE_MAX_WIDTH = _m("gpu_pcie_link_width_max", "gauge", "", "Most PCIe lanes the link supports.", "pcie",
+                    "nvmlDeviceGetMaxPcieLinkWidth", dcgm={(): "DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH"})
+PCIE_TX = _m("gpu_pcie_transmit_bytes", "counter", "bytes", "Bytes the GPU sent over PCIe.", "pcie",
+             "NVML_FI_DEV_PCIE_COUNT_TX_BYTES")
+PCIE_RX = _m("gpu_pcie_receive_bytes", "counter", "bytes", "Bytes the GPU received over PCIe.", "pcie",
+             "NVML_FI_DEV_PCIE_COUNT_RX_BYTES")
+PCIE_REPLAYS = _m("gpu_pcie_replays", "counter", "", "PCIe replays (link-level retransmissions).", "pcie",
+                  "NVML_FI_DEV_PCIE_REPLAY_COUNTER", dcgm={(): "DCGM_FI_DEV_PCIE_REPLAY_COUNTER"})
+# ------------------------------------------------------------------------------------------ NVLink
+NVLINK_UP = _m("gpu_nvlink_link_up", "gauge", "", "1 if the NVLink link is active.", "nvlink",
+               "NVML_FI_DEV_NVLINK_GET_STATE, scope = link", labels=GPU_LABELS + ("link",))
+NVLINK_TX = _m("gpu_nvlink_transmit_bytes", "counter", "bytes", "Data bytes sent on the link.", "nvlink",
+               "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX (KiB) * 1024, scope = link", labels=GPU_LABELS + ("link",))
+NVLINK_RX = _m("gpu_nvlink_receive_bytes", "counter", "bytes", "Data bytes received on the link.", "nvlink",
+               "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX (KiB) * 1024, scope = link", labels=GPU_LABELS + ("link",))
+NVLINK_ERRORS = _m("gpu_nvlink_errors", "counter", "", "NVLink data-link errors per link.", "nvlink",
+                   "NVML_FI_DEV_NVLINK_ERROR_DL_{CRC,REPLAY,RECOVERY}, scope = link",
+                   labels=GPU_LABELS + ("link", "error_type"))
+# --------------------------------------------------------------------------------------------- MIG
+MIG_MODE = _m("gpu_mig_enabled", "gauge", "", "1 if MIG mode is enabled now.", "mig", "nvmlDeviceGetMigMode current")
+MIG_INFO = _m("mig", "info", "", "One MIG device (GPU instance and compute instance) of a GPU.", "mig",
+              "nvmlDeviceGetMigDeviceHandleByIndex, GetGpuInstanceId, GetComputeInstanceId, GetName, GetUUID",
+              labels=MIG_LABELS + ("mig_uuid", "profile"))
+MIG_MEMORY_TOTAL = _m("mig_memory_total_bytes", "gauge", "bytes", "Memory of the MIG device.", "mig",
+                      "nvmlDeviceGetMemoryInfo_v2(MIG handle) .total", labels=MIG_LABELS,
+                      dcgm={(): "DCGM_FI_DEV_FB_TOTAL"}, dcgm_scale=MIB)
+MIG_MEMORY_USED = _m("mig_memory_used_bytes", "gauge", "bytes", "Memory used on the MIG device.", "mig",
+                     "nvmlDeviceGetMemoryInfo_v2(MIG handle) .used", labels=MIG_LABELS,
+                     dcgm={(): "DCGM_FI_DEV_FB_USED"}, dcgm_scale=MIB)
+# --------------------------------------------------------------------------------------- processes
+PROCESS_MEMORY = _m("gpu_process_memory_used_bytes", "gauge", "bytes", "Device memory used by one process.",
+                    "processes", "nvmlDeviceGetComputeRunningProcesses_v3/GetGraphicsRunningProcesses_v3 .usedGpuMemory",
+                    labels=GPU_LABELS + ("pid", "process_name"))
+PROCESS_SM = _m("gpu_process_sm_utilization_ratio", "gauge", "ratio", "SM utilization of one process.",
+                "processes", "nvmlDeviceGetProcessUtilization .smUtil (percent) / 100",
+                labels=GPU_LABELS + ("pid",), max_value=1.0)
+# --------------------------------------------------------------------------------------------- XID
+XID_ERRORS = _m("gpu_xid_errors", "counter", "", "XID errors reported by the driver, per XID code.", "xid",
+                "nvmlEventSetWait_v2 nvmlEventTypeXidCriticalError .eventData", labels=GPU_LABELS + ("xid",))
+XID_LAST_SEEN = _m("gpu_xid_last_seen_timestamp_seconds", "gauge", "seconds",
+                   "Unix time the XID code was last reported.", "xid", "time of the nvmlEventSetWait_v2 event",
+                   labels=GPU_LABELS + ("xid",))
+# ------------------------------------------------------------------------------------ self-health
+NVML_UP = _m("nvml_up", "gauge", "", "1 if NVML is initialised and answering.", "exporter", "nvmlInit_v2")
+NVML_INIT_ERROR = _m("nvml_init_error", "gauge", "", "1 with the NVML error that keeps NVML down.", "exporter",
+                     "nvmlInit_v2 error", labels=("reason",))
+NVML_INFO = _m("nvml", "info", "", "Driver and NVML versions.", "exporter",
+               "nvmlSystemGetDriverVersion, nvmlSystemGetNVMLVersion, nvmlSystemGetCudaDriverVersion",
+               labels=("driver_version", "nvml_version", "cuda_version"))
+GPUS_EXPECTED = _m("gpus_expected", "gauge", "", "GPUs this node should have (--expected-gpus, else the most seen).",
+                   "exporter", "configuration / nvmlDeviceGetCount_v2 high-water mark", labels=())
+GPUS_PRESENT = _m("gpus_present", "gauge", "", "GPUs answering NVML in the last sample.", "exporter",
+                  "nvmlDeviceGetCount_v2 less lost GPUs", labels=())
+COLLECTION_DURATION = _m("exporter_collection_duration_seconds", "gauge", "seconds",
+                         "Wall time of the last complete sampling pass.", "exporter", "sampler clock", labels=())
+LAST_SUCCESS = _m("exporter_last_success_timestamp_seconds", "gauge", "seconds",
+                  "Unix time of the last complete sampling pass.", "exporter", "sampler clock", labels=())
+SNAPSHOT_STALE = _m("exporter_snapshot_stale", "gauge", "",
+                    "1 when the last snapshot is older than two intervals; GPU series are then withheld.",
+                    "exporter", "sampler clock", labels=())
+NVML_ERRORS = _m("exporter_nvml_errors", "counter", "", "NVML calls that returned an error, by call and code.",
+                 "exporter", "NVMLError.value of each failed call", labels=("call", "code"))
+NVML_CALLS = _m("exporter_nvml_calls_per_sample", "gauge", "", "NVML calls made in the last sampling pass.",
+                "exporter", "call accounting in gpuobs.nvml", labels=())
+DROPPED = _m("exporter_dropped_values", "counter", "", "Values dropped as impossible (sentinels, out of range).",
+             "exporter", "validation in gpuobs.collect", labels=("metric", "reason"))
+NVML_REINITS = _m("exporter_nvml_reinits", "counter", "", "NVML re-initialisations after repeated driver-level errors.",
+                  "exporter", "nvmlShutdown + nvmlInit_v2", labels=())
+SAMPLES = _m("exporter_samples", "counter", "", "Sampling passes completed.", "exporter", "sampler", labels=())
+
+ALL: tuple[Metric, ...] = tuple(v for v in list(globals().values()) if isinstance(v, Metric)) + \
+    tuple(GPM_METRICS.values()) + tuple(MIG_GPM_METRICS.values())
+BY_NAME: dict[str, Metric] = {m.name: m for m in ALL}
+FAMILIES = ("identity", "utilization", "gpm", "memory", "power", "thermal", "clocks", "clock_events",
+            "ecc", "pcie", "nvlink", "mig", "processes", "xid")
+DEFAULT_OFF = frozenset({"processes"})  # opt-in: per-process series are unbounded by nature

@@ -1,0 +1,124 @@
+"""What collectors produce (Samples in an immutable Snapshot) and what they get (a GpuCtx)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import pynvml
+
+from ..catalog import Metric
+from ..nvml import Session
+
+SENTINELS = {0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF, 0xFFFF, 0x7FFFFFFF}  # NVML "not available" markers
+
+
+class GpuLost(Exception):
+    """The GPU answered NVML_ERROR_GPU_IS_LOST: stop collecting it for this sample."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One value of one series: metric, label values in metric.labels order, value in base units."""
+    metric: Metric
+    labels: tuple[str, ...]
+    value: float
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Every Sample of one sampling pass, taken at `time` (Unix seconds) in `duration` seconds."""
+    time: float
+    duration: float
+    samples: tuple[Sample, ...]
+    nvml_up: bool
+    gpus_present: int
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """One value read with nvmlDeviceGetFieldValues: NVML field id and scope (e.g. an NVLink link),
+    the metric it feeds, a scale to base units, and the metric's extra label values."""
+    field_id: int
+    metric: Metric | None  # None: read for the family's collect() to use, not emitted directly
+    scale: float = 1.0
+    extra: tuple[str, ...] = ()
+    scope: int = 0
+
+
+class Family:
+    """One metric family. Subclasses read NVML in `collect` and/or declare batched `fields`."""
+    name = ""
+    slow_every = 10  # samples between reads of values that change rarely (limits, max clocks)
+
+    def fields(self, gpu: "GpuCtx") -> list[FieldSpec]:
+        """Field values this family wants for this GPU in this sample."""
+        return []
+
+    def collect(self, gpu: "GpuCtx") -> None:
+        """Read NVML for one GPU and emit samples; raise GpuLost when the GPU is lost."""
+
+    def release(self, cache: dict[str, Any]) -> None:
+        """Free NVML resources kept in a GPU's cache when the GPU goes away or NVML re-initialises."""
+
+
+@dataclass
+class GpuCtx:
+    """One GPU during one sampling pass: its handle and identity, NVML access, and the output."""
+    session: Session
+    handle: Any
+    index: int
+    uuid: str
+    sample_no: int
+    out: list[Sample]
+    dropped: Callable[[Metric, str], None]
+    fields: dict[tuple[int, int], float] = field(default_factory=dict)  # values that came back
+    labels: tuple[str, ...] = ()
+    cache: dict[str, Any] = field(default_factory=dict)  # per-GPU memory kept across samples
+
+    def __post_init__(self) -> None:
+        self.labels = (str(self.index), self.uuid)
+
+    @property
+    def slow(self) -> bool:
+        """True on the samples that also refresh rarely changing values."""
+        return self.sample_no % Family.slow_every == 0
+
+    def get(self, call: str, fn: Callable[..., Any], *args: Any, variant: str = "") -> Any:
+        """fn(handle, *args) through the session; None when unsupported (remembered) or failing.
+
+        NOT_SUPPORTED is remembered per GPU, call and variant until NVML is re-initialised.
+        Raises GpuLost on NVML_ERROR_GPU_IS_LOST.
+        """
+        key = (self.uuid, f"{call}:{variant}")
+        if key in self.session.unsupported:
+            return None
+        try:
+            return self.session.call(call, fn, self.handle, *args)
+        except pynvml.NVMLError_NotSupported:
+            self.session.unsupported.add(key)
+        except pynvml.NVMLError_GpuIsLost:
+            raise GpuLost(self.uuid) from None
+        except (pynvml.NVMLError, UnicodeDecodeError, ValueError, TypeError):
+            pass  # counted by the session; one failing call never stops the others
+        return None
+
+    def emit(self, metric: Metric, raw: float | None, *extra: str, scale: float = 1.0,
+             labels: tuple[str, ...] | None = None) -> None:
+        """Add one sample of raw * scale, unless raw is absent, an NVML sentinel, not finite, or
+        the scaled value is out of the metric's range; drops are counted, never served."""
+        if raw is None:
+            return
+        value = raw * scale
+        reason = None
+        if isinstance(raw, int) and raw in SENTINELS and metric.kind != "counter":
+            reason = "sentinel"
+        elif not math.isfinite(value):
+            reason = "not_finite"
+        elif value < 0 or (metric.max_value is not None and value > metric.max_value):
+            reason = "out_of_range"
+        if reason:
+            self.dropped(metric, reason)
+            return
+        self.out.append(Sample(metric, (labels or self.labels) + extra, float(value)))

@@ -1,0 +1,61 @@
+"""MIG: mode, and per MIG device its GPU/compute instance ids, profile, memory and GPM activity.
+Device-level values stay on the physical GPU's series only."""
+
+from __future__ import annotations
+
+import pynvml as N
+
+from .. import catalog as c
+from .base import Family, GpuCtx
+from .gpm import Gpm
+from .memory import memory_v2
+
+
+def _enumerate(gpu: GpuCtx) -> list[tuple[object, tuple[str, ...], str, str]]:
+    """[(MIG handle, MIG identity labels, MIG UUID, profile)] of one GPU."""
+    count = gpu.get("nvmlDeviceGetMaxMigDeviceCount", N.nvmlDeviceGetMaxMigDeviceCount) or 0
+    out = []
+    for i in range(count):
+        handle = gpu.get("nvmlDeviceGetMigDeviceHandleByIndex", N.nvmlDeviceGetMigDeviceHandleByIndex, i,
+                         variant=str(i))
+        if handle is None:
+            break  # NOT_FOUND after the last configured device
+        call = gpu.session.call
+        try:
+            gi = call("nvmlDeviceGetGpuInstanceId", N.nvmlDeviceGetGpuInstanceId, handle)
+            ci = call("nvmlDeviceGetComputeInstanceId", N.nvmlDeviceGetComputeInstanceId, handle)
+            mig_uuid = call("nvmlDeviceGetUUID", N.nvmlDeviceGetUUID, handle)
+            name = call("nvmlDeviceGetName", N.nvmlDeviceGetName, handle)
+        except (N.NVMLError, UnicodeDecodeError):
+            continue
+        profile = name.rsplit(" MIG ", 1)[-1] if " MIG " in name else ""
+        out.append((handle, gpu.labels + (str(gi), str(ci)), mig_uuid, profile))
+    return out
+
+
+class Mig(Family):
+    name = "mig"
+
+    def collect(self, gpu: GpuCtx) -> None:
+        if gpu.slow or "mig_mode" not in gpu.cache:
+            mode = gpu.get("nvmlDeviceGetMigMode", N.nvmlDeviceGetMigMode)
+            gpu.cache["mig_mode"] = None if mode is None else mode[0]
+            gpu.cache["migs"] = _enumerate(gpu) if gpu.cache["mig_mode"] == 1 else []
+        gpu.emit(c.MIG_MODE, gpu.cache["mig_mode"])
+        gpm = gpu.cache.get("gpm")
+        for handle, labels, mig_uuid, profile in gpu.cache["migs"]:
+            gpu.emit(c.MIG_INFO, 1, mig_uuid, profile, labels=labels)
+            try:
+                mem = gpu.session.call("nvmlDeviceGetMemoryInfo_v2", memory_v2, handle)
+            except N.NVMLError_GpuIsLost:
+                raise
+            except N.NVMLError:
+                mem = None
+            if mem is not None:
+                gpu.emit(c.MIG_MEMORY_TOTAL, mem.total, labels=labels)
+                gpu.emit(c.MIG_MEMORY_USED, mem.used, labels=labels)
+            if gpm:  # set by the gpm family when the GPU supports GPM
+                Gpm.sample(gpu, int(labels[2]), c.MIG_GPM_METRICS, labels)
+
+    def release(self, cache) -> None:
+        Gpm().release(cache)

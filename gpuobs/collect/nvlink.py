@@ -1,0 +1,31 @@
+"""NVLink per link: state, data bytes sent/received and data-link errors, batched in the
+field-values call with the link as scope."""
+
+from __future__ import annotations
+
+import pynvml as N
+
+from .. import catalog as c
+from .base import Family, FieldSpec, GpuCtx
+
+KIB = 1024
+PER_LINK = [(N.NVML_FI_DEV_NVLINK_GET_STATE, c.NVLINK_UP, 1, ()),
+            (N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, c.NVLINK_TX, KIB, ()),
+            (N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, c.NVLINK_RX, KIB, ()),
+            (N.NVML_FI_DEV_NVLINK_ERROR_DL_CRC, c.NVLINK_ERRORS, 1, ("crc",)),
+            (N.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY, c.NVLINK_ERRORS, 1, ("replay",)),
+            (N.NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY, c.NVLINK_ERRORS, 1, ("recovery",))]
+
+
+class Nvlink(Family):
+    name = "nvlink"
+
+    def fields(self, gpu: GpuCtx) -> list[FieldSpec]:
+        links = gpu.cache.get("links")
+        if links is None:  # the link count is read once per GPU (and after re-init)
+            fv = gpu.get("nvmlDeviceGetFieldValues", N.nvmlDeviceGetFieldValues,
+                         [N.NVML_FI_DEV_NVLINK_LINK_COUNT], variant="link_count")
+            ok = fv is not None and fv[0].nvmlReturn == N.NVML_SUCCESS
+            links = gpu.cache["links"] = fv[0].value.uiVal if ok else 0
+        return [FieldSpec(fid, metric, scale, (str(link), *extra), scope=link)
+                for link in range(links) for fid, metric, scale, extra in PER_LINK]

@@ -1,0 +1,35 @@
+"""Power: draw, limits and total energy, all from one batched field-values call."""
+
+from __future__ import annotations
+
+import pynvml as N
+
+from .. import catalog as c
+from .base import Family, FieldSpec, GpuCtx
+
+MW, MJ = 0.001, 0.001
+POWER_SANITY = 2.0  # a draw above twice the enforced limit is a bad reading, not a real one
+
+
+class Power(Family):
+    name = "power"
+    # Draw is checked against the limit in collect, so it is not emitted from a FieldSpec.
+    FIELDS = [FieldSpec(N.NVML_FI_DEV_POWER_CURRENT_LIMIT, c.POWER_LIMIT, MW),
+              FieldSpec(N.NVML_FI_DEV_POWER_DEFAULT_LIMIT, c.POWER_DEFAULT_LIMIT, MW),
+              FieldSpec(N.NVML_FI_DEV_POWER_MIN_LIMIT, c.POWER_MIN_LIMIT, MW),
+              FieldSpec(N.NVML_FI_DEV_POWER_MAX_LIMIT, c.POWER_MAX_LIMIT, MW),
+              FieldSpec(N.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, c.ENERGY, MJ)]
+    DRAW = FieldSpec(N.NVML_FI_DEV_POWER_INSTANT, None)  # read here, emitted by collect
+
+    def fields(self, gpu: GpuCtx) -> list[FieldSpec]:
+        return [*self.FIELDS, self.DRAW]
+
+    def collect(self, gpu: GpuCtx) -> None:
+        draw = gpu.fields.get((N.NVML_FI_DEV_POWER_INSTANT, 0))
+        if draw is None:  # older drivers: the classic getter
+            draw = gpu.get("nvmlDeviceGetPowerUsage", N.nvmlDeviceGetPowerUsage)
+        limit = gpu.fields.get((N.NVML_FI_DEV_POWER_CURRENT_LIMIT, 0))
+        if draw is not None and limit and draw > POWER_SANITY * limit:
+            gpu.dropped(c.POWER_USAGE, "above_limit")
+            return
+        gpu.emit(c.POWER_USAGE, draw, scale=MW)

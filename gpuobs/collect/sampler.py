@@ -1,0 +1,227 @@
+"""The sampling loop: one pass over every GPU and family per interval, published as a Snapshot.
+
+A pass never raises: a failing GPU or field is skipped and counted, a lost GPU reports up=0.
+The exporter serves the latest Snapshot and never waits on NVML.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from typing import Callable
+
+import pynvml as N
+
+from .. import catalog as c
+from ..nvml import Session, code_name
+from .base import Family, FieldSpec, GpuCtx, GpuLost, Sample, Snapshot
+
+log = logging.getLogger("gpuobs.sampler")
+
+
+def _field_value(f) -> float:
+    t = f.valueType
+    if t == N.NVML_VALUE_TYPE_DOUBLE:
+        return f.value.dVal
+    if t == N.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG:
+        return f.value.ullVal
+    if t == N.NVML_VALUE_TYPE_UNSIGNED_LONG:
+        return f.value.ulVal
+    if t == N.NVML_VALUE_TYPE_SIGNED_LONG_LONG:
+        return f.value.sllVal
+    if t == N.NVML_VALUE_TYPE_SIGNED_INT:
+        return f.value.siVal
+    if t == N.NVML_VALUE_TYPE_UNSIGNED_SHORT:
+        return f.value.usVal
+    return f.value.uiVal
+
+
+class Sampler:
+    """Samples every GPU with the given families every `interval` seconds in a daemon thread.
+
+    expected_gpus: how many GPUs the node should have (None: the most ever seen).
+    on_snapshot: called with each new Snapshot (the exporter renders it there, once).
+    """
+
+    def __init__(self, session: Session, families: list[Family], interval: float = 5.0,
+                 expected_gpus: int | None = None, on_snapshot: Callable[[Snapshot], None] | None = None):
+        self.session = session
+        self.families = families
+        self.interval = interval
+        self.expected_gpus = expected_gpus
+        self.on_snapshot = on_snapshot
+        self.latest: Snapshot | None = None
+        self.dropped: collections.Counter[tuple[str, str]] = collections.Counter()
+        self.samples = 0
+        self.versions = ("", "", "")
+        self._max_seen = 0
+        self._known: dict[str, int] = {}  # uuid -> last index, for up=0 after loss
+        self._caches: dict[str, dict] = {}  # uuid -> per-GPU cache kept across samples
+        self._generation = -1
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ---- loop -----------------------------------------------------------------------------
+
+    def start(self) -> "Sampler":
+        self._thread = threading.Thread(target=self._run, name="gpuobs-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=self.interval + 5)
+
+    def _run(self) -> None:
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                self.sample_once()
+            except Exception:  # noqa: BLE001 - the loop must survive anything; the cause is logged
+                log.exception("sampling pass failed")
+            next_at += self.interval
+            self._stop.wait(max(0.0, next_at - time.monotonic()))
+            next_at = max(next_at, time.monotonic() - self.interval)  # after a hang, do not catch up in a burst
+
+    # ---- one pass ---------------------------------------------------------------------------
+
+    def sample_once(self) -> Snapshot:
+        """Take one complete pass and publish it as the latest Snapshot."""
+        start, wall = time.monotonic(), time.time()
+        calls_before = self.session.calls
+        out: list[Sample] = []
+        present = 0
+        if self.session.ensure():
+            if self.session.generation != self._generation:
+                self._reset_caches()
+                self._generation = self.session.generation
+                self.versions = self._versions()
+            present = self._sample_gpus(out)
+        self._max_seen = max(self._max_seen, present)
+        self.samples += 1
+        out.extend(self._self_samples(present, time.monotonic() - start, self.session.calls - calls_before, wall))
+        snap = Snapshot(wall, time.monotonic() - start, tuple(out), self.session.up, present)
+        self.latest = snap
+        if self.on_snapshot:
+            self.on_snapshot(snap)
+        return snap
+
+    def _versions(self) -> tuple[str, str, str]:
+        def safe(name, fn):
+            try:
+                return str(self.session.call(name, fn))
+            except (N.NVMLError, UnicodeDecodeError):
+                return ""
+        cuda = safe("nvmlSystemGetCudaDriverVersion", N.nvmlSystemGetCudaDriverVersion)
+        cuda = f"{int(cuda) // 1000}.{int(cuda) % 1000 // 10}" if cuda.isdigit() else ""
+        return (safe("nvmlSystemGetDriverVersion", N.nvmlSystemGetDriverVersion),
+                safe("nvmlSystemGetNVMLVersion", N.nvmlSystemGetNVMLVersion), cuda)
+
+    def _reset_caches(self) -> None:
+        for cache in self._caches.values():
+            self._release(cache)
+        self._caches.clear()
+
+    def _release(self, cache: dict) -> None:
+        for fam in self.families:
+            try:
+                fam.release(cache)
+            except Exception:  # noqa: BLE001 - freeing must not stop sampling
+                log.exception("release failed")
+
+    def _sample_gpus(self, out: list[Sample]) -> int:
+        try:
+            count = self.session.call("nvmlDeviceGetCount_v2", N.nvmlDeviceGetCount)
+        except N.NVMLError:
+            return 0
+        seen: dict[str, int] = {}
+        for index in range(count):
+            try:
+                handle = self.session.call("nvmlDeviceGetHandleByIndex_v2", N.nvmlDeviceGetHandleByIndex, index)
+                uuid = self.session.call("nvmlDeviceGetUUID", N.nvmlDeviceGetUUID, handle)
+            except (N.NVMLError, UnicodeDecodeError):
+                continue  # lost or unreadable: reported below as up=0 under its last known UUID
+            if self._sample_gpu(handle, index, uuid, out):
+                seen[uuid] = index
+        for uuid, index in list(self._known.items()):
+            if uuid not in seen:
+                out.append(Sample(c.GPU_UP, (str(index), uuid), 0.0))
+        for uuid in set(self._caches) - set(seen):
+            self._release(self._caches.pop(uuid))
+        for uuid, index in seen.items():
+            out.append(Sample(c.GPU_UP, (str(index), uuid), 1.0))
+        self._known.update(seen)
+        return len(seen)
+
+    def _sample_gpu(self, handle, index: int, uuid: str, out: list[Sample]) -> bool:
+        """All families for one GPU into `out`; False (and nothing added) if the GPU is lost."""
+        mine: list[Sample] = []
+        gpu = GpuCtx(self.session, handle, index, uuid, self.samples, mine, self._drop,
+                     cache=self._caches.setdefault(uuid, {}))
+        gpu.cache["versions"] = (self.versions[0], self.versions[2])
+        try:
+            self._read_fields(gpu)
+            for fam in self.families:
+                try:
+                    fam.collect(gpu)
+                except GpuLost:
+                    raise
+                except Exception:  # noqa: BLE001 - one family failing never affects the others
+                    log.exception("family failed", extra={"family": fam.name, "uuid": uuid})
+        except GpuLost:
+            log.warning("gpu lost", extra={"uuid": uuid, "index": index})
+            return False
+        out.extend(mine)
+        return True
+
+    def _read_fields(self, gpu: GpuCtx) -> None:
+        specs: list[FieldSpec] = []
+        for fam in self.families:
+            specs.extend(s for s in fam.fields(gpu)
+                         if (gpu.uuid, f"field:{s.field_id}:{s.scope}") not in self.session.unsupported)
+        if not specs:
+            return
+        ids = [(s.field_id, s.scope) for s in specs]
+        values = gpu.get("nvmlDeviceGetFieldValues", N.nvmlDeviceGetFieldValues, ids)
+        if values is None:
+            return
+        for spec, fv in zip(specs, values):
+            if fv.nvmlReturn == N.NVML_SUCCESS:
+                raw = _field_value(fv)
+                gpu.fields[(spec.field_id, spec.scope)] = raw
+                if spec.metric is not None:
+                    gpu.emit(spec.metric, raw, *spec.extra, scale=spec.scale)
+            elif fv.nvmlReturn == N.NVML_ERROR_NOT_SUPPORTED:
+                self.session.unsupported.add((gpu.uuid, f"field:{spec.field_id}:{spec.scope}"))
+            else:
+                self.session.errors[(f"nvmlDeviceGetFieldValues:{spec.field_id}",
+                                     code_name(N.NVMLError(fv.nvmlReturn)))] += 1
+
+    def _drop(self, metric: c.Metric, reason: str) -> None:
+        self.dropped[(metric.name, reason)] += 1
+
+    # ---- self-health ---------------------------------------------------------------------------
+
+    def _self_samples(self, present: int, duration: float, calls: int, wall: float) -> list[Sample]:
+        s = self.session
+        out = [Sample(c.NVML_UP, (), float(s.up)),
+               Sample(c.GPUS_PRESENT, (), float(present)),
+               Sample(c.GPUS_EXPECTED, (), float(self.expected_gpus if self.expected_gpus is not None
+                                                 else self._max_seen)),
+               Sample(c.COLLECTION_DURATION, (), duration),
+               Sample(c.NVML_CALLS, (), float(calls)),
+               Sample(c.SAMPLES, (), float(self.samples)),
+               Sample(c.NVML_REINITS, (), float(s.reinits))]
+        if s.up:
+            out.append(Sample(c.LAST_SUCCESS, (), wall))
+            out.append(Sample(c.NVML_INFO, self.versions, 1.0))
+        elif self.latest is not None:
+            out.extend(x for x in self.latest.samples if x.metric is c.LAST_SUCCESS)
+        if s.init_error:
+            out.append(Sample(c.NVML_INIT_ERROR, (s.init_error,), 1.0))
+        out.extend(Sample(c.NVML_ERRORS, key, float(n)) for key, n in sorted(s.errors.items()))
+        out.extend(Sample(c.DROPPED, key, float(n)) for key, n in sorted(self.dropped.items()))
+        return out

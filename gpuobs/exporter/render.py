@@ -1,0 +1,110 @@
+"""Render a Snapshot as Prometheus text, once per snapshot, in gpuobs or dcgm-exporter naming."""
+
+from __future__ import annotations
+
+import socket
+from collections import defaultdict
+from typing import Iterable
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import Metric as PromMetric
+
+from .. import catalog as c
+from ..collect.base import Sample, Snapshot
+
+NAMINGS = ("gpuobs", "dcgm")
+SELF_FAMILY = "exporter"
+
+
+class _Collect:
+    """A prometheus_client custom collector over a fixed list of metric families."""
+
+    def __init__(self, families: list[PromMetric]):
+        self._families = families
+
+    def collect(self):
+        return iter(self._families)
+
+
+def _to_text(families: Iterable[PromMetric]) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Collect(list(families)))
+    return generate_latest(registry)
+
+
+def native_families(samples: Iterable[Sample]) -> list[PromMetric]:
+    """Metric families with gpuobs names (catalog order, so output is stable)."""
+    by_metric: dict[c.Metric, list[Sample]] = defaultdict(list)
+    for s in samples:
+        by_metric[s.metric].append(s)
+    out = []
+    for metric in sorted(by_metric, key=lambda m: m.name):
+        if metric.kind == "info":  # a gauge named ..._info, so HELP and TYPE name the samples
+            fam = PromMetric(metric.exposed_name, metric.help, "gauge")
+        else:
+            fam = PromMetric(metric.name, metric.help, metric.kind)
+        for s in by_metric[metric]:
+            fam.add_sample(metric.exposed_name, dict(zip(metric.labels, s.labels)), s.value)
+        out.append(fam)
+    return out
+
+
+def dcgm_families(samples: Iterable[Sample], hostname: str) -> list[PromMetric]:
+    """dcgm-exporter names and labels (gpu, UUID, pci_bus_id, device, modelName, Hostname, and
+    GPU_I_ID/GPU_I_PROFILE on MIG series) for every catalog metric that has a DCGM field."""
+    samples = list(samples)
+    info = {s.labels[1]: dict(zip(c.GPU_INFO.labels, s.labels)) for s in samples if s.metric is c.GPU_INFO}
+    profiles = {(s.labels[1], s.labels[2]): s.labels[5] for s in samples if s.metric is c.MIG_INFO}
+    fams: dict[str, PromMetric] = {}
+    for s in samples:
+        m = s.metric
+        n_id = len(m.identity)
+        field = m.dcgm.get(tuple(s.labels[n_id:]))
+        if not field or not n_id:
+            continue
+        gpu, uuid = s.labels[0], s.labels[1]
+        ident = info.get(uuid, {})
+        labels = {"gpu": gpu, "UUID": uuid, "pci_bus_id": ident.get("pci_bus_id", ""),
+                  "device": f"nvidia{gpu}", "modelName": ident.get("name", ""), "Hostname": hostname}
+        if m.identity == c.MIG_LABELS:
+            labels["GPU_I_ID"] = s.labels[2]
+            labels["GPU_I_PROFILE"] = profiles.get((uuid, s.labels[2]), "")
+        fam = fams.get(field)
+        if fam is None:
+            fam = fams[field] = PromMetric(field, f"{m.help} ({m.name})", "counter" if m.kind == "counter" else "gauge")
+        fam.add_sample(field, labels, s.value * m.dcgm_scale)
+    return [fams[k] for k in sorted(fams)]
+
+
+class Renderer:
+    """Renders each Snapshot once into two bodies: complete, and self-health only (served when
+    the snapshot is stale, so that no stale GPU value is served as fresh)."""
+
+    def __init__(self, naming: str = "gpuobs", hostname: str | None = None):
+        if naming not in NAMINGS:
+            raise ValueError(f"naming must be one of {NAMINGS}, got {naming!r}")
+        self.naming = naming
+        self.hostname = hostname or socket.gethostname()
+        self.fresh = b""
+        self.stale = self._self_only([], stale=True)
+        self.snapshot: Snapshot | None = None
+
+    def _stale_flag(self, stale: bool) -> PromMetric:
+        fam = PromMetric(c.SNAPSHOT_STALE.name, c.SNAPSHOT_STALE.help, "gauge")
+        fam.add_sample(c.SNAPSHOT_STALE.name, {}, float(stale))
+        return fam
+
+    def _self_only(self, samples: list[Sample], stale: bool) -> bytes:
+        return _to_text(native_families(samples) + [self._stale_flag(stale)])
+
+    def render(self, snap: Snapshot) -> None:
+        """Render a new snapshot (called on the sampling thread, once per snapshot)."""
+        own = [s for s in snap.samples if s.metric.family == SELF_FAMILY]
+        gpu = [s for s in snap.samples if s.metric.family != SELF_FAMILY]
+        if self.naming == "dcgm":
+            families = dcgm_families(gpu, self.hostname)
+        else:
+            families = native_families(gpu)
+        self.fresh = _to_text(families + native_families(own) + [self._stale_flag(False)])
+        self.stale = self._self_only(own, stale=True)
+        self.snapshot = snap
