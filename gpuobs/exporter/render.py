@@ -71,7 +71,9 @@ def dcgm_families(samples: Iterable[Sample], hostname: str) -> list[PromMetric]:
             labels["GPU_I_PROFILE"] = profiles.get((uuid, s.labels[2]), "")
         fam = fams.get(field)
         if fam is None:
-            fam = fams[field] = PromMetric(field, f"{m.help} ({m.name})", "counter" if m.kind == "counter" else "gauge")
+            # Typed gauge: text format 0.0.4 in prometheus_client would rename a counter to
+            # <field>_total, and dashboards built for dcgm-exporter query the bare field name.
+            fam = fams[field] = PromMetric(field, f"{m.help} ({m.name})", "gauge")
         fam.add_sample(field, labels, s.value * m.dcgm_scale)
     return [fams[k] for k in sorted(fams)]
 
