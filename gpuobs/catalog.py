@@ -143,18 +143,18 @@ MEMORY_TEMPERATURE = _m("gpu_memory_temperature_celsius", "gauge", "celsius", "H
                         "NVML_FI_DEV_MEMORY_TEMP", dcgm={(): "DCGM_FI_DEV_MEMORY_TEMP"}, max_value=200)
 SLOWDOWN_TEMPERATURE = _m("gpu_slowdown_temperature_celsius", "gauge", "celsius",
                           "GPU temperature at which the hardware slows its clocks.", "thermal",
-                          "NVML_FI_DEV_TEMPERATURE_SLOWDOWN_TLIMIT, else nvmlDeviceGetTemperatureThreshold(SLOWDOWN)",
+                          "nvmlDeviceGetTemperatureThreshold(NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)",
                           dcgm={(): "DCGM_FI_DEV_SLOWDOWN_TEMP"}, max_value=200)
 SHUTDOWN_TEMPERATURE = _m("gpu_shutdown_temperature_celsius", "gauge", "celsius",
                           "GPU temperature at which the hardware shuts down.", "thermal",
-                          "NVML_FI_DEV_TEMPERATURE_SHUTDOWN_TLIMIT", dcgm={(): "DCGM_FI_DEV_SHUTDOWN_TEMP"},
+                          "nvmlDeviceGetTemperatureThreshold(NVML_TEMPERATURE_THRESHOLD_SHUTDOWN)", dcgm={(): "DCGM_FI_DEV_SHUTDOWN_TEMP"},
                           max_value=200)
 MAX_OPERATING_TEMPERATURE = _m("gpu_max_operating_temperature_celsius", "gauge", "celsius",
                                "Highest GPU temperature for normal operation.", "thermal",
-                               "NVML_FI_DEV_TEMPERATURE_GPU_MAX_TLIMIT", max_value=200)
+                               "nvmlDeviceGetTemperatureThreshold(NVML_TEMPERATURE_THRESHOLD_GPU_MAX)", max_value=200)
 MEMORY_MAX_TEMPERATURE = _m("gpu_memory_max_operating_temperature_celsius", "gauge", "celsius",
                             "Highest memory temperature for normal operation.", "thermal",
-                            "NVML_FI_DEV_TEMPERATURE_MEM_MAX_TLIMIT", max_value=200)
+                            "nvmlDeviceGetTemperatureThreshold(NVML_TEMPERATURE_THRESHOLD_MEM_MAX)", max_value=200)
 FAN_SPEED = _m("gpu_fan_speed_ratio", "gauge", "ratio", "Fan speed as a fraction of its maximum.", "thermal",
                "nvmlDeviceGetFanSpeed (percent) / 100", dcgm={(): "DCGM_FI_DEV_FAN_SPEED"}, dcgm_scale=100,
                max_value=1.0)
@@ -263,7 +263,8 @@ XID_LAST_SEEN = _m("gpu_xid_last_seen_timestamp_seconds", "gauge", "seconds",
                    "Unix time the XID code was last reported.", "xid", "time of the nvmlEventSetWait_v2 event",
                    labels=GPU_LABELS + ("xid",))
 # ------------------------------------------------------------------------------------ self-health
-NVML_UP = _m("nvml_up", "gauge", "", "1 if NVML is initialised and answering.", "exporter", "nvmlInit_v2")
+NVML_UP = _m("nvml_up", "gauge", "", "1 if NVML is initialised and answering.", "exporter", "nvmlInit_v2",
+             labels=())
 NVML_INIT_ERROR = _m("nvml_init_error", "gauge", "", "1 with the NVML error that keeps NVML down.", "exporter",
                      "nvmlInit_v2 error", labels=("reason",))
 NVML_INFO = _m("nvml", "info", "", "Driver and NVML versions.", "exporter",

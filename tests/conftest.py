@@ -44,3 +44,82 @@ def h100x2(make_sim):
     return make_sim({"gpus": [{"profile": "h100-sxm-80gb", "count": 2}],
                      "processes": [{"gpu": 0, "pid": 1111, "name": "python train.py", "used_mib": 1024,
                                     "sm_util": 77, "mem_util": 33}]})
+
+
+class RunningExporter:
+    """An in-process exporter on a simulated node, scraped over real HTTP."""
+
+    def __init__(self, sim, exporter):
+        self.sim, self.exp = sim, exporter
+        self.url = f"http://127.0.0.1:{exporter.http.port}"
+
+    def get(self, path: str = "/metrics", **kw):
+        import urllib.error
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=5, **kw) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    def scrape(self) -> list[tuple[str, dict, float]]:
+        """[(sample name, labels, value)] of one /metrics scrape."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        status, text = self.get()
+        assert status == 200, text
+        return [(s.name, s.labels, s.value) for fam in text_string_to_metric_families(text) for s in fam.samples]
+
+    def values(self, name: str, **match) -> dict[str, float]:
+        """{uuid (or label 'key' value): value} of one metric, filtered by label values."""
+        return {labels.get("uuid", ""): v for n, labels, v in self.scrape() if n == name
+                and all(labels.get(k) == str(val) for k, val in match.items())}
+
+    def wait_for(self, predicate, timeout: float = 10.0, what: str = "condition"):
+        """Scrape until predicate(scrape) is true; return that scrape or fail."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            last = self.scrape()
+            if predicate(last):
+                return last
+            time.sleep(0.05)
+        pytest.fail(f"timed out waiting for {what}; last scrape had {len(last or [])} samples")
+
+    def next_snapshot(self, n: int = 1):
+        """Wait until n more snapshots have been taken."""
+        import time
+
+        target = self.exp.sampler.samples + n
+        deadline = time.monotonic() + 10
+        while self.exp.sampler.samples < target and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert self.exp.sampler.samples >= target, "sampler made no progress"
+
+
+@pytest.fixture
+def exporter(make_sim):
+    """Factory: exporter(spec, init_sim=True, **ExporterConfig fields) -> RunningExporter (stopped after)."""
+    from gpuobs import catalog
+    from gpuobs.exporter import Exporter, ExporterConfig
+
+    running = []
+
+    def factory(spec: dict, **config) -> RunningExporter:
+        sim = make_sim(spec, init=False)
+        config.setdefault("listen_address", "127.0.0.1")
+        config.setdefault("port", 0)
+        config.setdefault("interval", 0.2)
+        config.setdefault("families", set(catalog.FAMILIES))
+        exp = Exporter(ExporterConfig(**config)).start()
+        running.append(exp)
+        run = RunningExporter(sim, exp)
+        run.next_snapshot()
+        return run
+
+    yield factory
+    for exp in running:
+        exp.stop()

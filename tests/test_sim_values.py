@@ -224,3 +224,14 @@ def test_lookup_by_uuid_serial_and_bus_id(h100x2):
 def test_process_utilization_samples(h100x2):
     samples = N.nvmlDeviceGetProcessUtilization(handle(0), 0)
     assert [(s.pid, s.smUtil, s.memUtil) for s in samples] == [(1111, 77, 33)]
+
+
+def test_tlimit_fields_are_relative_to_the_max_operating_temperature(h100x2):
+    g = h100x2.state.gpu(0)
+    set_val(g.temp_threshold[3], 85)  # GPU max operating (T.Limit)
+    set_val(g.temp_threshold[1], 87)
+    set_val(g.temp_threshold[0], 93)
+    fv = N.nvmlDeviceGetFieldValues(handle(0), [N.NVML_FI_DEV_TEMPERATURE_SLOWDOWN_TLIMIT,
+                                                N.NVML_FI_DEV_TEMPERATURE_SHUTDOWN_TLIMIT,
+                                                N.NVML_FI_DEV_TEMPERATURE_GPU_MAX_TLIMIT])
+    assert [f.value.siVal for f in fv] == [-2, -8, 0]  # as nvidia-smi prints "Slowdown T.Limit Temp: -2 C"

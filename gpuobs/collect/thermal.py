@@ -8,13 +8,17 @@ from .. import catalog as c
 from .base import Family, FieldSpec, GpuCtx
 
 
+THRESHOLDS = [(c.SLOWDOWN_TEMPERATURE, N.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN, "slowdown"),
+              (c.SHUTDOWN_TEMPERATURE, N.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN, "shutdown"),
+              (c.MAX_OPERATING_TEMPERATURE, N.NVML_TEMPERATURE_THRESHOLD_GPU_MAX, "gpu_max"),
+              (c.MEMORY_MAX_TEMPERATURE, N.NVML_TEMPERATURE_THRESHOLD_MEM_MAX, "mem_max")]
+
+
 class Thermal(Family):
+    """Absolute thresholds come from nvmlDeviceGetTemperatureThreshold: the *_TLIMIT fields are
+    relative to T.Limit (nvidia-smi's "Slowdown T.Limit Temp: -2 C"), not temperatures."""
     name = "thermal"
-    FIELDS = [FieldSpec(N.NVML_FI_DEV_MEMORY_TEMP, c.MEMORY_TEMPERATURE),
-              FieldSpec(N.NVML_FI_DEV_TEMPERATURE_SLOWDOWN_TLIMIT, c.SLOWDOWN_TEMPERATURE),
-              FieldSpec(N.NVML_FI_DEV_TEMPERATURE_SHUTDOWN_TLIMIT, c.SHUTDOWN_TEMPERATURE),
-              FieldSpec(N.NVML_FI_DEV_TEMPERATURE_GPU_MAX_TLIMIT, c.MAX_OPERATING_TEMPERATURE),
-              FieldSpec(N.NVML_FI_DEV_TEMPERATURE_MEM_MAX_TLIMIT, c.MEMORY_MAX_TEMPERATURE)]
+    FIELDS = [FieldSpec(N.NVML_FI_DEV_MEMORY_TEMP, c.MEMORY_TEMPERATURE)]
 
     def fields(self, gpu: GpuCtx) -> list[FieldSpec]:
         return self.FIELDS
@@ -22,11 +26,11 @@ class Thermal(Family):
     def collect(self, gpu: GpuCtx) -> None:
         gpu.emit(c.TEMPERATURE, gpu.get("nvmlDeviceGetTemperature", N.nvmlDeviceGetTemperature,
                                         N.NVML_TEMPERATURE_GPU))
-        if (N.NVML_FI_DEV_TEMPERATURE_SLOWDOWN_TLIMIT, 0) not in gpu.fields:  # drivers without the field
-            if gpu.slow or "slowdown" not in gpu.cache:
-                gpu.cache["slowdown"] = gpu.get("nvmlDeviceGetTemperatureThreshold", N.nvmlDeviceGetTemperatureThreshold,
-                                                N.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN, variant="slowdown")
-            gpu.emit(c.SLOWDOWN_TEMPERATURE, gpu.cache["slowdown"])
-        if gpu.slow or "fan" not in gpu.cache:
+        if gpu.slow or "thresholds" not in gpu.cache:  # fixed per GPU: slow samples only
+            gpu.cache["thresholds"] = [(metric, gpu.get("nvmlDeviceGetTemperatureThreshold",
+                                                        N.nvmlDeviceGetTemperatureThreshold, kind, variant=label))
+                                       for metric, kind, label in THRESHOLDS]
             gpu.cache["fan"] = gpu.get("nvmlDeviceGetFanSpeed", N.nvmlDeviceGetFanSpeed)
+        for metric, value in gpu.cache["thresholds"]:
+            gpu.emit(metric, value)
         gpu.emit(c.FAN_SPEED, gpu.cache["fan"], scale=0.01)

@@ -887,6 +887,16 @@ static nvmlReturn_t put_link(sim_gpu_t *g, nvmlFieldValue_t *f, unsigned link, s
 
 #define LINK_OFF(member) offsetof(sim_link_t, member)
 
+/* T.Limit is the GPU's maximum operating temperature; a threshold reads as T.Limit minus it. */
+static nvmlReturn_t put_tlimit(sim_gpu_t *g, nvmlFieldValue_t *f, int kind) {
+    if (g->temp_margin.ret) return g->temp_margin.ret; /* no T.Limit on this GPU */
+    if (g->temp_threshold[3].ret) return g->temp_threshold[3].ret;
+    if (g->temp_threshold[kind].ret) return g->temp_threshold[kind].ret;
+    f->valueType = VT_SINT;
+    f->value.siVal = to_i32(eval(&g->temp_threshold[3]) - eval(&g->temp_threshold[kind]));
+    return NVML_SUCCESS;
+}
+
 static nvmlReturn_t field(sim_gpu_t *g, nvmlFieldValue_t *f) {
     unsigned id = f->fieldId, sc = f->scopeId;
     switch (id) {
@@ -932,6 +942,8 @@ static nvmlReturn_t field(sim_gpu_t *g, nvmlFieldValue_t *f) {
     case 189: return put(f, &g->default_limit_mw, VT_UINT, 1);
     case 190: return put(f, &g->enforced_limit_mw, VT_UINT, 1);
     case 192: return put(f, &g->power_limit_mw, VT_UINT, 1);
+    case 193: case 194: case 195: case 196:  /* thresholds relative to T.Limit, as nvidia-smi prints them */
+        return put_tlimit(g, f, id == 193 ? 0 : id == 194 ? 1 : id == 195 ? 2 : 3);
     case 197: return put(f, &g->pcie_tx_bytes, VT_ULL, 1);
     case 198: return put(f, &g->pcie_rx_bytes, VT_ULL, 1);
     case 202: return put_link(g, f, sc, LINK_OFF(tx_bytes), VT_ULL, 1);
