@@ -123,3 +123,18 @@ def exporter(make_sim):
     yield factory
     for exp in running:
         exp.stop()
+
+
+def require_tool(name: str) -> str:
+    """Path of a command-line tool the test needs: skipped when missing locally, a failure in CI
+    (.ci/run installs it, so a missing tool there is a broken CI, not a reason to skip)."""
+    import os
+    import shutil
+
+    path = shutil.which(name)
+    if path is None:
+        message = f"{name} is not installed (see .ci/run)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return path

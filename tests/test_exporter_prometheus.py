@@ -4,7 +4,6 @@ PromQL returns the simulated values."""
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import subprocess
 import time
@@ -13,11 +12,8 @@ import urllib.request
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, require_tool
 from gpuobs.sim import scenario
-
-PROMETHEUS = shutil.which("prometheus")
-pytestmark = pytest.mark.skipif(PROMETHEUS is None, reason="prometheus is not installed (apt-get install prometheus)")
 
 
 def free_port() -> int:
@@ -30,6 +26,7 @@ def free_port() -> int:
 def prometheus(tmp_path):
     """Factory: prometheus(target_port) -> query(promql) function, for a Prometheus scraping the target."""
     procs = []
+    prometheus_bin = require_tool("prometheus")
 
     def start(target_port: int):
         port = free_port()
@@ -39,7 +36,7 @@ def prometheus(tmp_path):
             "scrape_configs:\n"
             "  - job_name: gpuobs\n"
             f"    static_configs: [{{targets: ['127.0.0.1:{target_port}'], labels: {{node: sim-node}}}}]\n")
-        proc = subprocess.Popen([PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
+        proc = subprocess.Popen([prometheus_bin, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
                                  f"--web.listen-address=127.0.0.1:{port}"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         procs.append(proc)
