@@ -180,18 +180,18 @@ CLOCK_EVENT_ACTIVE = _m("gpu_clock_event_reason_active", "gauge", "",
                         "1 while this reason holds clocks down (throttling), else 0.", "clock_events",
                         "nvmlDeviceGetCurrentClocksEventReasons, one series per bit",
                         labels=GPU_LABELS + ("reason",))
-# nvmlPerfPolicyType_t -> reason label of the violation-time counter
-VIOLATION_POLICIES = {0: "power", 1: "thermal", 2: "sync_boost", 3: "board_limit", 4: "low_utilization",
-                      5: "reliability", 10: "total_app_clocks", 11: "total_base_clocks"}
+# Clock-event reason counters, batched as field values (nanoseconds): field id -> reason label.
+CLOCK_EVENT_COUNTER_FIELDS = {74: "sw_power_cap", 76: "sync_boost", 269: "sw_thermal_slowdown",
+                              270: "hw_thermal_slowdown", 271: "hw_power_brake_slowdown"}
 CLOCK_EVENT_DURATION = _m("gpu_clock_event_duration_seconds", "counter", "seconds",
-                          "Time clocks were held below their target, per policy.", "clock_events",
-                          "nvmlDeviceGetViolationStatus .violationTime (nanoseconds) / 1e9",
+                          "Time clocks were held down, per reason (nvidia-smi's Clocks Event Reasons Counters).",
+                          "clock_events",
+                          "NVML_FI_DEV_CLOCKS_EVENT_REASON_{SW_POWER_CAP,SYNC_BOOST,SW_THERM_SLOWDOWN,"
+                          "HW_THERM_SLOWDOWN,HW_POWER_BRAKE_SLOWDOWN} (nanoseconds) / 1e9",
                           labels=GPU_LABELS + ("reason",),
-                          dcgm={("power",): "DCGM_FI_DEV_POWER_VIOLATION", ("thermal",): "DCGM_FI_DEV_THERMAL_VIOLATION",
-                                ("sync_boost",): "DCGM_FI_DEV_SYNC_BOOST_VIOLATION",
-                                ("board_limit",): "DCGM_FI_DEV_BOARD_LIMIT_VIOLATION",
-                                ("low_utilization",): "DCGM_FI_DEV_LOW_UTIL_VIOLATION",
-                                ("reliability",): "DCGM_FI_DEV_RELIABILITY_VIOLATION"}, dcgm_scale=1e6)
+                          dcgm={("sw_power_cap",): "DCGM_FI_DEV_POWER_VIOLATION",
+                                ("sw_thermal_slowdown",): "DCGM_FI_DEV_THERMAL_VIOLATION",
+                                ("sync_boost",): "DCGM_FI_DEV_SYNC_BOOST_VIOLATION"}, dcgm_scale=1e6)
 # --------------------------------------------------------------------------------------------- ECC
 ECC_MODE = _m("gpu_ecc_enabled", "gauge", "", "1 if ECC is enabled now.", "ecc", "nvmlDeviceGetEccMode current")
 ECC_ERRORS = _m("gpu_ecc_errors", "counter", "", "ECC errors in device memory.", "ecc",

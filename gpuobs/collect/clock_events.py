@@ -1,12 +1,12 @@
-"""Clock-event (throttle) reasons: one 0/1 series per reason, unknown bits as bit_N, and the
-violation-time counters per policy."""
+"""Clock-event (throttle) reasons: one 0/1 series per reason, unknown bits as bit_N, and how long
+each reason has held clocks down (counters)."""
 
 from __future__ import annotations
 
 import pynvml as N
 
 from .. import catalog as c
-from .base import Family, GpuCtx
+from .base import Family, FieldSpec, GpuCtx
 
 NS = 1e-9
 
@@ -21,19 +21,16 @@ def reason_names(mask: int) -> dict[str, int]:
 
 
 class ClockEvents(Family):
+    """Reasons from one call per sample; duration counters batched in the field-values call."""
     name = "clock_events"
+    FIELDS = [FieldSpec(fid, c.CLOCK_EVENT_DURATION, NS, (reason,))
+              for fid, reason in c.CLOCK_EVENT_COUNTER_FIELDS.items()]
+
+    def fields(self, gpu: GpuCtx) -> list[FieldSpec]:
+        return self.FIELDS
 
     def collect(self, gpu: GpuCtx) -> None:
         mask = gpu.get("nvmlDeviceGetCurrentClocksEventReasons", N.nvmlDeviceGetCurrentClocksEventReasons)
         if mask is not None and mask != 0xFFFFFFFFFFFFFFFF:
             for reason, active in reason_names(mask).items():
                 gpu.emit(c.CLOCK_EVENT_ACTIVE, active, reason)
-        if gpu.slow or "violations" not in gpu.cache:  # slow-moving counters: refreshed on slow samples
-            violations = {}
-            for policy, reason in c.VIOLATION_POLICIES.items():
-                v = gpu.get("nvmlDeviceGetViolationStatus", N.nvmlDeviceGetViolationStatus, policy, variant=reason)
-                if v is not None:
-                    violations[reason] = v.violationTime
-            gpu.cache["violations"] = violations
-        for reason, ns in gpu.cache["violations"].items():
-            gpu.emit(c.CLOCK_EVENT_DURATION, ns, reason, scale=NS)

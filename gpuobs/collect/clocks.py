@@ -1,5 +1,5 @@
-"""Clocks: current SM and memory clocks every sample, graphics/video and maxima on slow samples,
-and the performance state."""
+"""Clocks: current SM and memory clocks every sample, graphics/video on slow samples, maxima once
+per GPU, and the performance state."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ class Clocks(Family):
             if clock in FAST or gpu.slow or key not in gpu.cache:
                 gpu.cache[key] = gpu.get("nvmlDeviceGetClockInfo", N.nvmlDeviceGetClockInfo, clock, variant=label)
             gpu.emit(c.CLOCK, gpu.cache[key], label, scale=MHZ)
-            if gpu.slow or f"max:{label}" not in gpu.cache:
+            if f"max:{label}" not in gpu.cache:  # fixed per GPU: read once
                 gpu.cache[f"max:{label}"] = gpu.get("nvmlDeviceGetMaxClockInfo", N.nvmlDeviceGetMaxClockInfo,
                                                     clock, variant=label)
             gpu.emit(c.MAX_CLOCK, gpu.cache[f"max:{label}"], label, scale=MHZ)

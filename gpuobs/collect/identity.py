@@ -17,7 +17,7 @@ class Identity(Family):
 
     def collect(self, gpu: GpuCtx) -> None:
         info = gpu.cache.get("info")
-        if info is None or gpu.slow:  # identity rarely changes: read it on slow samples only
+        if info is None:  # fixed for the GPU's life: read once (again after NVML re-initialises)
             cc = gpu.get("nvmlDeviceGetCudaComputeCapability", N.nvmlDeviceGetCudaComputeCapability)
             pci = gpu.get("nvmlDeviceGetPciInfo_v3", N.nvmlDeviceGetPciInfo_v3)
             versions = gpu.cache.get("versions", ("", ""))

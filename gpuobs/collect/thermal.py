@@ -26,10 +26,11 @@ class Thermal(Family):
     def collect(self, gpu: GpuCtx) -> None:
         gpu.emit(c.TEMPERATURE, gpu.get("nvmlDeviceGetTemperature", N.nvmlDeviceGetTemperature,
                                         N.NVML_TEMPERATURE_GPU))
-        if gpu.slow or "thresholds" not in gpu.cache:  # fixed per GPU: slow samples only
+        if "thresholds" not in gpu.cache:  # fixed per GPU: read once
             gpu.cache["thresholds"] = [(metric, gpu.get("nvmlDeviceGetTemperatureThreshold",
                                                         N.nvmlDeviceGetTemperatureThreshold, kind, variant=label))
                                        for metric, kind, label in THRESHOLDS]
+        if gpu.slow or "fan" not in gpu.cache:  # fans follow temperature slowly
             gpu.cache["fan"] = gpu.get("nvmlDeviceGetFanSpeed", N.nvmlDeviceGetFanSpeed)
         for metric, value in gpu.cache["thresholds"]:
             gpu.emit(metric, value)

@@ -1,4 +1,4 @@
-"""Utilization: GPU and memory (one call), encoder and decoder."""
+"""Utilization: GPU and memory (one call), encoder and decoder (re-read on slow samples while idle)."""
 
 from __future__ import annotations
 
@@ -18,5 +18,9 @@ class Utilization(Family):
             gpu.emit(c.MEMORY_UTILIZATION, util.memory, scale=0.01)
         for metric, call, fn in ((c.ENCODER_UTILIZATION, "nvmlDeviceGetEncoderUtilization", N.nvmlDeviceGetEncoderUtilization),
                                  (c.DECODER_UTILIZATION, "nvmlDeviceGetDecoderUtilization", N.nvmlDeviceGetDecoderUtilization)):
-            value = gpu.get(call, fn)
-            gpu.emit(metric, value[0] if value else None, scale=0.01)
+            # Video engines idle on most compute nodes: while one reads 0 it is re-read on slow
+            # samples only; once busy it is read every sample.
+            last = gpu.cache.get(call)
+            if last is None or last[0] or gpu.slow:
+                gpu.cache[call] = last = gpu.get(call, fn) or (None,)
+            gpu.emit(metric, last[0], scale=0.01)

@@ -912,6 +912,9 @@ static nvmlReturn_t field(sim_gpu_t *g, nvmlFieldValue_t *f) {
     case 59: return put_link_sum(g, f, LINK_OFF(recovery_errors), 1);
     case 74: case 75: case 76: case 77: case 78: case 79: case 80: case 81:   /* perf policy counters */
         return put(f, &g->violation_ns[id == 80 ? 10 : id == 81 ? 11 : id - 74], VT_ULL, 1);
+    case 269: return put(f, &g->violation_ns[1], VT_ULL, 1);   /* CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN */
+    case 270: return put(f, &g->violation_ns[6], VT_ULL, 1);   /* ..._HW_THERM_SLOWDOWN (slot 6: no policy) */
+    case 271: return put(f, &g->violation_ns[7], VT_ULL, 1);   /* ..._HW_POWER_BRAKE_SLOWDOWN (slot 7) */
     case 82: return put(f, &g->temp_mem, VT_UINT, 1);          /* NVML_FI_DEV_MEMORY_TEMP */
     case 83: case 191: return put(f, &g->energy_mj, VT_ULL, 1); /* total energy, mJ */
     case 90: return put_link(g, f, 0, LINK_OFF(speed_mbps), VT_UINT, 1);

@@ -42,7 +42,8 @@ BRANDS = {"quadro": 1, "tesla": 2, "nvs": 3, "geforce": 5, "titan": 6, "quadro r
           "nvidia rtx": 13, "nvidia": 14}
 CLOCKS = ("graphics", "sm", "memory", "video")  # nvmlClockType_t order
 THRESHOLDS = {"shutdown": 0, "slowdown": 1, "memory_max": 2, "gpu_max": 3}  # nvmlTemperatureThresholds_t
-POLICIES = {"power": 0, "sw_thermal": 1, "sync_boost": 2, "hw_thermal": 3, "hw_power_brake": 5}
+# violation_ns slots: nvmlPerfPolicyType_t, plus 6/7 (no policy) for the HW slowdown counters
+POLICIES = {"power": 0, "sw_thermal": 1, "sync_boost": 2, "hw_thermal": 6, "hw_power_brake": 7}
 GPM_SLOT = {name: i for i, name in enumerate(layout.GPM_METRICS.values())}
 # GPU instance ids as NVIDIA places them on an H100/A100, first free one per profile size.
 GI_IDS = {1: [7, 8, 9, 10, 11, 12, 13], 2: [3, 4, 5], 3: [1, 2], 4: [1], 7: [0]}
