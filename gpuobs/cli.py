@@ -95,6 +95,7 @@ def exporter(listen_address, port, interval, families, processes, process_cap, n
 
     from . import logs
 
+    chosen = _families(families) | ({"processes"} if processes else set())  # usage errors first
     logs.setup(log_level)
     log = logging.getLogger("gpuobs.exporter")
     sim = None
@@ -106,7 +107,6 @@ def exporter(listen_address, port, interval, families, processes, process_cap, n
     from .exporter import Exporter, ExporterConfig
     from .exporter.server import WebConfigError
 
-    chosen = _families(families) | ({"processes"} if processes else set())
     config = ExporterConfig(listen_address, port, interval, chosen, naming, expected_gpus, process_cap,
                             web_config, hostname, otlp_endpoint)
     try:

@@ -55,4 +55,6 @@ class OtlpPush:
         """Exports run on the SDK's own thread; nothing to start."""
 
     def stop(self) -> None:
-        self.provider.shutdown()
+        """Final export, bounded: after 2 s the exporter is shut down, which ends its retries
+        (an unreachable collector would otherwise hold the exit for twice the OTLP timeout)."""
+        self.provider.shutdown(timeout_millis=2000)

@@ -16,7 +16,7 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 import bcrypt
 import yaml
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, ThreadingWSGIServer
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, ThreadingWSGIServer
 
 log = logging.getLogger("gpuobs.http")
 
@@ -96,6 +96,23 @@ def authorized(users: dict[str, bytes], header: str | None) -> bool:
 
 
 class _QuietHandler(WSGIRequestHandler):
+    timeout = 30  # a stalled client holds only its own thread, and not for ever
+    _tls_failed = False
+
+    def setup(self) -> None:
+        super().setup()
+        if isinstance(self.connection, ssl.SSLSocket):
+            # The TLS handshake runs here, on the request's thread: done in accept() it would
+            # let one silent client stall every scrape and probe.
+            try:
+                self.connection.do_handshake()
+            except OSError:  # plain HTTP, a bad client certificate, a timeout
+                self._tls_failed = True
+
+    def handle(self) -> None:
+        if not self._tls_failed:
+            super().handle()
+
     def log_message(self, *args) -> None:  # access logs would be one line per scrape
         pass
 
@@ -115,7 +132,8 @@ def make_app(metrics: Callable[[], bytes], ready: Callable[[], tuple[bool, str]]
             return _reply(start_response, "401 Unauthorized", b"unauthorized\n",
                           [("WWW-Authenticate", 'Basic realm="gpuobs"')])
         if path == "/metrics":
-            return _reply(start_response, "200 OK", metrics(), [("Content-Type", CONTENT_TYPE_LATEST)])
+            # text format 0.0.4: what generate_latest writes (1.0.0 also needs an escaping= parameter)
+            return _reply(start_response, "200 OK", metrics(), [("Content-Type", CONTENT_TYPE_PLAIN_0_0_4)])
         if path == "/":
             return _reply(start_response, "200 OK", b"gpuobs exporter: /metrics /healthz /readyz\n")
         return _reply(start_response, "404 Not Found", b"not found\n")
@@ -135,7 +153,8 @@ class HttpServer:
     def __init__(self, app, addr: str, port: int, tls: ssl.SSLContext | None = None):
         self.httpd = make_server(addr, port, app, ThreadingWSGIServer, handler_class=_QuietHandler)
         if tls is not None:
-            self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True)
+            self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True,
+                                                 do_handshake_on_connect=False)
         self.port = self.httpd.server_address[1]
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="gpuobs-http", daemon=True)
 
