@@ -85,9 +85,11 @@ class GpuCtx:
         """True on the samples that also refresh rarely changing values."""
         return self.sample_no % Family.slow_every == 0
 
-    def get(self, call: str, fn: Callable[..., Any], *args: Any, variant: str = "") -> Any:
+    def get(self, call: str, fn: Callable[..., Any], *args: Any, variant: str = "",
+            expected: tuple[int, ...] = ()) -> Any:
         """fn(handle, *args) through the session; None when unsupported (remembered) or failing.
 
+        expected: codes that are answers, not errors (Session.call); they give None, uncounted.
         NOT_SUPPORTED is remembered per GPU, call and variant until NVML is re-initialised.
         Raises GpuLost on NVML_ERROR_GPU_IS_LOST.
         """
@@ -95,7 +97,7 @@ class GpuCtx:
         if key in self.session.unsupported:
             return None
         try:
-            return self.session.call(call, fn, self.handle, *args)
+            return self.session.call(call, fn, self.handle, *args, expected=expected)
         except pynvml.NVMLError_NotSupported:
             self.session.unsupported.add(key)
         except pynvml.NVMLError_GpuIsLost:

@@ -11,15 +11,17 @@ from .gpm import Gpm
 from .memory import memory_v2
 
 
-def _enumerate(gpu: GpuCtx) -> list[tuple[object, tuple[str, ...], str, str]]:
-    """[(MIG handle, MIG identity labels, MIG UUID, profile)] of one GPU."""
+def _enumerate(gpu: GpuCtx) -> list[tuple[object, tuple[str, str], str, str]]:
+    """[(MIG handle, (GPU instance id, compute instance id), MIG UUID, profile)] of one GPU.
+
+    The GPU's own labels are not kept here: its index can shift between samples."""
     count = gpu.get("nvmlDeviceGetMaxMigDeviceCount", N.nvmlDeviceGetMaxMigDeviceCount) or 0
     out = []
     for i in range(count):
         handle = gpu.get("nvmlDeviceGetMigDeviceHandleByIndex", N.nvmlDeviceGetMigDeviceHandleByIndex, i,
-                         variant=str(i))
+                         variant=str(i), expected=(N.NVML_ERROR_NOT_FOUND,))
         if handle is None:
-            break  # NOT_FOUND after the last configured device
+            break  # NOT_FOUND after the last configured device: an answer, not an error
         call = gpu.session.call
         try:
             gi = call("nvmlDeviceGetGpuInstanceId", N.nvmlDeviceGetGpuInstanceId, handle)
@@ -29,7 +31,7 @@ def _enumerate(gpu: GpuCtx) -> list[tuple[object, tuple[str, ...], str, str]]:
         except (N.NVMLError, UnicodeDecodeError):
             continue
         profile = name.rsplit(" MIG ", 1)[-1] if " MIG " in name else ""
-        out.append((handle, gpu.labels + (str(gi), str(ci)), mig_uuid, profile))
+        out.append((handle, (str(gi), str(ci)), mig_uuid, profile))
     return out
 
 
@@ -43,7 +45,8 @@ class Mig(Family):
             gpu.cache["migs"] = _enumerate(gpu) if gpu.cache["mig_mode"] == 1 else []
         gpu.emit(c.MIG_MODE, gpu.cache["mig_mode"])
         gpm = gpu.cache.get("gpm")
-        for handle, labels, mig_uuid, profile in gpu.cache["migs"]:
+        for handle, ids, mig_uuid, profile in gpu.cache["migs"]:
+            labels = gpu.labels + ids  # this sample's index, not the one seen at enumeration
             gpu.emit(c.MIG_INFO, 1, mig_uuid, profile, labels=labels)
             try:
                 mem = gpu.session.call("nvmlDeviceGetMemoryInfo_v2", memory_v2, handle)

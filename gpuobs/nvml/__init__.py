@@ -66,9 +66,9 @@ class Session:
                 pynvml.nvmlInit()
             except pynvml.NVMLError as e:
                 self.init_error = code_name(e)
-                self._next_try = now + self._backoff
+                retry_in, self._next_try = self._backoff, now + self._backoff
                 self._backoff = min(self._backoff * 2, self.backoff_max)
-                log.warning("nvml init failed", extra={"error": self.init_error, "retry_in_s": self._backoff})
+                log.warning("nvml init failed", extra={"error": self.init_error, "retry_in_s": retry_in})
                 return False
             self.up, self.init_error = True, None
             self._backoff, self._driver_errors = 1.0, 0
@@ -87,15 +87,19 @@ class Session:
                 except pynvml.NVMLError:
                     pass
 
-    def call(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
+    def call(self, name: str, fn: Callable[..., Any], *args: Any, expected: tuple[int, ...] = ()) -> Any:
         """Call one pynvml function; count it; count and re-raise its error.
 
-        Repeated driver-level errors shut NVML down so that the next ensure() re-initialises it.
+        expected: return codes that are answers, not errors (e.g. NOT_FOUND past the last MIG
+        device): re-raised but not counted. Repeated driver-level errors shut NVML down so that
+        the next ensure() re-initialises it.
         """
         self.calls += 1
         try:
             result = fn(*args)
         except pynvml.NVMLError as e:
+            if e.value in expected:
+                raise
             self.errors[(name, code_name(e))] += 1
             if e.value in DRIVER_LEVEL:
                 self._driver_error()
