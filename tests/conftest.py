@@ -103,6 +103,8 @@ class RunningExporter:
 @pytest.fixture
 def exporter(make_sim):
     """Factory: exporter(spec, init_sim=True, **ExporterConfig fields) -> RunningExporter (stopped after)."""
+    import time
+
     from gpuobs import catalog
     from gpuobs.exporter import Exporter, ExporterConfig
 
@@ -117,7 +119,10 @@ def exporter(make_sim):
         exp = Exporter(ExporterConfig(**config)).start()
         running.append(exp)
         run = RunningExporter(sim, exp)
-        run.next_snapshot()
+        deadline = time.monotonic() + 10
+        while exp.renderer.snapshot is None and time.monotonic() < deadline:  # the first pass is rendered
+            time.sleep(0.01)
+        assert exp.renderer.snapshot is not None, "the exporter took no snapshot"
         return run
 
     yield factory

@@ -21,7 +21,7 @@ def _enumerate(gpu: GpuCtx) -> list[tuple[object, tuple[str, str], str, str]]:
         handle = gpu.get("nvmlDeviceGetMigDeviceHandleByIndex", N.nvmlDeviceGetMigDeviceHandleByIndex, i,
                          variant=str(i), expected=(N.NVML_ERROR_NOT_FOUND,))
         if handle is None:
-            break  # NOT_FOUND after the last configured device: an answer, not an error
+            continue  # NOT_FOUND: no device at this index (indexes can be sparse): an answer, not an error
         call = gpu.session.call
         try:
             gi = call("nvmlDeviceGetGpuInstanceId", N.nvmlDeviceGetGpuInstanceId, handle)

@@ -60,6 +60,7 @@ class Sampler:
         self._known: dict[str, int] = {}  # uuid -> last index, for up=0 after loss
         self._caches: dict[str, dict] = {}  # uuid -> per-GPU cache kept across samples
         self._generation = -1
+        self._enumerated: tuple[int, list, bool] | None = None  # (NVML generation, devices, some missing)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -138,14 +139,11 @@ class Sampler:
         except N.NVMLError:
             return 0
         seen: dict[str, int] = {}
-        for index in range(count):
-            try:
-                handle = self.session.call("nvmlDeviceGetHandleByIndex_v2", N.nvmlDeviceGetHandleByIndex, index)
-                uuid = self.session.call("nvmlDeviceGetUUID", N.nvmlDeviceGetUUID, handle)
-            except (N.NVMLError, UnicodeDecodeError):
-                continue  # lost or unreadable: reported below as up=0 under its last known UUID
+        for index, handle, uuid in self._devices(count):
             if self._sample_gpu(handle, index, uuid, out):
                 seen[uuid] = index
+            else:
+                self._enumerated = None  # a GPU was lost: enumerate afresh next time
         for uuid, index in list(self._known.items()):
             if uuid not in seen:
                 out.append(Sample(c.GPU_UP, (str(index), uuid), 0.0))
@@ -155,6 +153,26 @@ class Sampler:
             out.append(Sample(c.GPU_UP, (str(index), uuid), 1.0))
         self._known.update(seen)
         return len(seen)
+
+    def _devices(self, count: int) -> list[tuple[int, object, str]]:
+        """[(index, handle, UUID)] of the answering GPUs. Handles are looked up again only when the
+        count changes, a GPU was lost, NVML re-initialised, or on slow samples: two calls per GPU
+        saved on every other pass."""
+        slow = self.samples % Family.slow_every == 0
+        if self._enumerated is not None and len(self._enumerated[1]) == count and not slow \
+                and self._enumerated[0] == self.session.generation and not self._enumerated[2]:
+            return self._enumerated[1]
+        devices, missing = [], False
+        for index in range(count):
+            try:
+                handle = self.session.call("nvmlDeviceGetHandleByIndex_v2", N.nvmlDeviceGetHandleByIndex, index)
+                uuid = self.session.call("nvmlDeviceGetUUID", N.nvmlDeviceGetUUID, handle)
+            except (N.NVMLError, UnicodeDecodeError):
+                missing = True  # lost or unreadable: reported as up=0 under its last known UUID
+                continue
+            devices.append((index, handle, uuid))
+        self._enumerated = (self.session.generation, devices, missing)
+        return devices
 
     def _sample_gpu(self, handle, index: int, uuid: str, out: list[Sample]) -> bool:
         """All families for one GPU into `out`; False (and nothing added) if the GPU is lost."""

@@ -36,6 +36,7 @@ class XidWatcher:
         self._handles: dict[str, object] = {}
         self._registered: set[str] = set()
         self._set = None
+        self._sync_lock = threading.Lock()  # event set and registrations: watcher and sampler threads
         self._generation = -1
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gpuobs-xid", daemon=True)
@@ -49,16 +50,36 @@ class XidWatcher:
         self._thread.join(timeout=self.wait_ms / 1000 + 2)
 
     def register(self, uuid: str, handle: object) -> None:
-        """Watch this GPU (called by the sampler for every GPU it sees)."""
+        """Watch this GPU (called by the sampler for every GPU it sees). A new GPU is registered at
+        once, on the caller's thread, so that no XID is missed while the watcher waits."""
         with self._lock:
+            new = self._handles.get(uuid) is not handle
             self._handles[uuid] = handle
+        if new and self.session.up:
+            try:
+                self._sync()
+            except N.NVMLError as e:
+                log.warning("cannot create the XID event set", extra={"error": str(e)})
 
     def _sync(self) -> None:
-        if self.session.generation != self._generation:  # NVML (re)initialised: old set and handles are void
-            self._set, self._registered = None, set()
-            self._generation = self.session.generation
-        if self._set is None:
-            self._set = self.session.call("nvmlEventSetCreate", N.nvmlEventSetCreate)
+        with self._sync_lock:
+            if self.session.generation != self._generation:  # NVML re-initialised: set and handles are void
+                self._free_set()
+                self._registered = set()
+                self._generation = self.session.generation
+            if self._set is None:
+                self._set = self.session.call("nvmlEventSetCreate", N.nvmlEventSetCreate)
+            self._register_pending()
+
+    def _free_set(self) -> None:
+        old, self._set = self._set, None
+        if old is not None:
+            try:
+                N.nvmlEventSetFree(old)
+            except N.NVMLError:
+                pass  # already void after re-initialisation
+
+    def _register_pending(self) -> None:
         with self._lock:
             pending = [(u, h) for u, h in self._handles.items() if u not in self._registered]
         for uuid, handle in pending:
@@ -81,7 +102,9 @@ class XidWatcher:
                 continue
             except N.NVMLError as e:
                 log.warning("xid event wait failed", extra={"error": str(e)})
-                self._set = None
+                with self._sync_lock:
+                    self._free_set()
+                    self._registered = set()
                 self._stop.wait(0.5)
                 continue
             if event.eventType & N.nvmlEventTypeXidCriticalError:
