@@ -83,8 +83,9 @@ def _families(value: str | None) -> set[str]:
 @click.option("--hostname", envvar=["GPUOBS_HOSTNAME", "NODE_NAME"], help="Hostname label for dcgm naming.")
 @click.option("--otlp-endpoint", envvar=["OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"],
               help="Also push the metrics over OTLP (gRPC, or HTTP for .../v1/metrics URLs).")
-@click.option("--simulate", "scenario_file", envvar="GPUOBS_SIMULATE", type=click.Path(exists=True, dir_okay=False),
-              help="Run on simulated GPUs from this scenario instead of the driver.")
+@click.option("--simulate", "scenario_file", envvar="GPUOBS_SIMULATE",
+              help="Run on simulated GPUs from this scenario instead of the driver; 'auto': the driver if "
+                   "one answers, else the 8xH100 example scenario.")
 @click.option("--log-level", envvar="GPUOBS_LOG_LEVEL", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 def exporter(listen_address, port, interval, families, processes, process_cap, naming, expected_gpus,
@@ -99,10 +100,16 @@ def exporter(listen_address, port, interval, families, processes, process_cap, n
     logs.setup(log_level)
     log = logging.getLogger("gpuobs.exporter")
     sim = None
+    if scenario_file == "auto":
+        from . import smi as smi_mod
+
+        scenario_file = None if smi_mod.driver_present() else str(smi_mod.DEFAULT_SCENARIO)
+    elif scenario_file and not Path(scenario_file).is_file():
+        raise click.BadParameter(f"no such scenario file: {scenario_file}", param_hint="--simulate")
     if scenario_file:
         from .sim import Simulator
 
-        log.warning("running on SIMULATED GPUs, not the driver", extra={"scenario": scenario_file})
+        log.warning("no NVIDIA driver in use: running on SIMULATED GPUs", extra={"scenario": scenario_file})
         sim = Simulator.from_file(scenario_file).activate()
     from .exporter import Exporter, ExporterConfig
     from .exporter.server import WebConfigError

@@ -490,6 +490,25 @@ def test_cli_simulate_serves_and_stops_on_sigterm(tmp_path):
         assert lines[-1]["message"] == "stopping"
 
 
+def test_cli_simulate_auto_without_a_driver_uses_the_example_scenario(tmp_path):
+    # no NVIDIA driver here (or in CI): auto must say it runs on simulated GPUs
+    from gpuobs.smi import DEFAULT_SCENARIO, driver_present
+
+    if driver_present():
+        pytest.skip("a real driver answers on this machine")
+    port = free_port()
+    args = ["--simulate", "auto", "--port", str(port), "--interval", "0.5", "--listen-address", "127.0.0.1"]
+    with cli_exporter(tmp_path, args, port=port) as (proc, url, err):
+        first = json.loads(err.read_text().splitlines()[0])
+        assert "SIMULATED" in first["message"] and first["scenario"] == str(DEFAULT_SCENARIO)
+        assert len([1 for n, _, _ in cli_scrape(url) if n == "gpuobs_gpu_up"]) == 8
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=5) == 0
+    r = subprocess.run([sys.executable, "-m", "gpuobs.cli", "exporter", "--simulate", str(tmp_path / "nope.yaml")],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "no such scenario file" in r.stderr
+
+
 def test_cli_settings_from_environment_variables(tmp_path):
     port = free_port()
     env = clean_env(GPUOBS_PORT=str(port), GPUOBS_INTERVAL="0.5", GPUOBS_SIMULATE=str(SCENARIO),
