@@ -9,6 +9,9 @@ from .base import Family, GpuCtx
 
 
 def _text(value) -> str:
+    """A label value: always str, never a bytes repr (older pynvml returns bytes)."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
     return "" if value is None else str(value)
 
 
