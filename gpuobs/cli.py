@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -195,8 +194,6 @@ def sim_exec(scenario_file: str, state_dir: str | None, command: tuple[str, ...]
 def sim_inject(state_file: str, gpu: int | None, xid: int | None, lose: bool, func: str | None,
                error: int, times: int | None, clear: bool) -> None:
     """Change a running simulated node: XID events, lost GPUs, failing NVML calls."""
-    from .sim import SimState
-
     if not (clear or lose or func or xid is not None):
         raise click.UsageError("nothing to do: give --xid, --lose, --fail or --clear")
     if times is not None and times < 1:

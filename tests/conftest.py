@@ -101,8 +101,9 @@ class RunningExporter:
 
 
 @pytest.fixture
-def exporter(make_sim):
-    """Factory: exporter(spec, init_sim=True, **ExporterConfig fields) -> RunningExporter (stopped after)."""
+def start(make_sim):
+    """start(sim, **ExporterConfig fields) -> RunningExporter on a simulator made beforehand (so that
+    faults can be in place before the exporter's first nvmlInit). Stopped after the test."""
     import time
 
     from gpuobs import catalog
@@ -110,24 +111,28 @@ def exporter(make_sim):
 
     running = []
 
-    def factory(spec: dict, **config) -> RunningExporter:
-        sim = make_sim(spec, init=False)
+    def factory(sim, **config) -> RunningExporter:
         config.setdefault("listen_address", "127.0.0.1")
         config.setdefault("port", 0)
         config.setdefault("interval", 0.2)
         config.setdefault("families", set(catalog.FAMILIES))
         exp = Exporter(ExporterConfig(**config)).start()
         running.append(exp)
-        run = RunningExporter(sim, exp)
-        deadline = time.monotonic() + 10
-        while exp.renderer.snapshot is None and time.monotonic() < deadline:  # the first pass is rendered
+        deadline = time.monotonic() + 10  # the first pass (not "one more": it may be done already)
+        while exp.renderer.snapshot is None:
+            assert time.monotonic() < deadline, "the exporter took no snapshot"
             time.sleep(0.01)
-        assert exp.renderer.snapshot is not None, "the exporter took no snapshot"
-        return run
+        return RunningExporter(sim, exp)
 
     yield factory
     for exp in running:
         exp.stop()
+
+
+@pytest.fixture
+def exporter(make_sim, start):
+    """Factory: exporter(spec, **ExporterConfig fields) -> RunningExporter on a new simulated node."""
+    return lambda spec, **config: start(make_sim(spec, init=False), **config)
 
 
 def require_tool(name: str) -> str:

@@ -52,33 +52,6 @@ def value(scrape, name: str, **match) -> float | None:
     return found[0] if found else None
 
 
-@pytest.fixture
-def start(make_sim):
-    """start(sim, **ExporterConfig fields) -> RunningExporter on a simulator made beforehand (so that
-    faults can be in place before the exporter's first nvmlInit). Stopped after the test."""
-    from gpuobs.exporter import Exporter, ExporterConfig
-
-    running = []
-
-    def factory(sim, **config) -> RunningExporter:
-        config.setdefault("listen_address", "127.0.0.1")
-        config.setdefault("port", 0)
-        config.setdefault("interval", 0.2)
-        config.setdefault("families", set(c.FAMILIES))
-        exp = Exporter(ExporterConfig(**config)).start()
-        running.append(exp)
-        run = RunningExporter(sim, exp)
-        deadline = time.monotonic() + 10  # the first pass (not "one more": it may be done already)
-        while exp.sampler.samples < 1:
-            assert time.monotonic() < deadline, "no first snapshot"
-            time.sleep(0.01)
-        return run
-
-    yield factory
-    for exp in running:
-        exp.stop()
-
-
 def force_reinit(run: RunningExporter) -> None:
     """Make the session re-initialise NVML through its own path: driver-level errors in a row."""
     before = run.exp.session.reinits

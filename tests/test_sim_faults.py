@@ -261,7 +261,7 @@ def test_calls_before_init_are_uninitialized(make_sim):
 
 
 def test_not_supported_function_per_gpu_is_remembered_by_state(make_sim):
-    sim = make_sim({"gpus": [{"profile": "rtx-4080-super"}, {"profile": "h100-sxm-80gb"}]})
+    make_sim({"gpus": [{"profile": "rtx-4080-super"}, {"profile": "h100-sxm-80gb"}]})
     with pytest.raises(N.NVMLError_NotSupported):
         N.nvmlDeviceGetTotalEnergyConsumption(handle(0))
     with pytest.raises(N.NVMLError_NotSupported):
