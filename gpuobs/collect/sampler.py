@@ -21,21 +21,16 @@ from .base import Family, FieldSpec, GpuCtx, GpuLost, Sample, Snapshot
 log = logging.getLogger("gpuobs.sampler")
 
 
+# nvmlValueType_t -> member of the c_nvmlValue_t union holding the value
+_VALUE_MEMBERS = {N.NVML_VALUE_TYPE_DOUBLE: "dVal", N.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
+                  N.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal", N.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
+                  N.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal", N.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
+                  N.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal"}
+
+
 def _field_value(f) -> float:
-    t = f.valueType
-    if t == N.NVML_VALUE_TYPE_DOUBLE:
-        return f.value.dVal
-    if t == N.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG:
-        return f.value.ullVal
-    if t == N.NVML_VALUE_TYPE_UNSIGNED_LONG:
-        return f.value.ulVal
-    if t == N.NVML_VALUE_TYPE_SIGNED_LONG_LONG:
-        return f.value.sllVal
-    if t == N.NVML_VALUE_TYPE_SIGNED_INT:
-        return f.value.siVal
-    if t == N.NVML_VALUE_TYPE_UNSIGNED_SHORT:
-        return f.value.usVal
-    return f.value.uiVal
+    """The value of one c_nvmlFieldValue_t, read by its valueType."""
+    return getattr(f.value, _VALUE_MEMBERS.get(f.valueType, "uiVal"))
 
 
 class Sampler:
