@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import signal
 import subprocess
 import sys
@@ -48,12 +49,20 @@ def smi(scenario_file: str | None) -> None:
             sim.close()
 
 
+def _finite(value: float, hint: str) -> float:
+    if not math.isfinite(value):  # FloatRange lets NaN through: it compares false with both bounds
+        raise click.BadParameter("must be a finite number", param_hint=hint)
+    return value
+
+
 def _families(value: str | None) -> set[str]:
     from . import catalog
 
     if not value:
         return set(catalog.FAMILIES) - catalog.DEFAULT_OFF
     names = {v.strip() for v in value.split(",") if v.strip()}
+    if not names:
+        raise click.BadParameter("name at least one family", param_hint="--families")
     unknown = names - set(catalog.FAMILIES)
     if unknown:
         raise click.BadParameter(f"unknown: {', '.join(sorted(unknown))}; known: {', '.join(catalog.FAMILIES)}",
@@ -63,10 +72,11 @@ def _families(value: str | None) -> set[str]:
 
 @main.command()
 @click.option("--listen-address", envvar="GPUOBS_LISTEN_ADDRESS", default="0.0.0.0", show_default=True)
-@click.option("--port", envvar="GPUOBS_PORT", type=int, default=9445, show_default=True,
+@click.option("--port", envvar="GPUOBS_PORT", type=click.IntRange(0, 65535), default=9445, show_default=True,
               help="9445: clear of dcgm-exporter (9400) and nvidia_gpu_exporter (9835).")
-@click.option("--interval", envvar="GPUOBS_INTERVAL", type=click.FloatRange(min=0.1), default=5.0, show_default=True,
-              help="Seconds between sampling passes.")
+@click.option("--interval", envvar="GPUOBS_INTERVAL", type=click.FloatRange(0.1, 3600), default=5.0,
+              show_default=True, callback=lambda ctx, param, v: _finite(v, "--interval"),
+              help="Seconds between sampling passes (0.1 to 3600).")
 @click.option("--families", envvar="GPUOBS_FAMILIES",
               help="Comma-separated metric families to collect (default: all but processes).")
 @click.option("--processes/--no-processes", envvar="GPUOBS_PROCESSES", default=False, show_default=True,

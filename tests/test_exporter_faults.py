@@ -263,7 +263,9 @@ def test_hung_call_serves_fast_stale_then_recovers(exporter):
         scrape = run.scrape()
         assert value(scrape, STALE) == 1
         assert not [n for n, l, _ in scrape if "uuid" in l], "stale GPU values served as fresh"
-        assert value(scrape, "gpuobs_nvml_up") == 1  # self-health of the last snapshot is still served
+        # NVML and GPU state are unknown while the sampler is stuck: not served from the old snapshot
+        assert value(scrape, "gpuobs_nvml_up") is None and value(scrape, "gpuobs_gpus_present") is None
+        assert value(scrape, "gpuobs_gpus_expected") == 2
         status, reason = run.get("/readyz")
         assert status == 503 and "stale" in reason
         assert run.get("/healthz")[0] == 200
@@ -424,6 +426,27 @@ def test_xid_events_are_counted_once_each(exporter):
     scrape = run.wait_for(lambda s: one(s, "gpuobs_gpu_xid_errors_total", xid=79).get(u1) == 1, 5, "XID on GPU 1")
     assert one(scrape, "gpuobs_gpu_xid_errors_total", xid=79) == {u0: 3.0, u1: 1.0}
 
+    # XID 79 comes with the GPU falling off the bus: its counter must stay while the GPU is lost
+    st.xid(1, 79)
+    st.lose_gpu(1)
+    scrape = run.wait_for(lambda s: one(s, "gpuobs_gpu_up").get(u1) == 0
+                          and one(s, "gpuobs_gpu_xid_errors_total", xid=79).get(u1) == 2, 5, "XID kept for a lost GPU")
+    assert not [n for n, l, _ in scrape if l.get("uuid") == u1 and n == "gpuobs_gpu_power_usage_watts"]
+
+
+def test_process_memory_counted_once_and_unavailable_memory_dropped(exporter):
+    run = exporter({"gpus": [{"profile": "h100-sxm-80gb"}],
+                    "processes": [{"gpu": 0, "pid": 7001, "type": "C+G", "used_mib": 500, "name": "ffmpeg"},
+                                  {"gpu": 0, "pid": 7002, "used_mib": 100, "name": "python"}]},
+                   families={"processes"})
+    run.sim.state.gpu(0).procs[1].used_mem = 2 ** 64 - 1  # NVML_VALUE_NOT_AVAILABLE
+    run.next_snapshot(2)
+    scrape = run.scrape()
+    mem = {l["pid"]: v for n, l, v in scrape if n == "gpuobs_gpu_process_memory_used_bytes"}
+    assert mem == {"7001": 500 * 1024 * 1024}  # once, not once per list; 7002 unknown: absent
+    dropped = {(l["metric"], l["reason"]) for n, l, v in scrape if n == "gpuobs_exporter_dropped_values_total"}
+    assert ("gpuobs_gpu_process_memory_used_bytes", "not_available") in dropped
+
 
 # ---------------------------------------------------------------------------------------- 12
 
@@ -458,8 +481,8 @@ def test_mig_devices_and_device_level_series_once_per_gpu(exporter):
         assert key not in seen, f"duplicate series {key}"
         seen[key] = True
     assert not [l for n, l, _ in scrape if n.startswith("gpuobs_gpu_") and "gpu_instance_id" in l]
-    # a healthy MIG GPU: no NVML error beyond one NOT_SUPPORTED probe per value it lacks (the fan)
+    # a healthy MIG GPU: no NVML error (NOT_SUPPORTED for a value it lacks is an answer)
     errors = {(l["call"], l["code"]): v for n, l, v in scrape if n == ERRORS}
-    assert {code for _, code in errors} <= {"NOT_SUPPORTED"}, errors
+    assert errors == {}, errors
     run.next_snapshot(12)  # past a slow sample, when MIG devices are enumerated again
     assert {(l["call"], l["code"]): v for n, l, v in run.scrape() if n == ERRORS} == errors

@@ -130,6 +130,14 @@ def test_tls_client_that_never_handshakes_does_not_block_scrapes(exporter, tls_f
     ({"tls_server_config": {"cert_file": "cert.pem"}}, "key_file"),
     ({"basic_auth_users": {"alice": "hunter2"}}, "bcrypt"),
     (["not", "a", "mapping"], "mapping"),
+    ({"tls_config": {"cert_file": "c", "key_file": "k"}}, "unsupported keys tls_config"),  # misspelt: not plain HTTP
+    ({"tls_server_config": {"cert_file": "c", "key_file": "k", "cipher_suites": ["x"]}}, "unsupported keys cipher"),
+    ({"tls_server_config": {"cert_file": "c", "key_file": "k", "client_auth_type": "Bogus"}}, "client_auth_type must"),
+    ({"tls_server_config": {"cert_file": "c", "key_file": "k", "client_auth_type": "RequireAndVerifyClientCert"}},
+     "needs client_ca_file"),
+    ({"tls_server_config": {"cert_file": "c", "key_file": "k", "min_version": "SSL3"}}, "TLS versions"),
+    ({"tls_server_config": [1, 2]}, "tls_server_config must be a mapping"),
+    ({"basic_auth_users": ["a", "b"]}, "basic_auth_users must be a mapping"),
 ])
 def test_bad_web_config_is_a_clear_error(tmp_path, doc, message):
     path = write_web_config(tmp_path, doc)

@@ -59,6 +59,10 @@ class Family:
     def collect(self, gpu: "GpuCtx") -> None:
         """Read NVML for one GPU and emit samples; raise GpuLost when the GPU is lost."""
 
+    def node_samples(self, known: dict[str, int]) -> list[Sample]:
+        """Samples that outlive a GPU's loss, once per pass; known maps UUID -> last NVML index."""
+        return []
+
     def release(self, cache: dict[str, Any]) -> None:
         """Free NVML resources kept in a GPU's cache when the GPU goes away or NVML re-initialises."""
 

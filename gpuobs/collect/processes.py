@@ -18,22 +18,27 @@ class Processes(Family):
         self.cap = cap
 
     def collect(self, gpu: GpuCtx) -> None:
-        procs = {}
+        procs: dict[int, int | None] = {}
         for call, fn in (("nvmlDeviceGetComputeRunningProcesses_v3", N.nvmlDeviceGetComputeRunningProcesses),
                          ("nvmlDeviceGetGraphicsRunningProcesses_v3", N.nvmlDeviceGetGraphicsRunningProcesses)):
             for p in gpu.get(call, fn) or []:
-                procs[p.pid] = procs.get(p.pid, 0) + (p.usedGpuMemory or 0)
+                # a compute+graphics process is in both lists with the same memory: count it once;
+                # None is NVML's "not available" (pynvml maps the sentinel to None)
+                known = procs.get(p.pid)
+                procs[p.pid] = p.usedGpuMemory if known is None else max(known, p.usedGpuMemory or 0)
         names = gpu.cache.setdefault("names", {})
         for pid in list(names):
             if pid not in procs:
                 del names[pid]  # forget ended processes
-        top = sorted(procs.items(), key=lambda kv: -kv[1])[: self.cap]  # the biggest users when over the cap
+        top = sorted(procs.items(), key=lambda kv: -(kv[1] or 0))[: self.cap]  # the biggest users over the cap
         for pid, used in top:
             if pid not in names:
                 try:
                     names[pid] = gpu.session.call("nvmlSystemGetProcessName", N.nvmlSystemGetProcessName, pid)
                 except (N.NVMLError, UnicodeDecodeError):
                     names[pid] = ""
+            if used is None:
+                gpu.dropped(c.PROCESS_MEMORY, "not_available")
             gpu.emit(c.PROCESS_MEMORY, used, str(pid), str(names[pid])[:128])
         if top:
             since = int((time.time() - 10) * 1e6)

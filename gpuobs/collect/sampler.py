@@ -69,7 +69,7 @@ class Sampler:
     def stop(self) -> None:
         self._stop.set()
         if self._thread:
-            self._thread.join(timeout=self.interval + 5)
+            self._thread.join(timeout=2)  # a pass stuck in NVML must not hold up shutdown
 
     def _run(self) -> None:
         next_at = time.monotonic()
@@ -96,10 +96,17 @@ class Sampler:
                 self._generation = self.session.generation
                 self.versions = self._versions()
             present = self._sample_gpus(out)
+            for fam in self.families:
+                out.extend(fam.node_samples(self._known))
         self._max_seen = max(self._max_seen, present)
         self.samples += 1
         out.extend(self._self_samples(present, time.monotonic() - start, self.session.calls - calls_before, wall))
-        snap = Snapshot(wall, time.monotonic() - start, tuple(out), self.session.up, present)
+        duration = time.monotonic() - start
+        if duration > self.interval:
+            log.warning("sampling pass took longer than the interval", extra={"seconds": round(duration, 3),
+                                                                             "interval": self.interval})
+        # stamped when complete: its age is how old its newest value is, whatever the pass took
+        snap = Snapshot(time.time(), duration, tuple(out), self.session.up, present)
         self.latest = snap
         if self.on_snapshot:
             self.on_snapshot(snap)

@@ -14,7 +14,7 @@ import pynvml as N
 
 from .. import catalog as c
 from ..nvml import Session
-from .base import Family, GpuCtx
+from .base import Family, GpuCtx, Sample
 
 log = logging.getLogger("gpuobs.xid")
 
@@ -47,7 +47,7 @@ class XidWatcher:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=self.wait_ms / 1000 + 2)
+        self._thread.join(timeout=self.wait_ms / 1000 + 0.5)
 
     def register(self, uuid: str, handle: object) -> None:
         """Watch this GPU (called by the sampler for every GPU it sees). A new GPU is registered at
@@ -129,7 +129,8 @@ class XidWatcher:
 
 
 class Xid(Family):
-    """Emits the watcher's counters for each GPU in the snapshot (the watcher does the NVML work)."""
+    """Registers each GPU with the watcher, and exports its counters for every GPU ever seen: an
+    XID 79 arrives as its GPU falls off the bus, and must stay visible while the GPU is lost."""
     name = "xid"
 
     def __init__(self, watcher: XidWatcher):
@@ -137,7 +138,10 @@ class Xid(Family):
 
     def collect(self, gpu: GpuCtx) -> None:
         self.watcher.register(gpu.uuid, gpu.handle)
+
+    def node_samples(self, known: dict[str, int]) -> list[Sample]:
+        out = []
         for uuid, xid, count, seen in self.watcher.totals():
-            if uuid == gpu.uuid:
-                gpu.emit(c.XID_ERRORS, count, str(xid))
-                gpu.emit(c.XID_LAST_SEEN, seen, str(xid))
+            labels = (str(known.get(uuid, "")), uuid, str(xid))
+            out += [Sample(c.XID_ERRORS, labels, float(count)), Sample(c.XID_LAST_SEEN, labels, seen)]
+        return out

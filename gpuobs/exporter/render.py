@@ -56,6 +56,7 @@ def dcgm_families(samples: Iterable[Sample], hostname: str) -> list[PromMetric]:
     info = {s.labels[1]: dict(zip(c.GPU_INFO.labels, s.labels)) for s in samples if s.metric is c.GPU_INFO}
     profiles = {(s.labels[1], s.labels[2]): s.labels[5] for s in samples if s.metric is c.MIG_INFO}
     fams: dict[str, PromMetric] = {}
+    seen: set[tuple] = set()
     for s in samples:
         m = s.metric
         n_id = len(m.identity)
@@ -69,6 +70,10 @@ def dcgm_families(samples: Iterable[Sample], hostname: str) -> list[PromMetric]:
         if m.identity == c.MIG_LABELS:
             labels["GPU_I_ID"] = s.labels[2]
             labels["GPU_I_PROFILE"] = profiles.get((uuid, s.labels[2]), "")
+        key = (field, tuple(sorted(labels.items())))
+        if key in seen:  # DCGM has no compute-instance label: the first of a GPU instance's devices wins
+            continue
+        seen.add(key)
         fam = fams.get(field)
         if fam is None:
             # Typed gauge: text format 0.0.4 in prometheus_client would rename a counter to
@@ -108,5 +113,7 @@ class Renderer:
         else:
             families = native_families(gpu)
         self.fresh = _to_text(families + native_families(own) + [self._stale_flag(False)])
-        self.stale = self._self_only(own, stale=True)
+        # Served when this snapshot is stale: NVML and GPU state then unknown, so left out.
+        unknown = (c.NVML_UP, c.GPUS_PRESENT, c.NVML_INFO, c.NVML_INIT_ERROR)
+        self.stale = self._self_only([s for s in own if s.metric not in unknown], stale=True)
         self.snapshot = snap

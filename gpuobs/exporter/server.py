@@ -25,6 +25,31 @@ class WebConfigError(ValueError):
     """The web-config file is missing, unreadable or inconsistent."""
 
 
+CLIENT_AUTH = {"NoClientCert": ssl.CERT_NONE, "RequestClientCert": ssl.CERT_OPTIONAL,
+               "RequireAnyClientCert": ssl.CERT_REQUIRED, "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
+               "RequireAndVerifyClientCert": ssl.CERT_REQUIRED}
+TLS_VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1,
+                "TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
+TOP_KEYS = {"tls_server_config", "basic_auth_users"}
+TLS_KEYS = {"cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version", "max_version"}
+
+
+def _mapping(value, where: str) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise WebConfigError(f"{where} must be a mapping")
+    return value
+
+
+def _known(doc: dict, allowed: set[str], where: str) -> None:
+    # A misspelt key must not quietly turn TLS or auth off: refuse what is not understood.
+    unknown = set(doc) - allowed
+    if unknown:
+        raise WebConfigError(f"{where}: unsupported keys {', '.join(sorted(map(str, unknown)))} "
+                             f"(supported: {', '.join(sorted(allowed))})")
+
+
 @dataclass
 class WebConfig:
     """Parsed Prometheus web-config: TLS files and bcrypt-hashed basic-auth users."""
@@ -32,46 +57,60 @@ class WebConfig:
     key_file: Path | None = None
     client_ca_file: Path | None = None
     client_auth_type: str = "NoClientCert"
+    min_version: str = "TLS12"
+    max_version: str | None = None
     users: dict[str, bytes] = field(default_factory=dict)
 
     @classmethod
     def load(cls, path: str | Path) -> "WebConfig":
-        """Read a web-config YAML; paths are relative to the file. Raises WebConfigError."""
+        """Read a web-config YAML; relative paths are relative to the file. Raises WebConfigError
+        for anything unreadable, unknown or inconsistent, as exporter-toolkit does at start-up."""
         path = Path(path)
         try:
-            doc = yaml.safe_load(path.read_text()) or {}
+            doc = yaml.safe_load(path.read_text())
         except (OSError, yaml.YAMLError) as e:
             raise WebConfigError(f"cannot read web config {path}: {e}") from None
-        if not isinstance(doc, dict):
-            raise WebConfigError(f"web config {path} must be a mapping")
-        tls = doc.get("tls_server_config") or {}
-        rel = (lambda p: None if not p else (path.parent / p if not Path(p).is_absolute() else Path(p)))
+        doc = _mapping(doc, f"web config {path}")
+        _known(doc, TOP_KEYS, str(path))
+        tls = _mapping(doc.get("tls_server_config"), "tls_server_config")
+        _known(tls, TLS_KEYS, "tls_server_config")
+        users = _mapping(doc.get("basic_auth_users"), "basic_auth_users")
+        rel = (lambda p: None if not p else (path.parent / p if not Path(str(p)).is_absolute() else Path(p)))
         cfg = cls(rel(tls.get("cert_file")), rel(tls.get("key_file")), rel(tls.get("client_ca_file")),
-                  tls.get("client_auth_type", "NoClientCert"),
-                  {str(u): str(h).encode() for u, h in (doc.get("basic_auth_users") or {}).items()})
+                  str(tls.get("client_auth_type", "NoClientCert")), str(tls.get("min_version", "TLS12")),
+                  None if tls.get("max_version") is None else str(tls["max_version"]),
+                  {str(u): str(h).encode() for u, h in users.items()})
         if bool(cfg.cert_file) != bool(cfg.key_file):
             raise WebConfigError("tls_server_config needs both cert_file and key_file")
+        if tls and not cfg.cert_file:
+            raise WebConfigError("tls_server_config needs cert_file and key_file")
+        if cfg.client_auth_type not in CLIENT_AUTH:
+            raise WebConfigError(f"client_auth_type must be one of {', '.join(CLIENT_AUTH)}")
+        if cfg.client_auth_type != "NoClientCert" and not cfg.client_ca_file:  # Python verifies what it asks for
+            raise WebConfigError(f"client_auth_type {cfg.client_auth_type} needs client_ca_file")
+        for version in filter(None, (cfg.min_version, cfg.max_version)):
+            if version not in TLS_VERSIONS:
+                raise WebConfigError(f"TLS versions are one of {', '.join(TLS_VERSIONS)}, got {version}")
         for user, hashed in cfg.users.items():
             if not hashed.startswith((b"$2a$", b"$2b$", b"$2y$")):
                 raise WebConfigError(f"basic_auth_users.{user} must be a bcrypt hash")
         return cfg
 
     def ssl_context(self) -> ssl.SSLContext | None:
-        """Server TLS context, or None without TLS."""
+        """Server TLS context, or None without TLS. Raises WebConfigError if files do not load."""
         if not self.cert_file:
             return None
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.minimum_version = TLS_VERSIONS[self.min_version]
+        if self.max_version:
+            ctx.maximum_version = TLS_VERSIONS[self.max_version]
         try:
             ctx.load_cert_chain(self.cert_file, self.key_file)
             if self.client_ca_file:
                 ctx.load_verify_locations(self.client_ca_file)
         except (OSError, ssl.SSLError) as e:
             raise WebConfigError(f"cannot load TLS files: {e}") from None
-        if self.client_auth_type in ("RequireAndVerifyClientCert", "RequireAnyClientCert"):
-            ctx.verify_mode = ssl.CERT_REQUIRED
-        elif self.client_auth_type == "VerifyClientCertIfGiven":
-            ctx.verify_mode = ssl.CERT_OPTIONAL
+        ctx.verify_mode = CLIENT_AUTH[self.client_auth_type]
         return ctx
 
 
@@ -147,11 +186,18 @@ def _reply(start_response, status: str, body: bytes, headers: list[tuple[str, st
     return [body]
 
 
+class _Server(ThreadingWSGIServer):
+    request_queue_size = 128  # the default 5 overflows under scrape storms (SYN retries of 1-3 s)
+
+
 class HttpServer:
     """Serves the app on addr:port in a daemon thread; `port` holds the bound port (0 picks one)."""
 
     def __init__(self, app, addr: str, port: int, tls: ssl.SSLContext | None = None):
-        self.httpd = make_server(addr, port, app, ThreadingWSGIServer, handler_class=_QuietHandler)
+        try:
+            self.httpd = make_server(addr, port, app, _Server, handler_class=_QuietHandler)
+        except OSError as e:
+            raise OSError(e.errno, f"cannot listen on {addr}:{port}: {e.strerror}") from None
         if tls is not None:
             self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True,
                                                  do_handshake_on_connect=False)

@@ -91,15 +91,15 @@ class Session:
         """Call one pynvml function; count it; count and re-raise its error.
 
         expected: return codes that are answers, not errors (e.g. NOT_FOUND past the last MIG
-        device): re-raised but not counted. Repeated driver-level errors shut NVML down so that
+        device): re-raised but not counted; NOT_SUPPORTED is always such an answer. Repeated driver-level errors shut NVML down so that
         the next ensure() re-initialises it.
         """
         self.calls += 1
         try:
             result = fn(*args)
         except pynvml.NVMLError as e:
-            if e.value in expected:
-                raise
+            if e.value in expected or e.value == pynvml.NVML_ERROR_NOT_SUPPORTED:
+                raise  # an answer (the GPU lacks it, or nothing is there), not an error
             self.errors[(name, code_name(e))] += 1
             if e.value in DRIVER_LEVEL:
                 self._driver_error()
