@@ -128,6 +128,8 @@ def exporter(listen_address, port, interval, families, processes, process_cap, n
     try:
         exp = Exporter(config).start()
     except (WebConfigError, OSError) as e:
+        if sim:
+            sim.close()
         raise click.ClickException(str(e)) from None
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

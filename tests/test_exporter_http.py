@@ -577,3 +577,30 @@ def test_promtool_check_metrics_passes(exporter):
     assert status == 200 and "gpuobs_gpu_process_memory_used_bytes" in text and "gpuobs_gpu_sm_active_ratio" in text
     r = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=30)
     assert (r.returncode, r.stdout + r.stderr) == (0, "")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--interval", "nan"], "must be a finite number"),
+    (["--interval", "inf"], "not in the range"),
+    (["--interval", "0"], "not in the range"),
+    (["--port", "70000"], "not in the range"),
+    (["--families", " , "], "name at least one family"),
+    (["--simulate", "auto", "--naming", "prometheus"], "Invalid value for '--naming'"),
+])
+def test_cli_rejects_bad_values_before_starting(args, message):
+    r = subprocess.run([sys.executable, "-m", "gpuobs.cli", "exporter", *args], capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 2 and message in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_cli_port_in_use_is_a_one_line_error():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = subprocess.run([sys.executable, "-m", "gpuobs.cli", "exporter", "--simulate", str(SCENARIO),
+                            "--listen-address", "127.0.0.1", "--port", str(port)], capture_output=True, text=True,
+                           timeout=30)
+    assert r.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
