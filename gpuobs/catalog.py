@@ -36,6 +36,8 @@ class Metric:
     dcgm: dict[tuple[str, ...], str] = field(default_factory=dict)
     dcgm_scale: float = 1.0
     max_value: float | None = None  # values above this are impossible and dropped
+    otel_name: str | None = None  # instrument name, for metrics recorded through OpenTelemetry
+    otel_unit: str = ""  # UCUM unit of the instrument (its Prometheus name carries the converted unit)
 
     @property
     def identity(self) -> tuple[str, ...]:
@@ -54,6 +56,13 @@ class Metric:
     def exposed_name(self) -> str:
         """The name as it appears in /metrics (counters with `_total`, info with `_info`)."""
         return self.name + {"counter": "_total", "info": "_info"}.get(self.kind, "")
+
+    @property
+    def prometheus_samples(self) -> tuple[str, ...]:
+        """Sample names in a scrape: a histogram's _bucket/_sum/_count, else the exposed name."""
+        if self.kind == "histogram":
+            return tuple(f"{self.name}_{suffix}" for suffix in ("bucket", "sum", "count"))
+        return (self.exposed_name,)
 
 
 def _m(name: str, kind: str, unit: str, help: str, family: str, source: str, **kw) -> Metric:
@@ -291,9 +300,74 @@ NVML_REINITS = _m("exporter_nvml_reinits", "counter", "", "NVML re-initialisatio
                   "exporter", "nvmlShutdown + nvmlInit_v2", labels=())
 SAMPLES = _m("exporter_samples", "counter", "", "Sampling passes completed.", "exporter", "sampler", labels=())
 
+# ------------------------------------------------------------- training and inference (OpenTelemetry)
+# Recorded by gpuobs.instrument through the OTel SDK; `name` is what OTel's Prometheus conversion
+# makes of `otel_name` and `otel_unit` (dots to underscores, unit suffix, _total on counters).
+RUN_LABELS = ("rank", "job")
+
+
+def _otel(otel_name: str, kind: str, otel_unit: str, prom_name: str, help: str, family: str,
+          labels: tuple[str, ...] = RUN_LABELS, unit: str = "") -> Metric:
+    return Metric(prom_name, kind, unit, help, family, f"OpenTelemetry instrument {otel_name}", labels=labels,
+                  otel_name=otel_name, otel_unit=otel_unit, max_value=1.0 if unit == "ratio" else None)
+
+
+STEP_DURATION = _otel("gpuobs.training.step.duration", "histogram", "s", "gpuobs_training_step_duration_seconds",
+                      "Duration of one optimizer step, data wait included (CUDA events when on a GPU).",
+                      "training", unit="seconds")
+STEPS = _otel("gpuobs.training.steps", "counter", "{step}", "gpuobs_training_steps",
+              "Optimizer steps completed.", "training")
+MICRO_STEPS = _otel("gpuobs.training.micro_steps", "counter", "{step}", "gpuobs_training_micro_steps",
+                    "Micro-steps (gradient-accumulation passes) completed.", "training")
+LAST_STEP = _otel("gpuobs.training.step.last_time", "gauge", "s", "gpuobs_training_step_last_time_seconds",
+                  "Unix time the last step finished (training stalls when it stops moving).", "training",
+                  unit="seconds")
+DATA_WAIT = _otel("gpuobs.training.data_wait.duration", "histogram", "s",
+                  "gpuobs_training_data_wait_duration_seconds",
+                  "Time a step waited for its batch inside the data loader's __next__.", "training", unit="seconds")
+DATA_WAIT_SHARE = _otel("gpuobs.training.data_wait.share", "gauge", "1", "gpuobs_training_data_wait_share_ratio",
+                        "Share of the last step spent waiting for data.", "training", unit="ratio")
+CHECKPOINT_DURATION = _otel("gpuobs.training.checkpoint.duration", "histogram", "s",
+                            "gpuobs_training_checkpoint_duration_seconds", "Duration of a checkpoint save.",
+                            "training", unit="seconds")
+SAMPLES_TRAINED = _otel("gpuobs.training.samples", "counter", "{sample}", "gpuobs_training_samples",
+                        "Samples trained on (rate() gives samples/s).", "training")
+TOKENS_TRAINED = _otel("gpuobs.training.tokens", "counter", "{token}", "gpuobs_training_tokens",
+                       "Tokens trained on (rate() gives tokens/s).", "training")
+LOSS = _otel("gpuobs.training.loss", "gauge", "", "gpuobs_training_loss", "Last reported training loss.", "training")
+GRAD_NORM = _otel("gpuobs.training.grad_norm", "gauge", "", "gpuobs_training_grad_norm",
+                  "Last reported gradient norm.", "training")
+LEARNING_RATE = _otel("gpuobs.training.learning_rate", "gauge", "", "gpuobs_training_learning_rate",
+                      "Learning rate, read at the reporting interval.", "training")
+MFU = _otel("gpuobs.training.mfu", "gauge", "1", "gpuobs_training_mfu_ratio",
+            "Model FLOPs utilization of the last step: FLOPs per step / step time / peak FLOPs.", "training",
+            unit="ratio")
+GOODPUT = _otel("gpuobs.training.goodput", "counter", "s", "gpuobs_training_goodput_seconds",
+                "Time spent computing steps (data wait excluded).", "training", unit="seconds")
+BADPUT = _otel("gpuobs.training.badput", "counter", "s", "gpuobs_training_badput_seconds",
+               "Time not spent computing steps, by cause: data_wait, checkpoint, startup, idle.", "training",
+               labels=RUN_LABELS + ("cause",), unit="seconds")
+GENAI_LABELS = ("gen_ai_operation_name", "gen_ai_request_model", "rank", "job")
+REQUEST_DURATION = _otel("gen_ai.server.request.duration", "histogram", "s", "gen_ai_server_request_duration_seconds",
+                         "Duration of one inference request (GenAI semantic conventions).", "inference",
+                         labels=GENAI_LABELS + ("error_type",), unit="seconds")
+TIME_TO_FIRST_TOKEN = _otel("gen_ai.server.time_to_first_token", "histogram", "s",
+                            "gen_ai_server_time_to_first_token_seconds",
+                            "Time from the request's start to its first output token.", "inference",
+                            labels=GENAI_LABELS, unit="seconds")
+INFERENCE_TOKENS = _otel("gpuobs.inference.tokens", "counter", "{token}", "gpuobs_inference_tokens",
+                         "Tokens processed, by gen_ai.token.type (input or output).", "inference",
+                         labels=GENAI_LABELS + ("gen_ai_token_type",))
+BATCH_SIZE = _otel("gpuobs.inference.batch_size", "histogram", "{request}", "gpuobs_inference_batch_size",
+                   "Requests batched together per inference call.", "inference", labels=GENAI_LABELS)
+INFERENCE_ERRORS = _otel("gpuobs.inference.errors", "counter", "{request}", "gpuobs_inference_errors",
+                         "Requests that failed, by error.type.", "inference", labels=GENAI_LABELS + ("error_type",))
+
 ALL: tuple[Metric, ...] = tuple(v for v in list(globals().values()) if isinstance(v, Metric)) + \
     tuple(GPM_METRICS.values()) + tuple(MIG_GPM_METRICS.values())
 BY_NAME: dict[str, Metric] = {m.name: m for m in ALL}
 FAMILIES = ("identity", "utilization", "gpm", "memory", "power", "thermal", "clocks", "clock_events",
             "ecc", "pcie", "nvlink", "mig", "processes", "xid")
-DEFAULT_OFF = frozenset({"processes"})  # opt-in: per-process series are unbounded by nature
+DEFAULT_OFF = frozenset({"processes"})
+APP_FAMILIES = ("training", "inference")  # recorded by gpuobs.instrument, not the exporter
+OTEL: tuple[Metric, ...] = tuple(m for m in ALL if m.otel_name)  # opt-in: per-process series are unbounded by nature

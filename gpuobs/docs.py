@@ -14,8 +14,10 @@ def metrics_markdown() -> str:
     out = ["# Metrics", "",
            "Generated from `gpuobs/catalog.py` by `python -m gpuobs.docs`; a test fails when this file differs.",
            "", f"Every per-GPU series carries the identity labels `{', '.join(c.GPU_LABELS)}` (NVML index and UUID);",
-           f"MIG series carry `{', '.join(c.MIG_LABELS)}`. Families marked opt-in are off by default.", ""]
-    for family in (*c.FAMILIES, "exporter"):
+           f"MIG series carry `{', '.join(c.MIG_LABELS)}`. Families marked opt-in are off by default.",
+           "The training and inference families are recorded by `gpuobs.instrument` through OpenTelemetry;",
+           "their names are what OTel's Prometheus conversion makes of the instrument names.", ""]
+    for family in (*c.FAMILIES, "exporter", *c.APP_FAMILIES):
         metrics = [m for m in c.ALL if m.family == family]
         opt = " (opt-in)" if family in c.DEFAULT_OFF else ""
         out += [f"## {family}{opt}", "", "| metric | type | labels | description | NVML source | DCGM field |",

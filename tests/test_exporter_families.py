@@ -19,9 +19,9 @@ def test_docs_metrics_md_is_generated_from_the_catalog():
 
 def test_catalog_names_follow_prometheus_conventions():
     for m in c.ALL:
-        assert m.name.startswith("gpuobs_"), m.name
+        assert m.name.startswith("gpuobs_") or (m.family == "inference" and m.name.startswith("gen_ai_")), m.name
         assert not m.name.endswith("_total"), f"{m.name}: _total is added to counters at exposition"
-        assert m.family in (*c.FAMILIES, "exporter"), m.name
+        assert m.family in (*c.FAMILIES, "exporter", *c.APP_FAMILIES), m.name
         if m.unit:
             assert m.name.endswith(f"_{m.unit}") or m.name.endswith(f"_{m.unit}_ratio"), m.name
         if m.unit == "ratio":
