@@ -1,0 +1,89 @@
+"""Inference instrumentation with OTel GenAI semantic-convention names: request duration, time to
+first token, tokens by type, batch size and errors, plus a span per request.
+
+    with request(model="llama-3-8b", batch_size=4) as r:
+        for i, tok in enumerate(generate(...)):
+            if i == 0:
+                r.first_token()
+        r.tokens(input=prompt_tokens, output=generated)
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any, Callable
+
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from .. import catalog as c
+from .telemetry import Telemetry, current
+
+
+class Request:
+    """One inference request (context manager); see module docstring."""
+
+    def __init__(self, tel: Telemetry, model: str, operation: str, batch_size: int | None):
+        self.tel = tel
+        self.attrs = {"gen_ai.operation.name": operation, "gen_ai.request.model": model,
+                      **tel.env.metric_attributes()}
+        self.batch_size = batch_size
+        self._first: float | None = None
+        self._tokens: dict[str, int] = {}
+
+    def first_token(self) -> None:
+        """Mark the first output token now (time to first token)."""
+        if self._first is None:
+            self._first = time.perf_counter() - self._t0
+
+    def tokens(self, input: int | None = None, output: int | None = None) -> None:
+        """Tokens of the request by gen_ai.token.type."""
+        if input is not None:
+            self._tokens["input"] = input
+        if output is not None:
+            self._tokens["output"] = output
+
+    def __enter__(self) -> "Request":
+        self._t0 = time.perf_counter()
+        name = f"{self.attrs['gen_ai.operation.name']} {self.attrs['gen_ai.request.model']}"
+        self._cm = self.tel.tracer.start_as_current_span(name, kind=SpanKind.SERVER, attributes=self.attrs)
+        self._span = self._cm.__enter__()
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        duration = time.perf_counter() - self._t0
+        i = self.tel.instrument
+        attrs = self.attrs
+        if exc is not None:
+            attrs = {**attrs, "error.type": type(exc).__name__}
+            i(c.INFERENCE_ERRORS).add(1, attrs)
+            self._span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+        i(c.REQUEST_DURATION).record(duration, attrs)
+        if self._first is not None:
+            i(c.TIME_TO_FIRST_TOKEN).record(self._first, self.attrs)
+        if self.batch_size:
+            i(c.BATCH_SIZE).record(self.batch_size, self.attrs)
+        for kind, n in self._tokens.items():
+            i(c.INFERENCE_TOKENS).add(n, {**self.attrs, "gen_ai.token.type": kind})
+            self._span.set_attribute(f"gen_ai.usage.{kind}_tokens", n)
+        return self._cm.__exit__(exc_type, exc, tb)
+
+
+def request(model: str, operation: str = "chat", batch_size: int | None = None,
+            telemetry: Telemetry | None = None) -> Request:
+    """Context manager around one inference request."""
+    return Request(telemetry or current(), model, operation, batch_size)
+
+
+def trace_request(model: str, operation: str = "chat") -> Callable:
+    """Decorator: each call is one request; the function may take a `request` keyword to mark
+    the first token and token counts."""
+    def wrap(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any):
+            with request(model, operation) as r:
+                if "request" in fn.__code__.co_varnames:
+                    kwargs.setdefault("request", r)
+                return fn(*args, **kwargs)
+        return wrapper
+    return wrap

@@ -1,0 +1,214 @@
+"""OpenTelemetry set-up for training and inference processes, from the standard OTEL_* variables.
+
+`configure()` builds a TracerProvider and a MeterProvider (or leaves OTel's no-op API in place
+when disabled), adds the run's rank/job/node as resource attributes, and creates every
+instrument of the catalog's training and inference families once. Exporting runs on the SDK's
+own threads with bounded queues and timeouts, so no telemetry sink can block a training step.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from opentelemetry import metrics as otel_metrics
+from opentelemetry import trace as otel_trace
+
+from .. import __version__, catalog as c
+from .env import RunEnv
+
+log = logging.getLogger("gpuobs.instrument")
+
+# Seconds: from a millisecond data wait to a half-hour checkpoint.
+DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+                    60.0, 120.0, 300.0, 600.0, 1800.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+SPAN_QUEUE = 2048  # spans waiting for export; beyond it new spans are dropped, never waited for
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+@dataclass
+class Telemetry:
+    """What instrumentation records into. When disabled, tracer and meter are OTel's no-ops and
+    every instrument call costs a method call on a no-op object."""
+    enabled: bool
+    tracer: Any
+    meter: Any
+    env: RunEnv
+    instruments: dict[str, Any] = field(default_factory=dict)  # catalog metric name -> instrument
+    tracer_provider: Any = None
+    meter_provider: Any = None
+    span_processor: Any = None
+
+    def instrument(self, metric: c.Metric) -> Any:
+        """The OTel instrument of a catalog metric (created in configure)."""
+        return self.instruments[metric.name]
+
+    @property
+    def spans_dropped(self) -> int:
+        """Spans dropped because the export queue was full (the exporter was slow or down)."""
+        return getattr(self.span_processor, "dropped", 0)
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        """Flush and stop exporting within timeout_s, whatever state the endpoint is in: the SDK's
+        own shutdown can wait 30 s on a stuck exporter, so it runs on a daemon thread we stop
+        waiting for."""
+        def close() -> None:
+            for provider in (self.tracer_provider, self.meter_provider):
+                try:
+                    if provider is not None:
+                        provider.shutdown()
+                except Exception:  # noqa: BLE001 - shutting down must not raise into training code
+                    log.exception("telemetry shutdown failed")
+
+        worker = threading.Thread(target=close, name="gpuobs-telemetry-shutdown", daemon=True)
+        worker.start()
+        worker.join(timeout_s)
+        if worker.is_alive():
+            log.warning("telemetry shutdown timed out; unsent data dropped", extra={"timeout_s": timeout_s})
+
+
+def _make_instruments(meter) -> dict[str, Any]:
+    out = {}
+    for m in c.OTEL:
+        if m.kind == "histogram":
+            out[m.name] = meter.create_histogram(m.otel_name, unit=m.otel_unit, description=m.help)
+        elif m.kind == "counter":
+            out[m.name] = meter.create_counter(m.otel_name, unit=m.otel_unit, description=m.help)
+        else:
+            out[m.name] = meter.create_gauge(m.otel_name, unit=m.otel_unit, description=m.help)
+    return out
+
+
+def _views():
+    from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
+
+    views = []
+    for m in c.OTEL:
+        if m.kind == "histogram":
+            buckets = DURATION_BUCKETS if m.otel_unit == "s" else BATCH_BUCKETS
+            views.append(View(instrument_name=m.otel_name, aggregation=ExplicitBucketHistogramAggregation(buckets)))
+    return views
+
+
+def _span_processor(exporter, queue: int):
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    class CountingBatchSpanProcessor(BatchSpanProcessor):
+        """BatchSpanProcessor that counts the spans it drops when its queue is full."""
+        dropped = 0
+
+        def on_end(self, span) -> None:
+            worker = getattr(self, "_batch_processor", None)
+            pending = getattr(worker, "_queue", None)
+            if pending is not None and len(pending) >= queue:
+                self.dropped += 1  # the SDK drops the oldest queued span; we only count
+            super().on_end(span)
+
+    return CountingBatchSpanProcessor(exporter, max_queue_size=queue, schedule_delay_millis=1000,
+                                      max_export_batch_size=512, export_timeout_millis=5000)
+
+
+def _otlp_exporters(endpoint: str, protocol: str, timeout_s: float):
+    """(span exporter, metric exporter) for an OTLP endpoint over http/protobuf (default) or grpc."""
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        insecure = not endpoint.startswith("https://")
+        return (OTLPSpanExporter(endpoint=endpoint, insecure=insecure, timeout=timeout_s),
+                OTLPMetricExporter(endpoint=endpoint, insecure=insecure, timeout=timeout_s))
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    base = endpoint.rstrip("/")
+    return (OTLPSpanExporter(endpoint=f"{base}/v1/traces", timeout=timeout_s),
+            OTLPMetricExporter(endpoint=f"{base}/v1/metrics", timeout=timeout_s))
+
+
+_current: Telemetry | None = None
+
+
+def configure(service_name: str | None = None, endpoint: str | None = None, protocol: str | None = None,
+              prometheus_port: int | None = None, enabled: bool | None = None, export_interval_s: float = 10.0,
+              export_timeout_s: float = 5.0, span_exporters: Sequence[Any] = (), metric_readers: Sequence[Any] = (),
+              env: RunEnv | None = None, spans: bool = True) -> Telemetry:
+    """Set up tracing and metrics for this process and make it the current Telemetry.
+
+    Defaults come from the standard variables: OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES,
+    OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_PROTOCOL (http/protobuf or grpc),
+    OTEL_METRIC_EXPORT_INTERVAL (ms) and OTEL_SDK_DISABLED; GPUOBS_PROMETHEUS_PORT serves the
+    metrics for scraping. With nothing to export to (no endpoint, port, exporter or reader), or
+    OTEL_SDK_DISABLED=true, everything stays a no-op. spans=False records metrics only.
+    """
+    global _current
+    if _current is not None:
+        _current.shutdown(timeout_s=1.0)
+    run_env = env or RunEnv.detect()
+    endpoint = endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    protocol = (protocol or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf").lower()
+    if prometheus_port is None and os.environ.get("GPUOBS_PROMETHEUS_PORT"):
+        prometheus_port = int(os.environ["GPUOBS_PROMETHEUS_PORT"])
+    if os.environ.get("OTEL_METRIC_EXPORT_INTERVAL"):
+        export_interval_s = int(os.environ["OTEL_METRIC_EXPORT_INTERVAL"]) / 1000
+    if enabled is None:
+        enabled = not _truthy(os.environ.get("OTEL_SDK_DISABLED")) and bool(
+            endpoint or prometheus_port is not None or span_exporters or metric_readers)
+    if not enabled:
+        tel = Telemetry(False, otel_trace.NoOpTracer(), otel_metrics.NoOpMeter("gpuobs"), run_env)
+        tel.instruments = _make_instruments(tel.meter)
+        _current = tel
+        return tel
+
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+
+    attrs: dict[str, Any] = dict(run_env.resource_attributes())
+    if service_name or not os.environ.get("OTEL_SERVICE_NAME"):
+        attrs["service.name"] = service_name or "training"
+    resource = Resource.create(attrs)  # merges OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME
+    span_list, readers = list(span_exporters), list(metric_readers)
+    if endpoint:
+        span_exp, metric_exp = _otlp_exporters(endpoint, protocol, export_timeout_s)
+        span_list.append(span_exp)
+        readers.append(PeriodicExportingMetricReader(metric_exp, export_interval_millis=export_interval_s * 1000,
+                                                     export_timeout_millis=export_timeout_s * 1000))
+    if prometheus_port is not None:
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+        from prometheus_client import start_http_server
+
+        readers.append(PrometheusMetricReader())
+        start_http_server(prometheus_port)
+    tracer_provider = processor = None
+    if spans:
+        tracer_provider = TracerProvider(resource=resource)
+        for exp in span_list:
+            processor = _span_processor(exp, SPAN_QUEUE)
+            tracer_provider.add_span_processor(processor)
+        tracer = tracer_provider.get_tracer("gpuobs.instrument", __version__)
+    else:
+        tracer = otel_trace.NoOpTracer()
+    meter_provider = MeterProvider(resource=resource, metric_readers=readers, views=_views())
+    meter = meter_provider.get_meter("gpuobs.instrument", __version__)
+    tel = Telemetry(True, tracer, meter, run_env, _make_instruments(meter), tracer_provider, meter_provider,
+                    processor)
+    _current = tel
+    log.info("telemetry configured", extra={"endpoint": endpoint, "protocol": protocol,
+                                           "prometheus_port": prometheus_port, "rank": run_env.rank})
+    return tel
+
+
+def current() -> Telemetry:
+    """The Telemetry set by the last configure(); a disabled one if configure was never called."""
+    global _current
+    if _current is None:
+        _current = configure(enabled=False)
+    return _current
