@@ -302,8 +302,9 @@ SAMPLES = _m("exporter_samples", "counter", "", "Sampling passes completed.", "e
 
 # ------------------------------------------------------------- training and inference (OpenTelemetry)
 # Recorded by gpuobs.instrument through the OTel SDK; `name` is what OTel's Prometheus conversion
-# makes of `otel_name` and `otel_unit` (dots to underscores, unit suffix, _total on counters).
-RUN_LABELS = ("rank", "job")
+# makes of `otel_name` and `otel_unit` (dots to underscores, "s" to _seconds, _total on counters;
+# unit "1" adds nothing, so ratios carry _ratio in the instrument name).
+RUN_LABELS = ("rank", "job_id")  # not "job": Prometheus's target label
 
 
 def _otel(otel_name: str, kind: str, otel_unit: str, prom_name: str, help: str, family: str,
@@ -325,7 +326,7 @@ LAST_STEP = _otel("gpuobs.training.step.last_time", "gauge", "s", "gpuobs_traini
 DATA_WAIT = _otel("gpuobs.training.data_wait.duration", "histogram", "s",
                   "gpuobs_training_data_wait_duration_seconds",
                   "Time a step waited for its batch inside the data loader's __next__.", "training", unit="seconds")
-DATA_WAIT_SHARE = _otel("gpuobs.training.data_wait.share", "gauge", "1", "gpuobs_training_data_wait_share_ratio",
+DATA_WAIT_SHARE = _otel("gpuobs.training.data_wait.share_ratio", "gauge", "1", "gpuobs_training_data_wait_share_ratio",
                         "Share of the last step spent waiting for data.", "training", unit="ratio")
 CHECKPOINT_DURATION = _otel("gpuobs.training.checkpoint.duration", "histogram", "s",
                             "gpuobs_training_checkpoint_duration_seconds", "Duration of a checkpoint save.",
@@ -339,7 +340,7 @@ GRAD_NORM = _otel("gpuobs.training.grad_norm", "gauge", "", "gpuobs_training_gra
                   "Last reported gradient norm.", "training")
 LEARNING_RATE = _otel("gpuobs.training.learning_rate", "gauge", "", "gpuobs_training_learning_rate",
                       "Learning rate, read at the reporting interval.", "training")
-MFU = _otel("gpuobs.training.mfu", "gauge", "1", "gpuobs_training_mfu_ratio",
+MFU = _otel("gpuobs.training.mfu_ratio", "gauge", "1", "gpuobs_training_mfu_ratio",
             "Model FLOPs utilization of the last step: FLOPs per step / step time / peak FLOPs.", "training",
             unit="ratio")
 GOODPUT = _otel("gpuobs.training.goodput", "counter", "s", "gpuobs_training_goodput_seconds",
@@ -347,7 +348,7 @@ GOODPUT = _otel("gpuobs.training.goodput", "counter", "s", "gpuobs_training_good
 BADPUT = _otel("gpuobs.training.badput", "counter", "s", "gpuobs_training_badput_seconds",
                "Time not spent computing steps, by cause: data_wait, checkpoint, startup, idle.", "training",
                labels=RUN_LABELS + ("cause",), unit="seconds")
-GENAI_LABELS = ("gen_ai_operation_name", "gen_ai_request_model", "rank", "job")
+GENAI_LABELS = ("gen_ai_operation_name", "gen_ai_request_model", "rank", "job_id")
 REQUEST_DURATION = _otel("gen_ai.server.request.duration", "histogram", "s", "gen_ai_server_request_duration_seconds",
                          "Duration of one inference request (GenAI semantic conventions).", "inference",
                          labels=GENAI_LABELS + ("error_type",), unit="seconds")

@@ -1,7 +1,14 @@
-"""Shared fixtures: a simulated node that this process's pynvml talks to."""
+"""Shared fixtures: a simulated node that this process's pynvml talks to, an in-process exporter
+on it, and a real Prometheus scraping whatever the test starts."""
 
 from __future__ import annotations
 
+import json
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 import pynvml
@@ -148,3 +155,57 @@ def require_tool(name: str) -> str:
             pytest.fail(message)
         pytest.skip(message)
     return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def prometheus(tmp_path):
+    """Factory: prometheus(["host:port", ...]) -> query(promql) function, for a real Prometheus
+    scraping those targets every second (labels: job gpuobs, node sim-node); waits until one is up."""
+    procs = []
+    prometheus_bin = require_tool("prometheus")
+
+    def start(targets: list[str]):
+        port = free_port()
+        config = tmp_path / "prometheus.yml"
+        config.write_text(
+            "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+            "scrape_configs:\n"
+            "  - job_name: gpuobs\n"
+            f"    static_configs: [{{targets: {targets!r}, labels: {{node: sim-node}}}}]\n")
+        proc = subprocess.Popen([prometheus_bin, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
+                                 f"--web.listen-address=127.0.0.1:{port}"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        procs.append(proc)
+
+        def query(promql: str) -> list[dict]:
+            url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+            with urllib.request.urlopen(url, timeout=5) as r:
+                body = json.load(r)
+            assert body["status"] == "success", body
+            return body["data"]["result"]
+
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                pytest.fail(f"prometheus exited: {proc.stderr.read()[-2000:]}")
+            try:
+                if query('up{job="gpuobs"} == 1'):
+                    return query
+            except OSError:
+                pass
+            time.sleep(0.3)
+        pytest.fail("prometheus never saw the exporter target up")
+
+    yield start
+    for proc in procs:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()

@@ -3,75 +3,15 @@ PromQL returns the simulated values."""
 
 from __future__ import annotations
 
-import json
-import socket
-import subprocess
 import time
-import urllib.parse
-import urllib.request
 
-import pytest
-
-from conftest import REPO, require_tool
+from conftest import REPO
 from gpuobs.sim import scenario
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def prometheus(tmp_path):
-    """Factory: prometheus(target_port) -> query(promql) function, for a Prometheus scraping the target."""
-    procs = []
-    prometheus_bin = require_tool("prometheus")
-
-    def start(target_port: int):
-        port = free_port()
-        config = tmp_path / "prometheus.yml"
-        config.write_text(
-            "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
-            "scrape_configs:\n"
-            "  - job_name: gpuobs\n"
-            f"    static_configs: [{{targets: ['127.0.0.1:{target_port}'], labels: {{node: sim-node}}}}]\n")
-        proc = subprocess.Popen([prometheus_bin, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
-                                 f"--web.listen-address=127.0.0.1:{port}"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        procs.append(proc)
-
-        def query(promql: str) -> list[dict]:
-            url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
-            with urllib.request.urlopen(url, timeout=5) as r:
-                body = json.load(r)
-            assert body["status"] == "success", body
-            return body["data"]["result"]
-
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                pytest.fail(f"prometheus exited: {proc.stderr.read()[-2000:]}")
-            try:
-                if query('up{job="gpuobs"} == 1'):
-                    return query
-            except OSError:
-                pass
-            time.sleep(0.3)
-        pytest.fail("prometheus never saw the exporter target up")
-
-    yield start
-    for proc in procs:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def test_prometheus_scrapes_the_exporter(exporter, prometheus):
     run = exporter(scenario.load(REPO / "examples" / "scenarios" / "8xh100.yaml"), interval=0.5)
-    query = prometheus(run.exp.http.port)
+    query = prometheus([f"127.0.0.1:{run.exp.http.port}"])
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and len(query("gpuobs_gpu_sm_active_ratio")) < 8:
         time.sleep(0.5)

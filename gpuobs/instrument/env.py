@@ -69,8 +69,9 @@ class RunEnv:
         return attrs
 
     def metric_attributes(self) -> dict[str, str]:
-        """Attributes put on every training metric point: rank (so stragglers show) and job."""
-        return {"rank": str(self.rank if self.rank is not None else 0), "job": self.job_id or ""}
+        """Attributes put on every training metric point: rank (so stragglers show) and job_id
+        (not `job`, which Prometheus sets on every scraped series and would rename ours)."""
+        return {"rank": str(self.rank if self.rank is not None else 0), "job_id": self.job_id or ""}
 
     def log_fields(self) -> dict[str, str | int | None]:
         """Fields added to every structured log record."""

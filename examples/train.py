@@ -1,0 +1,103 @@
+"""A small CPU training loop instrumented with gpuobs: every step, data wait, checkpoint, loss and
+learning rate goes to OpenTelemetry (OTLP and/or a Prometheus endpoint), logs carry trace ids.
+
+    GPUOBS_PROMETHEUS_PORT=9464 RANK=0 WORLD_SIZE=1 python examples/train.py --steps 200
+    OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318 python examples/train.py
+
+The model is a linear regression fitted by SGD on synthetic data, in plain Python: no GPU, no
+torch needed. --data-ms and --compute-ms add sleeps so that data waits and step times look real.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import random
+import time
+
+from gpuobs import instrument
+
+log = logging.getLogger("train")
+
+
+def batches(n_features: int, batch_size: int, data_ms: float, seed: int):
+    """Endless synthetic batches of (x, y) with y = w_true . x + noise; sleeps data_ms per batch."""
+    rng = random.Random(seed)
+    w_true = [rng.uniform(-1, 1) for _ in range(n_features)]
+    while True:
+        time.sleep(data_ms / 1000)
+        xs = [[rng.gauss(0, 1) for _ in range(n_features)] for _ in range(batch_size)]
+        yield xs, [sum(w * x for w, x in zip(w_true, row)) + rng.gauss(0, 0.01) for row in xs]
+
+
+class Sgd:
+    """Plain SGD with a torch-like param_groups, so gpuobs can read the learning rate lazily."""
+
+    def __init__(self, n: int, lr: float):
+        self.w = [0.0] * n
+        self.param_groups = [{"lr": lr}]
+
+    def step(self, xs, ys) -> float:
+        lr, n = self.param_groups[0]["lr"], len(xs)
+        grad = [0.0] * len(self.w)
+        loss = 0.0
+        for row, y in zip(xs, ys):
+            err = sum(w * x for w, x in zip(self.w, row)) - y
+            loss += err * err / n
+            for j, x in enumerate(row):
+                grad[j] += 2 * err * x / n
+        self.w = [w - lr * g for w, g in zip(self.w, grad)]
+        return loss
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=500)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--features", type=int, default=16)
+    p.add_argument("--tokens-per-sample", type=int, default=512, help="pretend sequence length")
+    p.add_argument("--data-ms", type=float, default=5.0, help="simulated data-loading time per batch")
+    p.add_argument("--compute-ms", type=float, default=20.0, help="simulated compute time per step")
+    p.add_argument("--checkpoint-every", type=int, default=100)
+    p.add_argument("--lr", type=float, default=0.05)
+    args = p.parse_args()
+
+    telemetry = instrument.configure(service_name="gpuobs-example-train")
+    _setup_logs()
+    run = instrument.TrainingRun(telemetry, flops_per_step=6 * args.features * args.batch_size * 1e6,
+                                 peak_flops=1e12, report_interval_s=1.0)
+    opt = Sgd(args.features, args.lr)
+    rank = telemetry.env.rank or 0
+    log.info("training starts", extra={"steps": args.steps, "rank": rank})
+    data = run.data(batches(args.features, args.batch_size, args.data_ms, seed=rank))
+    for step, (xs, ys) in zip(range(1, args.steps + 1), data):
+        with run.step(samples=len(xs), tokens=len(xs) * args.tokens_per_sample):
+            with run.phase("forward_backward"):
+                loss = opt.step(xs, ys)
+                time.sleep(args.compute_ms / 1000)
+            if step % args.checkpoint_every == 0:
+                with run.checkpoint(step=step):
+                    time.sleep(0.05)  # stand-in for writing the weights
+                    log.info("checkpoint saved", extra={"step": step})
+        run.report(loss=loss, lr=opt)
+        if step % 50 == 0:
+            opt.param_groups[0]["lr"] *= 0.9  # decay, so the lr series moves
+    run.flush()
+    log.info("training done", extra={"final_loss": loss})
+    telemetry.shutdown()
+
+
+def _setup_logs() -> None:
+    try:
+        from gpuobs import logs
+        configure = getattr(logs, "configure", None)
+    except ImportError:
+        configure = None
+    if configure:
+        configure()  # Fluentd when GPUOBS_FLUENTD is set, else JSON lines on stdout
+    else:
+        logging.basicConfig(level=logging.INFO)
+
+
+if __name__ == "__main__":
+    main()
