@@ -1,0 +1,60 @@
+"""Structured logging for gpuobs processes: JSON lines on a stream, or records shipped to Fluentd
+(forward protocol) when one is configured. Both carry the same fields: time, level, logger, pid,
+message, any `extra` fields, trace_id/span_id of the active span, and rank/job/node/pod."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import IO, Any
+
+from ..instrument.env import RunEnv
+from .fields import ContextFilter, RecordFormatter, rfc3339, trace_fields
+from .fluentd import (DroppedRecordsCollector, FluentdHandler, address_from_env, parse_address,
+                      records_dropped_total)
+
+__all__ = ["ContextFilter", "DroppedRecordsCollector", "FluentdHandler", "RecordFormatter",
+           "address_from_env", "configure", "json_handler", "parse_address", "records_dropped_total",
+           "rfc3339", "setup", "trace_fields"]
+
+
+def json_handler(stream: IO[str] | None = None, env: RunEnv | None = None) -> logging.Handler:
+    """One JSON object per line on stream (default: sys.stdout at call time)."""
+    handler = logging.StreamHandler(sys.stdout if stream is None else stream)
+    handler.setFormatter(RecordFormatter())
+    handler.addFilter(ContextFilter(env))
+    return handler
+
+
+def configure(level: str | int = "info", fluentd: str | None = None, tag: str = "gpuobs",
+              stream: IO[str] | None = None, env: RunEnv | None = None,
+              **fluentd_options: Any) -> logging.Handler:
+    """Install one handler on the root logger and return it: a FluentdHandler when `fluentd`
+    ('host:port') or the environment (GPUOBS_FLUENTD, or FLUENTD_HOST and FLUENTD_PORT) names a
+    Fluentd, else JSON lines on `stream` (default sys.stdout). `fluentd_options` go to
+    FluentdHandler (queue_maxsize, timeout, connect_timeout, close_timeout, bufmax). A handler
+    installed by an earlier call is closed."""
+    address = fluentd or address_from_env()
+    if address:
+        host, port = parse_address(address)
+        handler: logging.Handler = FluentdHandler(host, port, tag=tag, env=env, **fluentd_options)
+    else:
+        handler = json_handler(stream, env)
+    handler._gpuobs = True  # type: ignore[attr-defined]
+    root = logging.getLogger()
+    old = [h for h in root.handlers if getattr(h, "_gpuobs", False)]
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper() if isinstance(level, str) else level)
+    for h in old:
+        try:
+            h.close()
+        except Exception:
+            pass
+    return handler
+
+
+def setup(level: str = "info") -> None:
+    """The exporter's logs: one JSON object per line on stderr (time, level, logger, message and
+    any `extra` fields, plus pid, node and trace fields), or to Fluentd when GPUOBS_FLUENTD (or
+    FLUENTD_HOST) is set."""
+    configure(level, stream=sys.stderr)
