@@ -11,6 +11,7 @@ first token, tokens by type, batch size and errors, plus a span per request.
 from __future__ import annotations
 
 import functools
+import inspect
 import time
 from typing import Any, Callable
 
@@ -79,10 +80,12 @@ def trace_request(model: str, operation: str = "chat") -> Callable:
     """Decorator: each call is one request; the function may take a `request` keyword to mark
     the first token and token counts."""
     def wrap(fn: Callable) -> Callable:
+        takes_request = "request" in inspect.signature(fn).parameters  # a parameter, not any local name
+
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any):
             with request(model, operation) as r:
-                if "request" in fn.__code__.co_varnames:
+                if takes_request:
                     kwargs.setdefault("request", r)
                 return fn(*args, **kwargs)
         return wrapper

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -45,6 +46,7 @@ class Telemetry:
     tracer_provider: Any = None
     meter_provider: Any = None
     span_processor: Any = None
+    http_server: Any = None  # the Prometheus scrape server, closed on shutdown
 
     def instrument(self, metric: c.Metric) -> Any:
         """The OTel instrument of a catalog metric (created in configure)."""
@@ -59,18 +61,26 @@ class Telemetry:
         """Flush and stop exporting within timeout_s, whatever state the endpoint is in: the SDK's
         own shutdown can wait 30 s on a stuck exporter, so it runs on a daemon thread we stop
         waiting for."""
-        def close() -> None:
-            for provider in (self.tracer_provider, self.meter_provider):
-                try:
-                    if provider is not None:
-                        provider.shutdown()
-                except Exception:  # noqa: BLE001 - shutting down must not raise into training code
-                    log.exception("telemetry shutdown failed")
+        def close(provider) -> None:
+            try:
+                provider.shutdown()
+            except Exception:  # noqa: BLE001 - shutting down must not raise into training code
+                log.exception("telemetry shutdown failed")
 
-        worker = threading.Thread(target=close, name="gpuobs-telemetry-shutdown", daemon=True)
-        worker.start()
-        worker.join(timeout_s)
-        if worker.is_alive():
+        # One thread per provider: a stuck span export must not leave the MeterProvider unclosed,
+        # or its atexit handler would wait on the stuck endpoint when the process exits.
+        deadline = time.monotonic() + timeout_s
+        workers = [threading.Thread(target=close, args=(p,), name="gpuobs-telemetry-shutdown", daemon=True)
+                   for p in (self.tracer_provider, self.meter_provider) if p is not None]
+        for worker in workers:
+            worker.start()
+        if self.http_server is not None:  # free the port for the next configure()
+            self.http_server.shutdown()
+            self.http_server.server_close()
+            self.http_server = None
+        for worker in workers:
+            worker.join(max(0.0, deadline - time.monotonic()))
+        if any(worker.is_alive() for worker in workers):
             log.warning("telemetry shutdown timed out; unsent data dropped", extra={"timeout_s": timeout_s})
 
 
@@ -108,7 +118,11 @@ def _span_processor(exporter, queue: int):
             worker = getattr(self, "_batch_processor", None)
             pending = getattr(worker, "_queue", None)
             if pending is not None and len(pending) >= queue:
-                self.dropped += 1  # the SDK drops the oldest queued span; we only count
+                try:  # push out the oldest span as the SDK would, without its per-span log record
+                    pending.pop()
+                except IndexError:  # the worker took the batch meanwhile
+                    pass
+                self.dropped += 1
             super().on_end(span)
 
     return CountingBatchSpanProcessor(exporter, max_queue_size=queue, schedule_delay_millis=1000,
@@ -172,21 +186,24 @@ def configure(service_name: str | None = None, endpoint: str | None = None, prot
     from opentelemetry.sdk.trace import TracerProvider
 
     attrs: dict[str, Any] = dict(run_env.resource_attributes())
-    if service_name or not os.environ.get("OTEL_SERVICE_NAME"):
-        attrs["service.name"] = service_name or "training"
+    if service_name:
+        attrs["service.name"] = service_name
     resource = Resource.create(attrs)  # merges OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME
+    if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):  # neither sets it
+        resource = resource.merge(Resource({"service.name": "training"}))
     span_list, readers = list(span_exporters), list(metric_readers)
     if endpoint:
         span_exp, metric_exp = _otlp_exporters(endpoint, protocol, export_timeout_s)
         span_list.append(span_exp)
         readers.append(PeriodicExportingMetricReader(metric_exp, export_interval_millis=export_interval_s * 1000,
                                                      export_timeout_millis=export_timeout_s * 1000))
+    http_server = None
     if prometheus_port is not None:
         from opentelemetry.exporter.prometheus import PrometheusMetricReader
         from prometheus_client import start_http_server
 
         readers.append(PrometheusMetricReader())
-        start_http_server(prometheus_port)
+        http_server, _ = start_http_server(prometheus_port)
     tracer_provider = processor = None
     if spans:
         tracer_provider = TracerProvider(resource=resource)
@@ -199,7 +216,7 @@ def configure(service_name: str | None = None, endpoint: str | None = None, prot
     meter_provider = MeterProvider(resource=resource, metric_readers=readers, views=_views())
     meter = meter_provider.get_meter("gpuobs.instrument", __version__)
     tel = Telemetry(True, tracer, meter, run_env, _make_instruments(meter), tracer_provider, meter_provider,
-                    processor)
+                    processor, http_server)
     _current = tel
     log.info("telemetry configured", extra={"endpoint": endpoint, "protocol": protocol,
                                            "prometheus_port": prometheus_port, "rank": run_env.rank})

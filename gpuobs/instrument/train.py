@@ -117,6 +117,7 @@ class TrainingRun:
         self._wait = 0.0  # data wait since the last step ended
         self._wait_start_ns: int | None = None
         self._ckpt_in_step = 0.0
+        self._ckpt_between = 0.0  # checkpoint time since the last step: badput already, not idle too
         self._local = threading.local()
         self._in_step = False
 
@@ -150,10 +151,10 @@ class TrainingRun:
         s.wait, s.wait_start_ns = self._wait, self._wait_start_ns
         self._wait, self._wait_start_ns = 0.0, None
         started = now - s.wait  # the step starts when it began waiting for its batch
-        if self._last_end is None:
-            self._bad.add(max(0.0, started - self._created), self._cause["startup"])
-        elif started > self._last_end:
-            self._bad.add(started - self._last_end, self._cause["idle"])
+        gap = started - (self._created if self._last_end is None else self._last_end) - self._ckpt_between
+        self._ckpt_between = 0.0
+        if gap > 0:
+            self._bad.add(gap, self._cause["startup" if self._last_end is None else "idle"])
         self.step_number += 1
         self._in_step, self._ckpt_in_step = True, 0.0
         s.span = s.token = None
@@ -223,6 +224,8 @@ class TrainingRun:
             self._bad.add(seconds, self._cause["checkpoint"])
             if self._in_step:
                 self._ckpt_in_step += seconds  # not goodput, though inside the step
+            else:
+                self._ckpt_between += seconds
 
         attrs = {**self.attrs, **{f"gpuobs.checkpoint.{k}": str(v) for k, v in attributes.items()}}
         return _Span(self.tracer, "train.checkpoint", attrs, on_exit=done)
@@ -268,10 +271,9 @@ class _DataIter:
 
     def __next__(self):
         start_ns, t0 = time.time_ns(), time.perf_counter()
-        try:
-            return next(self._it)
-        finally:
-            self._run._add_wait(time.perf_counter() - t0, start_ns)
+        item = next(self._it)  # the end of the data (StopIteration) is no next step's wait
+        self._run._add_wait(time.perf_counter() - t0, start_ns)
+        return item
 
 
 _default: TrainingRun | None = None

@@ -1,0 +1,818 @@
+"""gpuobs.instrument: training and inference spans and metrics through the OTel SDK (in-memory
+exporters), CUDA-event timing with a stand-in event, the disabled path, configure() from the
+environment, a real OTLP/HTTP receiver, and the Prometheus path against the catalog's names."""
+
+from __future__ import annotations
+
+import bisect
+import gzip
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import timeit
+import types
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+from gpuobs import catalog as c
+from gpuobs import instrument
+from gpuobs.instrument import inference, telemetry, train
+from gpuobs.instrument.env import RunEnv
+from gpuobs.instrument.telemetry import BATCH_BUCKETS, DURATION_BUCKETS
+from gpuobs.instrument.timing import CudaEventTimer, WallTimer, default_timer
+
+REPO = Path(__file__).resolve().parents[1]
+RUN_ENV_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID", "GPUOBS_JOB_ID", "JOB_ID",
+                "SLURM_JOB_ID", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURMD_NODENAME",
+                "KUBERNETES_SERVICE_HOST", "POD_NAME", "POD_NAMESPACE", "NODE_NAME",
+                "OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES", "OTEL_EXPORTER_OTLP_ENDPOINT",
+                "OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_METRIC_EXPORT_INTERVAL", "OTEL_SDK_DISABLED",
+                "GPUOBS_PROMETHEUS_PORT")
+TRAIN_LABELS = dict(zip(c.RUN_LABELS, ("3", "job-7")))  # what RunEnv(rank=3, job_id="job-7") puts on points
+
+
+@pytest.fixture(autouse=True)
+def isolated(monkeypatch):
+    """No launcher or OTEL_* variables from the outside; a fresh module state before and after."""
+    for name in RUN_ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(telemetry, "_current", None)
+    monkeypatch.setattr(train, "_default", None)
+    yield
+    if telemetry._current is not None:
+        telemetry._current.shutdown(timeout_s=2)
+
+
+class Mem:
+    """A Telemetry over in-memory exporters, with helpers to read what it recorded."""
+
+    def __init__(self, **kw):
+        self.span_exporter, self.reader = InMemorySpanExporter(), InMemoryMetricReader()
+        kw.setdefault("env", RunEnv(rank=3, job_id="job-7"))
+        self.tel = instrument.configure(span_exporters=[self.span_exporter], metric_readers=[self.reader], **kw)
+
+    def spans(self, name: str | None = None) -> list:
+        self.tel.tracer_provider.force_flush()
+        return [s for s in self.span_exporter.get_finished_spans() if name is None or s.name == name]
+
+    def metrics(self) -> dict[str, object]:
+        """otel name -> SDK Metric of one collection."""
+        data = self.reader.get_metrics_data()
+        return {m.name: m for rm in (data.resource_metrics if data else ()) for sm in rm.scope_metrics
+                for m in sm.metrics}
+
+    def points(self, metric: c.Metric) -> list:
+        m = self.metrics().get(metric.otel_name)
+        return list(m.data.data_points) if m else []
+
+    def point(self, metric: c.Metric, **attrs):
+        """The one point of metric whose attributes include attrs (TRAIN_LABELS by default)."""
+        want = {**(TRAIN_LABELS if metric.family == "training" else {}), **attrs}
+        found = [p for p in self.points(metric) if all(p.attributes.get(k) == v for k, v in want.items())]
+        assert len(found) == 1, (metric.otel_name, want, [dict(p.attributes) for p in self.points(metric)])
+        return found[0]
+
+    def value(self, metric: c.Metric, **attrs) -> float:
+        p = self.point(metric, **attrs)
+        return p.sum if metric.kind == "histogram" else p.value
+
+
+@pytest.fixture
+def mem():
+    return Mem(service_name="test-train")
+
+
+def sleepy_loader(n: int, seconds: float):
+    for i in range(n):
+        time.sleep(seconds)
+        yield i
+
+
+# ------------------------------------------------------------------------------------------ spans
+
+
+def test_step_spans_link_parent_and_children(mem):
+    run = instrument.TrainingRun(mem.tel, timer=WallTimer())
+    for i in run.data(sleepy_loader(2, 0.02)):
+        with run.step(samples=4):
+            with run.phase("forward"):
+                time.sleep(0.005)
+            for _ in range(2):
+                with run.micro_step():
+                    pass
+            if i == 1:
+                with run.checkpoint(tag="mid"):
+                    time.sleep(0.002)
+    with run.checkpoint():  # outside any step: a root span
+        pass
+
+    steps = sorted(mem.spans("train.step"), key=lambda s: s.start_time)
+    assert [s.attributes["gpuobs.step"] for s in steps] == [1, 2]
+    for s in steps:
+        assert s.parent is None
+        assert s.attributes["rank"] == "3" and s.attributes[c.RUN_LABELS[1]] == "job-7"
+    by_parent = {}
+    for s in mem.spans():
+        if s.parent is not None:
+            by_parent.setdefault(s.parent.span_id, []).append(s)
+    for n, step in enumerate(steps):
+        children = by_parent[step.context.span_id]
+        names = sorted(ch.name for ch in children)
+        assert names == sorted(["train.data_wait", "train.forward", "train.micro_step", "train.micro_step"]
+                               + (["train.checkpoint"] if n == 1 else []))
+        for ch in children:
+            assert ch.context.trace_id == step.context.trace_id
+            assert step.start_time <= ch.start_time and ch.end_time <= step.end_time
+        wait = next(ch for ch in children if ch.name == "train.data_wait")
+        assert wait.start_time == step.start_time  # the step starts when it began waiting for its batch
+        assert 0.02 <= (wait.end_time - wait.start_time) / 1e9 < 0.3
+        forward = next(ch for ch in children if ch.name == "train.forward")
+        assert forward.start_time >= wait.end_time and forward.attributes["gpuobs.phase"] == "forward"
+    assert steps[0].context.trace_id != steps[1].context.trace_id
+    ckpts = mem.spans("train.checkpoint")
+    inner = next(s for s in ckpts if s.parent is not None)
+    assert inner.parent.span_id == steps[1].context.span_id
+    assert inner.attributes["gpuobs.checkpoint.tag"] == "mid" and inner.attributes["rank"] == "3"
+    assert sum(s.parent is None for s in ckpts) == 1
+    assert mem.value(c.MICRO_STEPS) == 4
+
+
+def test_epoch_end_is_not_the_next_steps_wait(mem):
+    """The StopIteration at the end of an epoch, then an evaluation pause, must not stretch the
+    first step of the next epoch back to the end of the previous one."""
+    run = instrument.TrainingRun(mem.tel, timer=WallTimer())
+    for _ in range(2):
+        for _ in run.data(sleepy_loader(1, 0.005)):
+            with run.step():
+                pass
+        time.sleep(0.1)  # evaluation between epochs
+    second = max(mem.spans("train.step"), key=lambda s: s.start_time)
+    assert (second.end_time - second.start_time) / 1e9 < 0.09
+    assert mem.value(c.BADPUT, cause="idle") >= 0.1  # the pause is idle time, not data wait
+    assert mem.value(c.BADPUT, cause="data_wait") < 0.09
+
+
+def test_exception_inside_a_step_marks_the_span_and_still_records(mem):
+    run = instrument.TrainingRun(mem.tel, timer=WallTimer())
+    with pytest.raises(ValueError, match="boom"):
+        with run.step(samples=2):
+            with run.phase("backward"):
+                raise ValueError("boom")
+    step = mem.spans("train.step")[0]
+    assert step.status.status_code is StatusCode.ERROR
+    assert any(e.name == "exception" and e.attributes["exception.type"] == "ValueError" for e in step.events)
+    assert mem.spans("train.backward")[0].status.status_code is StatusCode.ERROR
+    assert mem.value(c.STEPS) == 1 and mem.value(c.SAMPLES_TRAINED) == 2
+    assert mem.point(c.STEP_DURATION).count == 1
+    with run.step():  # the failed step left no span current: the next is a root again
+        pass
+    assert all(s.parent is None for s in mem.spans("train.step"))
+
+
+def test_trace_step_decorators_and_module_shortcuts(mem):
+    run = instrument.TrainingRun(mem.tel, timer=WallTimer())
+
+    @run.trace_step
+    def one(x):
+        """docstring kept"""
+        return x * 2
+
+    assert [one(i) for i in range(3)] == [0, 2, 4] and one.__doc__ == "docstring kept"
+
+    @instrument.trace_step
+    def two():
+        with instrument.phase("forward"):
+            pass
+
+    for _ in instrument.data(range(2)):
+        two()
+    with instrument.step(samples=5, tokens=50):
+        with instrument.checkpoint():
+            pass
+    instrument.report(loss=0.5)
+    instrument.default_run().flush()
+    assert mem.value(c.STEPS) == 6
+    assert mem.value(c.SAMPLES_TRAINED) == 5 and mem.value(c.TOKENS_TRAINED) == 50
+    assert mem.value(c.LOSS) == 0.5
+    assert len(mem.spans("train.step")) == 6 and len(mem.spans("train.forward")) == 2
+    assert instrument.default_run() is instrument.default_run()
+
+
+# ---------------------------------------------------------------------------------------- metrics
+
+
+def test_metric_values_units_and_buckets_from_controlled_sleeps(mem):
+    run = instrument.TrainingRun(mem.tel, timer=WallTimer())
+    before = time.time()
+    for _ in run.data(sleepy_loader(1, 0.02)):
+        with run.step(samples=8, tokens=1024):
+            time.sleep(0.01)
+    wait, total = mem.value(c.DATA_WAIT), mem.value(c.STEP_DURATION)
+    assert 0.02 <= wait < 0.3
+    assert 0.01 <= total - wait < 0.3
+    assert mem.value(c.DATA_WAIT_SHARE) == pytest.approx(wait / total, rel=1e-9)
+    assert mem.value(c.GOODPUT) == pytest.approx(total - wait, rel=1e-9)
+    assert mem.value(c.BADPUT, cause="data_wait") == pytest.approx(wait, rel=1e-9)
+    assert before <= mem.value(c.LAST_STEP) <= time.time()
+    assert (mem.value(c.STEPS), mem.value(c.SAMPLES_TRAINED), mem.value(c.TOKENS_TRAINED)) == (1, 8, 1024)
+    for metric, seconds in ((c.DATA_WAIT, wait), (c.STEP_DURATION, total)):
+        p = mem.point(metric)
+        assert tuple(p.explicit_bounds) == DURATION_BUCKETS
+        assert p.count == 1 and p.bucket_counts[bisect.bisect_left(DURATION_BUCKETS, seconds)] == 1
+
+    for _ in run.data(sleepy_loader(2, 0.02)):
+        with run.step(samples=8):
+            pass
+    assert mem.point(c.DATA_WAIT).count == 3 and mem.value(c.DATA_WAIT) >= 0.06
+    assert mem.value(c.STEPS) == 3 and mem.value(c.SAMPLES_TRAINED) == 24
+    # names and units as the catalog has them, for everything recorded
+    recorded = mem.metrics()
+    for metric in c.OTEL:
+        if metric.otel_name in recorded:
+            assert recorded[metric.otel_name].unit == metric.otel_unit, metric.otel_name
+
+
+def test_goodput_and_badput_by_cause_add_up_to_wall_time(mem):
+    t0 = time.perf_counter()
+    run = instrument.TrainingRun(mem.tel, timer=WallTimer())
+    time.sleep(0.03)  # startup: model building before the first batch
+    for i in run.data(sleepy_loader(3, 0.02)):
+        with run.step():
+            time.sleep(0.01)
+            if i == 1:
+                with run.checkpoint():  # inside a step: checkpoint badput, not goodput
+                    time.sleep(0.015)
+        t_end = time.perf_counter()
+        if i == 0:
+            with run.checkpoint():  # between steps: checkpoint badput, not idle as well
+                time.sleep(0.015)
+            time.sleep(0.02)  # idle (e.g. evaluation)
+    elapsed = t_end - t0
+    good = mem.value(c.GOODPUT)
+    bad = {p.attributes["cause"]: p.value for p in mem.points(c.BADPUT)}
+    assert set(bad) == {"startup", "data_wait", "checkpoint", "idle"}
+    assert 0.03 <= bad["startup"] < 0.3
+    assert 0.02 <= bad["idle"] < 0.3
+    assert bad["data_wait"] == pytest.approx(mem.value(c.DATA_WAIT), rel=1e-9) and bad["data_wait"] >= 0.06
+    ckpt = mem.point(c.CHECKPOINT_DURATION)
+    assert ckpt.count == 2 and tuple(ckpt.explicit_bounds) == DURATION_BUCKETS
+    assert bad["checkpoint"] == pytest.approx(ckpt.sum, rel=1e-9) and bad["checkpoint"] >= 0.03
+    assert 0.03 <= good <= mem.value(c.STEP_DURATION) - mem.value(c.DATA_WAIT) - 0.015 + 1e-9
+    accounted = good + sum(bad.values())
+    assert accounted <= elapsed + 1e-3, (accounted, elapsed, bad)  # no second counted twice
+    assert accounted >= 0.8 * elapsed
+
+
+def test_mfu_is_flops_over_time_over_peak(mem):
+    run = instrument.TrainingRun(mem.tel, flops_per_step=2e9, peak_flops=1e12, timer=WallTimer())
+    with run.step():
+        time.sleep(0.02)
+    total = mem.value(c.STEP_DURATION)
+    assert mem.value(c.MFU) == pytest.approx(2e9 / total / 1e12, rel=1e-9)
+    with run.step(flops=4e9):  # a per-step count overrides flops_per_step
+        time.sleep(0.02)
+    second = mem.value(c.STEP_DURATION) - total
+    assert mem.value(c.MFU) == pytest.approx(4e9 / second / 1e12, rel=1e-9)
+    with run.step(flops=1e18):  # never above 1
+        pass
+    assert mem.value(c.MFU) == 1.0
+
+    other = Mem()
+    no_peak = instrument.TrainingRun(other.tel, flops_per_step=2e9, timer=WallTimer())
+    with no_peak.step():
+        pass
+    assert other.points(c.MFU) == [] and other.value(c.STEPS) == 1
+
+
+class CountingTensor:
+    """A 0-d tensor stand-in counting .item() calls (each is a CUDA sync on a real GPU tensor)."""
+
+    def __init__(self, value: float):
+        self.value, self.calls = value, 0
+
+    def item(self) -> float:
+        self.calls += 1
+        return self.value
+
+
+def test_loss_grad_norm_and_lr_are_read_lazily(mem):
+    run = instrument.TrainingRun(mem.tel, timer=WallTimer(), report_interval_s=3600)
+    loss, norm = CountingTensor(2.5), CountingTensor(0.75)
+    optimizer = types.SimpleNamespace(param_groups=[{"lr": 3e-4}, {"lr": 1.0}])
+    for _ in range(50):
+        with run.step():
+            pass
+        run.report(loss=loss, grad_norm=norm, lr=optimizer)
+    assert loss.calls == 0 and norm.calls == 0  # no .item() in the hot path
+    assert mem.points(c.LOSS) == [] and mem.points(c.LEARNING_RATE) == []
+    run.flush()
+    assert (loss.calls, norm.calls) == (1, 1)
+    assert mem.value(c.LOSS) == 2.5 and mem.value(c.GRAD_NORM) == 0.75
+    assert mem.value(c.LEARNING_RATE) == 3e-4  # the first param group's
+    optimizer.param_groups[0]["lr"] = 1e-4  # read at the next flush, not when reported
+    run.report(loss=lambda: 1.25)  # callables are read lazily too
+    run.flush()
+    assert mem.value(c.LEARNING_RATE) == 1e-4 and mem.value(c.LOSS) == 1.25
+
+    broken = types.SimpleNamespace(item=lambda: 1 / 0)
+    run.report(grad_norm=broken)
+    run.flush()  # a value that cannot be read does not break training
+    assert mem.value(c.GRAD_NORM) == 0.75
+
+
+def test_reported_values_are_read_once_per_interval(mem):
+    run = instrument.TrainingRun(mem.tel, timer=WallTimer(), report_interval_s=0.3)
+    loss = CountingTensor(1.0)
+    t0 = time.monotonic()
+    for _ in range(20):
+        with run.step():
+            pass
+        run.report(loss=loss)
+    if time.monotonic() - t0 < 0.25:  # (a very slow machine could have passed the interval)
+        assert loss.calls == 0
+    time.sleep(0.35)
+    with run.step():
+        pass
+    with run.step():
+        pass
+    assert loss.calls == 1 and mem.value(c.LOSS) == 1.0
+
+
+# ----------------------------------------------------------------------------------- GPU timing
+
+
+class FakeGPU:
+    """Stand-in for a CUDA stream: events record the stream's clock (ms, advanced by the test)
+    and complete only when the test releases them."""
+
+    def __init__(self):
+        self.now_ms, self.seq, self.done_upto, self.syncs = 0.0, 0, -1, 0
+
+    def event(self) -> "FakeEvent":
+        return FakeEvent(self)
+
+    def release(self, events: int | None = None) -> None:
+        self.done_upto = self.seq - 1 if events is None else events - 1
+
+
+class FakeEvent:
+    def __init__(self, gpu: FakeGPU):
+        self.gpu, self.seq, self.t = gpu, None, None
+
+    def record(self) -> None:
+        self.seq, self.t = self.gpu.seq, self.gpu.now_ms
+        self.gpu.seq += 1
+
+    def query(self) -> bool:
+        return self.seq <= self.gpu.done_upto
+
+    def synchronize(self) -> None:
+        self.gpu.syncs += 1
+        self.gpu.done_upto = max(self.gpu.done_upto, self.seq)
+
+    def elapsed_time(self, end: "FakeEvent") -> float:
+        assert self.query() and end.query(), "elapsed_time on an event that has not completed"
+        return end.t - self.t
+
+
+def test_cuda_events_are_resolved_later_without_synchronizing(mem):
+    gpu = FakeGPU()
+    run = instrument.TrainingRun(mem.tel, flops_per_step=1e9, peak_flops=1e11, timer=CudaEventTimer(gpu.event))
+    for ms in (40, 50, 60):
+        with run.step(samples=1):
+            gpu.now_ms += ms  # the GPU work this step enqueued
+    run.flush()
+    assert mem.points(c.STEPS) == [] and mem.points(c.STEP_DURATION) == []  # nothing completed yet
+    assert mem.spans("train.step") and gpu.syncs == 0  # spans end at once; timing waits
+
+    gpu.release(events=4)  # the first two steps' start and end events
+    run.flush()
+    assert mem.value(c.STEPS) == 2
+    assert mem.value(c.STEP_DURATION) == pytest.approx(0.09)
+    assert mem.value(c.MFU) == pytest.approx(1e9 / 0.05 / 1e11)  # the last resolved step's
+
+    gpu.release()
+    with run.step(samples=1):  # a later step's end resolves the earlier ones that completed
+        gpu.now_ms += 10
+    assert mem.value(c.STEPS) == 3 and mem.value(c.SAMPLES_TRAINED) == 3
+    assert mem.value(c.STEP_DURATION) == pytest.approx(0.15)
+    assert mem.value(c.GOODPUT) == pytest.approx(0.15)
+    assert gpu.syncs == 0
+    gpu.release()
+    run.flush()
+    assert mem.value(c.STEPS) == 4 and gpu.syncs == 0
+
+
+def test_cuda_events_sync_option_records_each_step_at_once(mem):
+    gpu = FakeGPU()
+    run = instrument.TrainingRun(mem.tel, timer=CudaEventTimer(gpu.event, sync=True))
+    for n, ms in enumerate((30, 20), start=1):
+        with run.step():
+            gpu.now_ms += ms
+        assert mem.value(c.STEPS) == n and gpu.syncs == n
+    assert mem.value(c.STEP_DURATION) == pytest.approx(0.05)
+
+
+def test_cpu_timing_is_the_wall_clock(mem):
+    try:
+        import torch
+        cuda = torch.cuda.is_available()
+    except ImportError:
+        cuda = False
+    if not cuda:
+        assert isinstance(default_timer(), WallTimer) and isinstance(default_timer(sync=True), WallTimer)
+        assert isinstance(instrument.TrainingRun(mem.tel).timer, WallTimer)
+    timer = WallTimer()
+    token = timer.start()
+    time.sleep(0.02)
+    assert 0.02 <= timer.stop(token) < 0.3 and list(timer.poll()) == []
+
+
+# -------------------------------------------------------------------------------- disabled path
+
+
+def _whole_loop(tel) -> None:
+    run = instrument.TrainingRun(tel, flops_per_step=1.0, peak_flops=1.0, timer=WallTimer(), report_interval_s=0)
+    for _ in run.data(range(3)):
+        with run.step(samples=1, tokens=2):
+            with run.phase("forward"), run.micro_step():
+                pass
+        run.report(loss=CountingTensor(1.0), lr=0.1)
+        with run.checkpoint():
+            pass
+    run.flush()
+    with instrument.request("m", batch_size=2, telemetry=tel) as r:
+        r.first_token()
+        r.tokens(input=1, output=1)
+
+
+def test_disabled_by_otel_sdk_disabled_records_nothing(monkeypatch):
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    spans, reader = InMemorySpanExporter(), InMemoryMetricReader()
+    tel = instrument.configure(span_exporters=[spans], metric_readers=[reader])
+    assert not tel.enabled and instrument.current() is tel
+    _whole_loop(tel)
+    assert spans.get_finished_spans() == ()
+    assert reader.get_metrics_data() is None  # never attached to a provider
+    tel.shutdown(timeout_s=1)
+
+
+def test_nothing_configured_is_disabled():
+    assert not instrument.current().enabled  # before any configure()
+    tel = instrument.configure()
+    assert not tel.enabled and tel.tracer_provider is None and tel.meter_provider is None
+    _whole_loop(tel)
+    assert tel.spans_dropped == 0
+
+
+def test_disabled_steps_cost_little():
+    tel = instrument.configure(enabled=False)
+    run = instrument.TrainingRun(tel, timer=WallTimer())
+    n = 20000
+
+    def bare():
+        for i in range(n):
+            pass
+
+    def instrumented():
+        for i in run.data(range(n)):
+            with run.step(samples=1):
+                pass
+            run.report(loss=i)
+
+    bare_s = min(timeit.repeat(bare, number=1, repeat=5))
+    inst_s = min(timeit.repeat(instrumented, number=1, repeat=5))
+    per_step_us = (inst_s - bare_s) / n * 1e6
+    assert per_step_us < 20, f"{per_step_us:.1f} µs per disabled step"
+
+
+# ------------------------------------------------------------------------------------- configure
+
+
+def _resource(mem: Mem) -> dict:
+    with instrument.TrainingRun(mem.tel, timer=WallTimer()).step():
+        pass
+    return dict(mem.spans("train.step")[0].resource.attributes)
+
+
+def test_configure_reads_otel_and_torchrun_variables(monkeypatch):
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "svc-env")
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=prod,team=ml")
+    for k, v in {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "TORCHELASTIC_RUN_ID": "te-42"}.items():
+        monkeypatch.setenv(k, v)
+    mem = Mem(env=None)
+    attrs = _resource(mem)
+    assert attrs["service.name"] == "svc-env"
+    assert attrs["deployment.environment"] == "prod" and attrs["team"] == "ml"
+    assert (attrs["gpuobs.rank"], attrs["gpuobs.world_size"], attrs["gpuobs.local_rank"]) == (5, 8, 1)
+    assert attrs["gpuobs.job.id"] == "te-42" and attrs["host.name"] == socket.gethostname()
+    assert mem.tel.env.launcher == "torchrun"
+    assert mem.value(c.STEPS, **dict(zip(c.RUN_LABELS, ("5", "te-42")))) == 1
+
+
+def test_configure_service_name_precedence(monkeypatch):
+    assert _resource(Mem(env=None))["service.name"] == "training"  # the default
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "service.name=from-attrs")
+    assert _resource(Mem(env=None))["service.name"] == "from-attrs"
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "from-var")
+    assert _resource(Mem(env=None))["service.name"] == "from-var"
+    assert _resource(Mem(env=None, service_name="explicit"))["service.name"] == "explicit"
+
+
+def test_configure_reads_slurm_variables(monkeypatch):
+    for k, v in {"SLURM_JOB_ID": "777", "SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NTASKS": "16",
+                 "SLURMD_NODENAME": "gpu-node-9"}.items():
+        monkeypatch.setenv(k, v)
+    mem = Mem(env=None)
+    attrs = _resource(mem)
+    assert (attrs["gpuobs.rank"], attrs["gpuobs.local_rank"], attrs["gpuobs.world_size"]) == (3, 1, 16)
+    assert attrs["gpuobs.job.id"] == "777" and attrs["host.name"] == "gpu-node-9"
+    assert mem.tel.env.launcher == "slurm"
+    assert mem.value(c.STEPS, **dict(zip(c.RUN_LABELS, ("3", "777")))) == 1
+
+
+def test_configure_reads_kubernetes_variables(monkeypatch):
+    for k, v in {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "POD_NAME": "trainer-0", "POD_NAMESPACE": "ml",
+                 "NODE_NAME": "node-a", "RANK": "2", "WORLD_SIZE": "4"}.items():
+        monkeypatch.setenv(k, v)
+    attrs = _resource(Mem(env=None))
+    assert attrs["k8s.pod.name"] == "trainer-0" and attrs["k8s.namespace.name"] == "ml"
+    assert attrs["k8s.node.name"] == "node-a" and attrs["host.name"] == "node-a"
+    assert attrs["gpuobs.rank"] == 2
+
+
+def test_configure_spans_false_records_metrics_only():
+    mem = Mem(spans=False)
+    assert mem.tel.tracer_provider is None
+    with instrument.TrainingRun(mem.tel, timer=WallTimer()).step():
+        pass
+    assert mem.span_exporter.get_finished_spans() == () and mem.value(c.STEPS) == 1
+
+
+# ------------------------------------------------------------------------------------- inference
+
+
+def test_inference_request_metrics_and_span(mem):
+    with instrument.request(model="llama-3-8b", batch_size=4) as r:
+        time.sleep(0.01)
+        r.first_token()
+        r.first_token()  # only the first counts
+        time.sleep(0.01)
+        r.tokens(input=12, output=34)
+    genai = {"gen_ai.operation.name": "chat", "gen_ai.request.model": "llama-3-8b", "rank": "3"}
+    duration = mem.point(c.REQUEST_DURATION, **genai)
+    ttft = mem.point(c.TIME_TO_FIRST_TOKEN, **genai)
+    assert tuple(duration.explicit_bounds) == DURATION_BUCKETS == tuple(ttft.explicit_bounds)
+    assert duration.count == 1 and 0.02 <= duration.sum < 0.5
+    assert ttft.count == 1 and 0.01 <= ttft.sum < duration.sum - 0.01 + 1e-3
+    assert "error.type" not in duration.attributes
+    assert mem.value(c.INFERENCE_TOKENS, **genai, **{"gen_ai.token.type": "input"}) == 12
+    assert mem.value(c.INFERENCE_TOKENS, **genai, **{"gen_ai.token.type": "output"}) == 34
+    batch = mem.point(c.BATCH_SIZE, **genai)
+    assert tuple(batch.explicit_bounds) == BATCH_BUCKETS and batch.sum == 4 and batch.count == 1
+    assert mem.points(c.INFERENCE_ERRORS) == []
+    span = mem.spans("chat llama-3-8b")[0]
+    assert span.kind is SpanKind.SERVER and span.status.status_code is not StatusCode.ERROR
+    assert span.attributes["gen_ai.request.model"] == "llama-3-8b"
+    assert span.attributes["gen_ai.operation.name"] == "chat"
+    assert span.attributes["gen_ai.usage.input_tokens"] == 12 and span.attributes["gen_ai.usage.output_tokens"] == 34
+
+
+def test_inference_error_counts_and_marks_the_span(mem):
+    with pytest.raises(RuntimeError):
+        with instrument.request(model="m", operation="text_completion"):
+            raise RuntimeError("out of memory")
+    genai = {"gen_ai.operation.name": "text_completion", "gen_ai.request.model": "m", "error.type": "RuntimeError"}
+    assert mem.value(c.INFERENCE_ERRORS, **genai) == 1
+    assert mem.point(c.REQUEST_DURATION, **genai).count == 1
+    assert mem.points(c.TIME_TO_FIRST_TOKEN) == [] and mem.points(c.BATCH_SIZE) == []
+    span = mem.spans("text_completion m")[0]
+    assert span.status.status_code is StatusCode.ERROR
+    assert any(e.name == "exception" for e in span.events)
+
+
+def test_trace_request_decorator(mem):
+    @instrument.trace_request(model="m1")
+    def generate(prompt, request=None):
+        request.first_token()
+        request.tokens(input=len(prompt), output=3)
+        return prompt.upper()
+
+    @instrument.trace_request(model="m2")
+    def plain(prompt):
+        request = {"prompt": prompt}  # a local that happens to be called request: not a parameter
+        return request["prompt"]
+
+    assert generate("abcd") == "ABCD" and plain("x") == "x"
+    assert mem.value(c.INFERENCE_TOKENS, **{"gen_ai.request.model": "m1", "gen_ai.token.type": "input"}) == 4
+    assert mem.point(c.TIME_TO_FIRST_TOKEN, **{"gen_ai.request.model": "m1"}).count == 1
+    assert mem.point(c.REQUEST_DURATION, **{"gen_ai.request.model": "m2"}).count == 1
+    assert {s.name for s in mem.spans()} == {"chat m1", "chat m2"}
+    assert inference.Request is instrument.Request
+
+
+# ------------------------------------------------------------------------------- over the wire
+
+
+class OTLPReceiver:
+    """A minimal OTLP/HTTP receiver: POST /v1/traces and /v1/metrics, protobuf bodies."""
+
+    def __init__(self):
+        from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
+        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+        self.traces, self.metrics, self.paths = [], [], []
+        kinds = {"/v1/traces": (trace_service_pb2.ExportTraceServiceRequest,
+                                trace_service_pb2.ExportTraceServiceResponse, self.traces),
+                 "/v1/metrics": (metrics_service_pb2.ExportMetricsServiceRequest,
+                                 metrics_service_pb2.ExportMetricsServiceResponse, self.metrics)}
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if self.headers.get("Content-Encoding") == "gzip":
+                    body = gzip.decompress(body)
+                receiver.paths.append(self.path)
+                if self.path not in kinds:
+                    self.send_response(404)
+                    self.end_headers()
+                    return
+                request_type, response_type, sink = kinds[self.path]
+                message = request_type()
+                message.ParseFromString(body)
+                sink.append(message)
+                reply = response_type().SerializeToString()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _any_value(v):
+    return getattr(v, v.WhichOneof("value"))
+
+
+def test_otlp_http_export_to_a_real_receiver(monkeypatch):
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    receiver = OTLPReceiver()
+    try:
+        tel = instrument.configure(service_name="wire-test", endpoint=receiver.url, export_interval_s=0.2)
+        assert tel.enabled
+        run = instrument.TrainingRun(tel, timer=WallTimer())
+        for i in run.data(sleepy_loader(3, 0.005)):
+            with run.step(samples=2):
+                if i == 2:
+                    with run.checkpoint():
+                        pass
+        deadline = time.monotonic() + 5  # periodic metric export, before any shutdown
+        while not receiver.metrics and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert receiver.metrics, "no periodic metrics export within 5 s at a 0.2 s interval"
+        t = time.monotonic()
+        tel.shutdown(timeout_s=5)
+        assert time.monotonic() - t < 5
+    finally:
+        receiver.close()
+
+    spans = []
+    for req in receiver.traces:
+        for rs in req.resource_spans:
+            resource = {kv.key: _any_value(kv.value) for kv in rs.resource.attributes}
+            spans += [(resource, s) for ss in rs.scope_spans for s in ss.spans]
+    assert spans, receiver.paths
+    for resource, _ in spans:
+        assert resource["service.name"] == "wire-test"
+        assert resource["gpuobs.rank"] == 2 and resource["gpuobs.world_size"] == 4
+    spans = [s for _, s in spans]
+    steps = [s for s in spans if s.name == "train.step"]
+    assert len(steps) == 3 and all(s.parent_span_id == b"" for s in steps)
+    assert sorted({kv.key: _any_value(kv.value) for kv in s.attributes}["gpuobs.step"] for s in steps) == [1, 2, 3]
+    by_id = {s.span_id: s for s in steps}
+    waits = [s for s in spans if s.name == "train.data_wait"]
+    assert len(waits) == 3
+    for w in waits:
+        step = by_id[w.parent_span_id]
+        assert w.trace_id == step.trace_id and w.start_time_unix_nano == step.start_time_unix_nano
+        assert w.end_time_unix_nano <= step.end_time_unix_nano
+        assert w.end_time_unix_nano - w.start_time_unix_nano >= 5_000_000
+    (ckpt,) = [s for s in spans if s.name == "train.checkpoint"]
+    assert ckpt.parent_span_id in by_id and ckpt.trace_id == by_id[ckpt.parent_span_id].trace_id
+
+    histograms = [(rm, m) for req in receiver.metrics for rm in req.resource_metrics for sm in rm.scope_metrics
+                  for m in sm.metrics if m.name == c.STEP_DURATION.otel_name]
+    assert histograms
+    rm, last = histograms[-1]
+    assert last.unit == "s"
+    (point,) = last.histogram.data_points
+    assert tuple(point.explicit_bounds) == DURATION_BUCKETS and point.count == 3
+    assert {kv.key: _any_value(kv.value) for kv in point.attributes}["rank"] == "2"
+    assert {kv.key: _any_value(kv.value) for kv in rm.resource.attributes}["service.name"] == "wire-test"
+
+
+# ------------------------------------------------------------------------------------ Prometheus
+
+PROMETHEUS_SCRIPT = textwrap.dedent('''
+    import json, sys, time, urllib.request
+    from gpuobs import instrument
+    from gpuobs.instrument.timing import WallTimer
+
+    port = int(sys.argv[1])
+
+    def scrape():
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            return r.read().decode()
+
+    def work(tel):
+        run = instrument.TrainingRun(tel, flops_per_step=1e9, peak_flops=1e12, timer=WallTimer())
+        for i in run.data(range(3)):
+            with run.step(samples=2, tokens=16):
+                with run.micro_step():
+                    pass
+            run.report(loss=1.5, grad_norm=0.25, lr=1e-3)
+        with run.checkpoint():
+            pass
+        run.flush()
+        with instrument.request("m1", batch_size=2) as r:
+            r.first_token()
+            r.tokens(input=3, output=4)
+        try:
+            with instrument.request("m1"):
+                raise RuntimeError("x")
+        except RuntimeError:
+            pass
+
+    tel = instrument.configure(prometheus_port=port)
+    work(tel)
+    first = scrape()
+    tel.shutdown(timeout_s=2)
+    tel = instrument.configure(prometheus_port=port)  # again, on the same port
+    work(tel)
+    second = scrape()
+    tel.shutdown(timeout_s=2)
+    print(json.dumps({"first": first, "second": second}))
+''')
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_prometheus_names_match_the_catalog():
+    """configure(prometheus_port=...) in a subprocess (prometheus_client's global registry and
+    HTTP server): every training and inference metric of the catalog appears under its
+    Prometheus sample names and labels, and a second configure() can serve on the same port."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    env = {k: v for k, v in os.environ.items() if k not in RUN_ENV_VARS}
+    env.update(RANK="1", WORLD_SIZE="2", GPUOBS_JOB_ID="job-prom", PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-c", PROMETHEUS_SCRIPT, str(_free_port())], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    scrapes = json.loads(proc.stdout.strip().splitlines()[-1])
+    for key in ("first", "second"):
+        samples = [s for fam in text_string_to_metric_families(scrapes[key]) for s in fam.samples]
+        names = {s.name for s in samples}
+        for metric in c.OTEL:
+            assert metric.family in c.APP_FAMILIES
+            for sample_name in metric.prometheus_samples:
+                assert sample_name in names, f"{key}: {sample_name} ({metric.otel_name}) not in the scrape"
+                for s in (s for s in samples if s.name == sample_name):
+                    labels = {k for k in s.labels if not k.startswith("otel_scope_") and k != "le"}
+                    assert labels <= set(metric.labels), (sample_name, labels, metric.labels)
+                    assert s.labels["rank"] == "1" and s.labels["job_id"] == "job-prom", s.labels
+                    if metric.kind == "histogram" and sample_name.endswith("_bucket"):
+                        buckets = BATCH_BUCKETS if metric.otel_unit != "s" else DURATION_BUCKETS
+                        assert {float(s.labels["le"]) for s in samples if s.name == sample_name} == \
+                            {float(b) for b in buckets} | {float("inf")}
+        ours = {n for n in names if n.startswith(("gpuobs_", "gen_ai_"))}
+        expected = {n for m in c.OTEL for n in m.prometheus_samples}
+        assert ours == expected, ours ^ expected
+        value = {(s.name, s.labels.get("cause")): s.value for s in samples}
+        assert value[(c.STEPS.exposed_name, None)] == 3 and value[(c.SAMPLES_TRAINED.exposed_name, None)] == 6
+        assert value[(c.LOSS.name, None)] == 1.5 and value[(c.LEARNING_RATE.name, None)] == 1e-3

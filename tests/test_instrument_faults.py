@@ -1,0 +1,132 @@
+"""gpuobs.instrument against a broken OTLP endpoint, (a) refusing connections and (b) accepting
+and never reading: training steps cost no more than with telemetry disabled plus a small
+constant, memory stays bounded by the span queue, dropped spans are counted, shutdown returns
+within its timeout and the process exits promptly. Each case runs in a subprocess, so that the
+SDK's threads stuck on the endpoint and its atexit handlers are part of what is measured."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+SCRIPT = textwrap.dedent('''
+    import json, os, sys, time
+    from gpuobs import instrument
+    from gpuobs.instrument.telemetry import SPAN_QUEUE
+    from gpuobs.instrument.timing import WallTimer
+
+    endpoint, steps, batches, long_steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+
+    def rss():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    off = instrument.configure(enabled=False)
+    on = instrument.configure(endpoint=endpoint, export_interval_s=0.5)  # spans on, metrics every 0.5 s
+    runs = {"off": instrument.TrainingRun(off, timer=WallTimer()), "on": instrument.TrainingRun(on, timer=WallTimer())}
+
+    def loop(run, n):
+        t = time.perf_counter()
+        for _ in run.data(range(n)):  # a data-wait span and a step span per step
+            with run.step(samples=1):
+                pass
+        return (time.perf_counter() - t) / n
+
+    per_step = {"off": [], "on": []}
+    for _ in range(batches):  # alternating, so that machine load affects both alike
+        for key, run in runs.items():
+            per_step[key].append(loop(run, steps))
+    rss_before = rss()
+    long_loop = loop(runs["on"], long_steps)
+    rss_after = rss()
+    queued = len(on.span_processor._batch_processor._queue)
+    t = time.monotonic()
+    on.shutdown(timeout_s=2)
+    shutdown_s = time.monotonic() - t
+    print(json.dumps({"off": per_step["off"], "on": per_step["on"], "long_loop_s": long_loop * long_steps,
+                      "rss_growth": rss_after - rss_before, "dropped": on.spans_dropped, "queued": queued,
+                      "queue_bound": SPAN_QUEUE, "shutdown_s": shutdown_s, "end": time.time()}), flush=True)
+''')
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class BlackHole:
+    """Accepts connections and never reads from them."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(128)
+        self.port = self.sock.getsockname()[1]
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.held.append(conn)
+
+    def close(self):
+        self.sock.close()
+        for conn in self.held:
+            conn.close()
+
+
+@pytest.fixture(params=["refused", "never_read"])
+def endpoint(request):
+    if request.param == "refused":
+        yield f"http://127.0.0.1:{_closed_port()}", None
+        return
+    hole = BlackHole()
+    yield f"http://127.0.0.1:{hole.port}", hole
+    hole.close()
+
+
+def test_broken_endpoint_never_slows_or_grows_training(endpoint):
+    url, hole = endpoint
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "GPUOBS_"))}
+    env["PYTHONPATH"] = str(REPO)
+    proc = subprocess.Popen([sys.executable, "-c", SCRIPT, url, "2000", "5", "20000"], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    exited = time.time()
+    assert proc.returncode == 0, err[-3000:]
+    r = json.loads(out.strip().splitlines()[-1])
+    print({k: v for k, v in r.items() if k not in ("off", "on")}, [round(x * 1e6) for x in r["off"]],
+          [round(x * 1e6) for x in r["on"]])
+
+    off_us, on_us = statistics.median(r["off"]) * 1e6, statistics.median(r["on"]) * 1e6
+    # Spans and metrics cost what the SDK costs (~100 µs a step on a slow CPU); a step that waited
+    # on the endpoint even once per batch would cost milliseconds.
+    assert on_us <= off_us + 250, f"per step: {on_us:.0f} µs instrumented vs {off_us:.0f} µs disabled"
+    assert r["rss_growth"] < 30e6, f"RSS grew {r['rss_growth'] / 1e6:.1f} MB over 20,000 steps"
+    assert r["queued"] <= r["queue_bound"]
+    assert r["dropped"] > 0, "the queue overflowed (40,000 spans, none exported), yet nothing was counted"
+    assert r["shutdown_s"] < 3, f"shutdown(timeout_s=2) took {r['shutdown_s']:.1f} s"
+    assert exited - r["end"] < 3, f"the process took {exited - r['end']:.1f} s to exit after shutdown"
+    if hole is not None:
+        assert hole.held, "the exporter never connected to the endpoint"
