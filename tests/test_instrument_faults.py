@@ -130,3 +130,22 @@ def test_broken_endpoint_never_slows_or_grows_training(endpoint):
     assert exited - r["end"] < 3, f"the process took {exited - r['end']:.1f} s to exit after shutdown"
     if hole is not None:
         assert hole.held, "the exporter never connected to the endpoint"
+
+
+def test_process_exits_in_bounded_time_without_calling_shutdown(endpoint):
+    url, _ = endpoint
+    code = textwrap.dedent(f"""
+        from gpuobs import instrument
+        tel = instrument.configure(endpoint={url!r}, export_interval_s=0.2)
+        run = instrument.TrainingRun(tel)
+        for _ in range(3000):
+            with run.step():
+                pass
+        print("done", flush=True)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "done"
+    t0 = time.monotonic()
+    proc.wait(timeout=20)
+    # the SDK's own exit hooks could wait 30 s on this endpoint; gpuobs's bounded one replaces them
+    assert time.monotonic() - t0 < 6

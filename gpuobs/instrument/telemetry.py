@@ -8,6 +8,7 @@ own threads with bounded queues and timeouts, so no telemetry sink can block a t
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import threading
@@ -206,14 +207,16 @@ def configure(service_name: str | None = None, endpoint: str | None = None, prot
         http_server, _ = start_http_server(prometheus_port)
     tracer_provider = processor = None
     if spans:
-        tracer_provider = TracerProvider(resource=resource)
+        # The SDK's own exit hooks can wait 30 s on a stuck endpoint: ours (_at_exit) is bounded.
+        tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
         for exp in span_list:
             processor = _span_processor(exp, SPAN_QUEUE)
             tracer_provider.add_span_processor(processor)
         tracer = tracer_provider.get_tracer("gpuobs.instrument", __version__)
     else:
         tracer = otel_trace.NoOpTracer()
-    meter_provider = MeterProvider(resource=resource, metric_readers=readers, views=_views())
+    meter_provider = MeterProvider(resource=resource, metric_readers=readers, views=_views(),
+                                   shutdown_on_exit=False)
     meter = meter_provider.get_meter("gpuobs.instrument", __version__)
     tel = Telemetry(True, tracer, meter, run_env, _make_instruments(meter), tracer_provider, meter_provider,
                     processor, http_server)
@@ -221,6 +224,16 @@ def configure(service_name: str | None = None, endpoint: str | None = None, prot
     log.info("telemetry configured", extra={"endpoint": endpoint, "protocol": protocol,
                                            "prometheus_port": prometheus_port, "rank": run_env.rank})
     return tel
+
+
+def _at_exit() -> None:
+    """Flush the current telemetry when the process exits, for at most EXIT_TIMEOUT_S."""
+    if _current is not None and _current.enabled:
+        _current.shutdown(timeout_s=EXIT_TIMEOUT_S)
+
+
+EXIT_TIMEOUT_S = 3.0
+atexit.register(_at_exit)
 
 
 def current() -> Telemetry:
