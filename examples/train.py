@@ -1,5 +1,6 @@
-"""A small CPU training loop instrumented with gpuobs: every step, data wait, checkpoint, loss and
-learning rate goes to OpenTelemetry (OTLP and/or a Prometheus endpoint), logs carry trace ids.
+"""A small CPU training loop instrumented with gpuobs: steps, micro-steps, data waits, phases,
+checkpoints, loss and learning rate, plus an evaluation request every --eval-every steps, go to
+OpenTelemetry (OTLP and/or a Prometheus endpoint); logs carry trace ids (Fluentd or stdout).
 
     GPUOBS_PROMETHEUS_PORT=9464 RANK=0 WORLD_SIZE=1 python examples/train.py --steps 200
     OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318 python examples/train.py
@@ -50,6 +51,16 @@ class Sgd:
         return loss
 
 
+def evaluate(opt: Sgd, xs) -> None:
+    """An inference-style request on the current weights, recorded with the GenAI metric names."""
+    with instrument.request(model="linear-regression", operation="predict", batch_size=len(xs)) as r:
+        preds = []
+        for row in xs:
+            preds.append(sum(w * x for w, x in zip(opt.w, row)))
+            r.first_token()
+        r.tokens(input=len(xs) * len(xs[0]), output=len(preds))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=500)
@@ -60,6 +71,8 @@ def main() -> None:
     p.add_argument("--compute-ms", type=float, default=20.0, help="simulated compute time per step")
     p.add_argument("--checkpoint-every", type=int, default=100)
     p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--accumulate", type=int, default=2, help="micro-steps per optimizer step")
+    p.add_argument("--eval-every", type=int, default=100, help="steps between evaluation requests")
     args = p.parse_args()
 
     telemetry = instrument.configure(service_name="gpuobs-example-train")
@@ -73,13 +86,18 @@ def main() -> None:
     for step, (xs, ys) in zip(range(1, args.steps + 1), data):
         with run.step(samples=len(xs), tokens=len(xs) * args.tokens_per_sample):
             with run.phase("forward_backward"):
+                for _ in range(args.accumulate):  # gradient accumulation: micro-steps inside the step
+                    with run.micro_step():
+                        time.sleep(args.compute_ms / 1000 / args.accumulate)
+            with run.phase("optimizer"):
                 loss = opt.step(xs, ys)
-                time.sleep(args.compute_ms / 1000)
             if step % args.checkpoint_every == 0:
                 with run.checkpoint(step=step):
                     time.sleep(0.05)  # stand-in for writing the weights
                     log.info("checkpoint saved", extra={"step": step})
         run.report(loss=loss, lr=opt)
+        if step % args.eval_every == 0:
+            evaluate(opt, xs)
         if step % 50 == 0:
             opt.param_groups[0]["lr"] *= 0.9  # decay, so the lr series moves
     run.flush()

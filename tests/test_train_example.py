@@ -23,7 +23,8 @@ def test_training_metrics_by_rank_in_prometheus(exporter, prometheus, tmp_path):
                    "GPUOBS_JOB_ID": "example-job", "GPUOBS_PROMETHEUS_PORT": str(port)}
             procs.append(subprocess.Popen(
                 [sys.executable, str(REPO / "examples" / "train.py"), "--steps", "100000",
-                 "--compute-ms", str(compute_ms), "--data-ms", "10", "--checkpoint-every", "50"],
+                 "--compute-ms", str(compute_ms), "--data-ms", "10", "--checkpoint-every", "50",
+                 "--eval-every", "20"],
                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
         query = prometheus([f"127.0.0.1:{run.exp.http.port}"] + [f"127.0.0.1:{p}" for p in ports])
 
@@ -51,6 +52,10 @@ def test_training_metrics_by_rank_in_prometheus(exporter, prometheus, tmp_path):
         assert set(loss) == {"0", "1"} and all(v >= 0 for v in loss.values())
         assert {r["metric"]["job_id"] for r in query("gpuobs_training_steps_total")} == {"example-job"}
         assert len(query("gpuobs_gpu_up == 1")) == 8  # the exporter beside them, in the same Prometheus
+        requests = by_rank("sum by (rank) (gen_ai_server_request_duration_seconds_count)")
+        assert set(requests) == {"0", "1"}  # the evaluation requests, with GenAI names
+        assert by_rank("sum by (rank) (gpuobs_training_micro_steps_total)")["0"] >= 2 * by_rank(
+            "sum by (rank) (gpuobs_training_steps_total)")["0"] - 2  # 2 micro-steps per step
     finally:
         for proc in procs:
             proc.terminate()

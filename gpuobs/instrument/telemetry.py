@@ -48,6 +48,7 @@ class Telemetry:
     meter_provider: Any = None
     span_processor: Any = None
     http_server: Any = None  # the Prometheus scrape server, closed on shutdown
+    _closed: bool = False
 
     def instrument(self, metric: c.Metric) -> Any:
         """The OTel instrument of a catalog metric (created in configure)."""
@@ -61,7 +62,11 @@ class Telemetry:
     def shutdown(self, timeout_s: float = 5.0) -> None:
         """Flush and stop exporting within timeout_s, whatever state the endpoint is in: the SDK's
         own shutdown can wait 30 s on a stuck exporter, so it runs on a daemon thread we stop
-        waiting for."""
+        waiting for. Calling it again does nothing."""
+        if self._closed:
+            return
+        self._closed = True
+
         def close(provider) -> None:
             try:
                 provider.shutdown()
