@@ -1,0 +1,292 @@
+"""The alert pack and its recording rules, defined once in Python over catalog names.
+
+Thresholds and windows live in `Thresholds`; `FAST` is the same pack with seconds instead of
+minutes, for the demo and end-to-end tests. Recording rules are named `level:metric:operations`
+and are the contract that dashboards and alerts both read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .. import catalog as c
+
+SEVERITIES = ("critical", "warning", "info")
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Every tunable of the pack, in one place. Durations are Prometheus duration strings."""
+    profile: str = "default"
+    eval_interval: str = "30s"
+    rate_window: str = "5m"  # rate()/increase() windows for counters
+    long_window: str = "1h"
+    baseline_window: str = "6h"  # step-time regression baseline
+    for_now: str = "1m"  # hardware states that matter at once
+    for_short: str = "5m"
+    for_medium: str = "15m"
+    for_idle: str = "30m"  # allocated-but-idle
+    keep_firing: str = "15m"  # flapping inputs (throttle bits, XIDs) keep an alert up this long
+    temp_margin_c: float = 5.0  # alert this close to the GPU's own slowdown threshold
+    idle_utilization: float = 0.01
+    allocated_memory_bytes: float = 1024 ** 3  # memory in use that means "someone holds this GPU"
+    ecc_corrected_per_s: float = 100 / 3600  # corrected ECC errors per second (100/h)
+    nvlink_errors_per_s: float = 1.0
+    pcie_replays_per_s: float = 1.0
+    pcie_busy_utilization: float = 0.5  # PCIe downshifts at idle to save power: check only when busy
+    training_stall: str = "10m"
+    step_regression: float = 1.5
+    data_wait_share: float = 0.3
+    checkpoint_seconds: float = 600.0
+    straggler: float = 1.2
+    inference_p99_seconds: float = 5.0
+    inference_error_ratio: float = 0.05
+    exporter_job: str = "gpuobs"
+    runbook_base: str = "docs/runbooks"
+
+
+DEFAULT = Thresholds()
+FAST = Thresholds(profile="fast", eval_interval="1s", rate_window="20s", long_window="1m", baseline_window="2m",
+                  for_now="2s", for_short="5s", for_medium="10s", for_idle="15s", keep_firing="10s",
+                  training_stall="20s", checkpoint_seconds=2.0)
+PROFILES = {"default": DEFAULT, "fast": FAST}
+
+
+@dataclass(frozen=True)
+class Record:
+    """A recording rule."""
+    record: str
+    expr: str
+
+
+@dataclass(frozen=True)
+class Alert:
+    """One alert. scope says what it is about (gpu, node, job, service, cluster) and drives
+    inhibition; family groups warnings under the critical alert of the same kind."""
+    name: str
+    group: str
+    expr: str
+    for_: str
+    severity: str
+    scope: str
+    family: str
+    summary: str
+    description: str
+    keep_firing_for: str | None = None
+    extra_labels: dict[str, str] = field(default_factory=dict)
+
+
+GPU = "{{ $labels.node }} GPU {{ $labels.gpu }} ({{ $labels.uuid }})"  # identity in descriptions
+GPU_BY = "cluster, node, instance, gpu, uuid"
+
+
+def recording_rules(t: Thresholds) -> list[Record]:
+    """Fleet aggregates read by dashboards (and cheap to query on thousands of GPUs)."""
+    w = t.rate_window
+    reason = f"{c.CLOCK_EVENT_ACTIVE.name}"
+    return [
+        Record("cluster_node:gpuobs_gpus_expected:sum", f"sum by (cluster, node) ({c.GPUS_EXPECTED.name})"),
+        Record("cluster_node:gpuobs_gpus_present:sum", f"sum by (cluster, node) ({c.GPUS_PRESENT.name})"),
+        Record("cluster:gpuobs_gpus_expected:sum", "sum by (cluster) (cluster_node:gpuobs_gpus_expected:sum)"),
+        Record("cluster:gpuobs_gpus_present:sum", "sum by (cluster) (cluster_node:gpuobs_gpus_present:sum)"),
+        Record("cluster:gpuobs_gpus_lost:count", f"count by (cluster) ({c.GPU_UP.name} == 0)"),
+        Record("cluster_node:gpuobs_gpu_utilization_ratio:avg", f"avg by (cluster, node) ({c.UTILIZATION.name})"),
+        Record("cluster:gpuobs_gpu_utilization_ratio:avg", f"avg by (cluster) ({c.UTILIZATION.name})"),
+        Record("cluster:gpuobs_gpu_sm_active_ratio:avg", f"avg by (cluster) ({c.GPM_METRICS[2].name})"),
+        Record("cluster_node:gpuobs_gpu_power_usage_watts:sum", f"sum by (cluster, node) ({c.POWER_USAGE.name})"),
+        Record("cluster:gpuobs_gpu_power_usage_watts:sum", f"sum by (cluster) ({c.POWER_USAGE.name})"),
+        Record("cluster:gpuobs_gpu_power_limit_watts:sum", f"sum by (cluster) ({c.POWER_LIMIT.name})"),
+        Record("cluster_reason:gpuobs_gpu_clock_event_reason_active:sum",
+               f"sum by (cluster, reason) ({reason}{{reason!=\"gpu_idle\"}})"),
+        Record("cluster:gpuobs_gpu_temperature_celsius:max", f"max by (cluster) ({c.TEMPERATURE.name})"),
+        Record("uuid:gpuobs_gpu_allocated:bool",
+               f"{c.MEMORY_USED.name} > bool {t.allocated_memory_bytes:g}"),
+        Record("cluster:gpuobs_gpus_idle:count",
+               f"count by (cluster) (max_over_time({c.UTILIZATION.name}[{t.for_idle}]) <= {t.idle_utilization:g})"),
+        Record("cluster:gpuobs_gpus_allocated_idle:count",
+               f"count by (cluster) ((max_over_time({c.UTILIZATION.name}[{t.for_idle}]) <= {t.idle_utilization:g})"
+               f" and on ({GPU_BY}) uuid:gpuobs_gpu_allocated:bool == 1)"),
+        Record("cluster_xid:gpuobs_gpu_xid_errors:increase",
+               f"sum by (cluster, xid) (increase({c.XID_ERRORS.exposed_name}[{t.long_window}]))"),
+        Record("cluster:gpuobs_gpu_ecc_uncorrected:increase",
+               f"sum by (cluster) (increase({c.ECC_ERRORS.exposed_name}{{error_type=\"uncorrected\","
+               f"counter_type=\"volatile\"}}[{t.long_window}]))"),
+        Record("job_id_rank:gpuobs_training_step_duration_seconds:p50",
+               f"histogram_quantile(0.5, sum by (job_id, rank, le) "
+               f"(rate({c.STEP_DURATION.name}_bucket[{w}])))"),
+        Record("job_id_rank:gpuobs_training_step_duration_seconds:p99",
+               f"histogram_quantile(0.99, sum by (job_id, rank, le) "
+               f"(rate({c.STEP_DURATION.name}_bucket[{w}])))"),
+        Record("job_id:gpuobs_training_step_duration_seconds:p50",
+               f"histogram_quantile(0.5, sum by (job_id, le) (rate({c.STEP_DURATION.name}_bucket[{w}])))"),
+        Record("job_id:gpuobs_training_tokens:rate",
+               f"sum by (job_id) (rate({c.TOKENS_TRAINED.exposed_name}[{w}]))"),
+        Record("job_id:gpuobs_training_samples:rate",
+               f"sum by (job_id) (rate({c.SAMPLES_TRAINED.exposed_name}[{w}]))"),
+        Record("job_id:gpuobs_training_data_wait_share_ratio:avg",
+               f"avg by (job_id) ({c.DATA_WAIT_SHARE.name})"),
+        Record("model:gen_ai_server_request_duration_seconds:p99",
+               f"histogram_quantile(0.99, sum by (gen_ai_request_model, le) "
+               f"(rate({c.REQUEST_DURATION.name}_bucket[{w}])))"),
+        Record("model:gen_ai_server_requests:rate",
+               f"sum by (gen_ai_request_model) (rate({c.REQUEST_DURATION.name}_count[{w}]))"),
+    ]
+
+
+def _reason(reason: str) -> str:
+    return f'{c.CLOCK_EVENT_ACTIVE.name}{{reason="{reason}"}} == 1'
+
+
+def _xid(xids: str, t: Thresholds) -> str:
+    return f'increase({c.XID_ERRORS.exposed_name}{{xid=~"{xids}"}}[{t.rate_window}]) > 0'
+
+
+def alerts(t: Thresholds) -> list[Alert]:
+    """The pack. Per-GPU descriptions carry node, index and UUID; every alert has an explicit for."""
+    w = t.rate_window
+    a = []
+    add = a.append
+    # ---- throttling and thermals
+    add(Alert("GpuHwThermalSlowdown", "gpu", _reason("hw_thermal_slowdown"), t.for_now, "critical", "gpu",
+              "thermal", "GPU clocks cut by the hardware thermal slowdown.",
+              f"{GPU} is in HW thermal slowdown: its clocks are held down to protect it.", t.keep_firing))
+    add(Alert("GpuSwThermalSlowdown", "gpu", _reason("sw_thermal_slowdown"), t.for_short, "warning", "gpu",
+              "thermal", "GPU clocks reduced by the driver to stay under its thermal limit.",
+              f"{GPU} has been in SW thermal slowdown for {t.for_short}.", t.keep_firing))
+    add(Alert("GpuTemperatureNearSlowdown", "gpu",
+              f"{c.TEMPERATURE.name} >= on ({GPU_BY}) ({c.SLOWDOWN_TEMPERATURE.name} - {t.temp_margin_c:g})",
+              t.for_short, "warning", "gpu", "thermal", "GPU temperature close to its slowdown threshold.",
+              f"{GPU} is at {{{{ $value }}}} °C, within {t.temp_margin_c:g} °C of its own slowdown threshold."))
+    add(Alert("GpuMemoryTemperatureNearMax", "gpu",
+              f"{c.MEMORY_TEMPERATURE.name} >= on ({GPU_BY}) ({c.MEMORY_MAX_TEMPERATURE.name} - {t.temp_margin_c:g})",
+              t.for_short, "warning", "gpu", "thermal", "GPU memory temperature close to its maximum.",
+              f"{GPU} memory is at {{{{ $value }}}} °C, within {t.temp_margin_c:g} °C of its maximum operating "
+              "temperature."))
+    add(Alert("GpuHwPowerBrake", "gpu", _reason("hw_power_brake_slowdown"), t.for_now, "critical", "gpu", "power",
+              "GPU clocks cut by the hardware power brake (external power signal).",
+              f"{GPU} is in HW power brake slowdown: the node's power supply asked it to slow down.",
+              t.keep_firing))
+    add(Alert("GpuHwSlowdown", "gpu", _reason("hw_slowdown"), t.for_short, "warning", "gpu", "power",
+              "GPU clocks cut by a hardware slowdown.", f"{GPU} has been in HW slowdown for {t.for_short}.",
+              t.keep_firing))
+    add(Alert("GpuSwPowerCapSustained", "gpu", _reason("sw_power_cap"), t.for_medium, "warning", "gpu", "power",
+              "GPU held at its power limit for a long time.",
+              f"{GPU} has been capped at its power limit for {t.for_medium}: work runs slower than it could.",
+              t.keep_firing))
+    # ---- allocation
+    add(Alert("GpuAllocatedIdle", "gpu",
+              f"max_over_time({c.UTILIZATION.name}[{t.for_idle}]) <= {t.idle_utilization:g}"
+              f" and on ({GPU_BY}) {c.MEMORY_USED.name} > {t.allocated_memory_bytes:g}",
+              t.for_short, "warning", "gpu", "utilization", "GPU allocated but idle.",
+              f"{GPU} holds memory (a process, pod or job has it) but has done no work for {t.for_idle}."))
+    add(Alert("GpuFleetIdleCapacity", "cluster", "cluster:gpuobs_gpus_idle:count > 0", t.for_idle, "info",
+              "cluster", "utilization", "GPUs in the fleet are idle.",
+              "{{ $value }} GPUs of cluster {{ $labels.cluster }} have been idle for " + t.for_idle + "."))
+    # ---- XID by tier (counters: alerts resolve once no new XID arrives)
+    add(Alert("GpuXidRebootRequired", "gpu", _xid("79", t), "0s", "critical", "gpu", "xid",
+              "GPU fell off the bus (XID 79): the node needs a reboot.",
+              f"{GPU} reported XID {{{{ $labels.xid }}}}: reboot the node.", t.keep_firing))
+    add(Alert("GpuXidResetRequired", "gpu", _xid("48|62|63|64|95|119|120", t), "0s", "critical", "gpu", "xid",
+              "GPU reported an XID that needs a GPU reset.",
+              f"{GPU} reported XID {{{{ $labels.xid }}}}: drain it and reset the GPU.", t.keep_firing))
+    add(Alert("GpuXidApplicationError", "gpu", _xid("94|13|31|43|45", t), "0s", "warning", "gpu", "xid",
+              "GPU reported an application-level XID: restart the application.",
+              f"{GPU} reported XID {{{{ $labels.xid }}}} (contained error): restart the affected application.",
+              t.keep_firing))
+    add(Alert("GpuXidNvlinkError", "gpu", _xid("74", t), "0s", "warning", "gpu", "xid",
+              "GPU reported an NVLink error (XID 74).",
+              f"{GPU} reported XID 74: check its NVLink links.", t.keep_firing))
+    # ---- memory errors
+    add(Alert("GpuEccUncorrectable", "gpu",
+              f'increase({c.ECC_ERRORS.exposed_name}{{error_type="uncorrected",counter_type="volatile"}}[{w}]) > 0',
+              "0s", "critical", "gpu", "memory", "Uncorrectable ECC errors on a GPU.",
+              f"{GPU} had {{{{ $value }}}} uncorrectable ECC errors in the last {w}.", t.keep_firing))
+    add(Alert("GpuEccCorrectedRate", "gpu",
+              f'rate({c.ECC_ERRORS.exposed_name}{{error_type="corrected",counter_type="volatile"}}[{t.long_window}])'
+              f" > {t.ecc_corrected_per_s:g}", t.for_medium, "warning", "gpu", "memory",
+              "High rate of corrected ECC errors on a GPU.",
+              f"{GPU} corrects {{{{ $value }}}} ECC errors per second."))
+    add(Alert("GpuRowRemapPending", "gpu", f"{c.REMAP_PENDING.name} == 1", t.for_short, "warning", "gpu",
+              "memory", "A GPU has a row remap pending: it needs a reset.",
+              f"{GPU} has a DRAM row remap pending; it takes effect at the next GPU reset."))
+    add(Alert("GpuRowRemapFailure", "gpu", f"{c.REMAP_FAILURE.name} == 1", t.for_now, "critical", "gpu", "memory",
+              "A GPU failed to remap a row: it needs service.",
+              f"{GPU} could not remap a failing DRAM row: take it out of service."))
+    # ---- interconnects
+    add(Alert("GpuNvlinkDown", "gpu", f"{c.NVLINK_UP.name} == 0", t.for_short, "critical", "gpu", "nvlink",
+              "An NVLink link is down.", f"{GPU} NVLink link {{{{ $labels.link }}}} is down."))
+    add(Alert("GpuNvlinkErrorRate", "gpu", f"rate({c.NVLINK_ERRORS.exposed_name}[{w}]) > {t.nvlink_errors_per_s:g}",
+              t.for_short, "warning", "gpu", "nvlink", "NVLink errors are rising.",
+              f"{GPU} link {{{{ $labels.link }}}} has {{{{ $value }}}} {{{{ $labels.error_type }}}} errors/s."))
+    add(Alert("GpuPcieLinkDegraded", "gpu",
+              f"({c.PCIE_GENERATION.name} < on ({GPU_BY}) {c.PCIE_MAX_GENERATION.name}"
+              f" or {c.PCIE_WIDTH.name} < on ({GPU_BY}) {c.PCIE_MAX_WIDTH.name})"
+              f" and on ({GPU_BY}) {c.UTILIZATION.name} > {t.pcie_busy_utilization:g}",
+              t.for_medium, "warning", "gpu", "pcie", "PCIe link below its maximum generation or width under load.",
+              f"{GPU} runs its PCIe link below its maximum while busy."))
+    add(Alert("GpuPcieReplayRate", "gpu", f"rate({c.PCIE_REPLAYS.exposed_name}[{w}]) > {t.pcie_replays_per_s:g}",
+              t.for_short, "warning", "gpu", "pcie", "PCIe replays are rising.",
+              f"{GPU} has {{{{ $value }}}} PCIe replays per second."))
+    # ---- presence and health of the node's GPUs and of the exporter
+    add(Alert("GpuLost", "gpu", f"{c.GPU_UP.name} == 0", t.for_now, "critical", "gpu", "presence",
+              "A GPU stopped answering NVML.", f"{GPU} is lost (it no longer answers NVML)."))
+    add(Alert("GpuMissing", "node", f"{c.GPUS_PRESENT.name} < {c.GPUS_EXPECTED.name}", t.for_short, "critical",
+              "node", "presence", "A node has fewer GPUs than expected.",
+              "{{ $labels.node }} has {{ $value }} GPUs answering, fewer than it should have."))
+    add(Alert("NvmlDown", "node", f"{c.NVML_UP.name} == 0", t.for_short, "critical", "node", "presence",
+              "NVML is down on a node.", "NVML does not answer on {{ $labels.node }}: no GPU can be read."))
+    add(Alert("GpuExporterDown", "node", f'up{{job="{t.exporter_job}"}} == 0', t.for_short, "critical", "node",
+              "exporter", "A GPU exporter cannot be scraped.",
+              "The gpuobs exporter on {{ $labels.node }} ({{ $labels.instance }}) cannot be scraped."))
+    add(Alert("GpuExporterAbsent", "cluster", f'absent(up{{job="{t.exporter_job}"}})', t.for_short, "critical",
+              "cluster", "exporter", "No GPU exporter is being scraped at all.",
+              f"Prometheus scrapes no target of job {t.exporter_job}: GPU alerts cannot fire."))
+    add(Alert("GpuMetricsStale", "node", f"{c.SNAPSHOT_STALE.name} == 1", t.for_short, "warning", "node",
+              "exporter", "The GPU exporter serves stale data (NVML hangs).",
+              "The exporter on {{ $labels.node }} has no fresh snapshot: NVML calls are hanging."))
+    # ---- training
+    add(Alert("TrainingStalled", "job", f"time() - {c.LAST_STEP.name} > {_seconds(t.training_stall):g}", "0s",
+              "critical", "job", "training", "A training rank has made no step progress.",
+              "Rank {{ $labels.rank }} of job {{ $labels.job_id }} has not finished a step for "
+              + t.training_stall + "."))
+    add(Alert("TrainingStepTimeRegression", "job",
+              f"job_id:gpuobs_training_step_duration_seconds:p50 > {t.step_regression:g} * "
+              f"quantile_over_time(0.5, job_id:gpuobs_training_step_duration_seconds:p50[{t.baseline_window}])",
+              t.for_medium, "warning", "job", "training", "Training steps are slower than their own baseline.",
+              "Job {{ $labels.job_id }} steps take {{ $value }} s, over " + f"{t.step_regression:g}"
+              + "x its median of the last " + t.baseline_window + "."))
+    add(Alert("TrainingDataLoaderBound", "job", f"{c.DATA_WAIT_SHARE.name} > {t.data_wait_share:g}", t.for_medium,
+              "warning", "job", "training", "Training waits on its data loader.",
+              "Rank {{ $labels.rank }} of job {{ $labels.job_id }} spends {{ $value }} of each step waiting "
+              "for data."))
+    add(Alert("TrainingSlowCheckpoint", "job",
+              f"rate({c.CHECKPOINT_DURATION.name}_sum[{t.long_window}]) / "
+              f"rate({c.CHECKPOINT_DURATION.name}_count[{t.long_window}]) > {t.checkpoint_seconds:g}",
+              "0s", "warning", "job", "training", "Checkpoints take long.",
+              "Job {{ $labels.job_id }} rank {{ $labels.rank }} checkpoints take {{ $value }} s on average."))
+    add(Alert("TrainingStragglerRank", "job",
+              f"job_id_rank:gpuobs_training_step_duration_seconds:p50 / on (job_id) group_left "
+              f"quantile by (job_id) (0.5, job_id_rank:gpuobs_training_step_duration_seconds:p50) > {t.straggler:g}",
+              t.for_medium, "warning", "job", "training", "One rank is slower than the rest of its job.",
+              "Rank {{ $labels.rank }} of job {{ $labels.job_id }} takes {{ $value | printf \"%.2f\" }}x the "
+              "median rank's step time."))
+    # ---- inference
+    add(Alert("InferenceLatencyHigh", "service", f"model:gen_ai_server_request_duration_seconds:p99 > "
+              f"{t.inference_p99_seconds:g}", t.for_short, "warning", "service", "inference",
+              "Inference p99 latency is high.",
+              "Model {{ $labels.gen_ai_request_model }} p99 latency is {{ $value }} s."))
+    add(Alert("InferenceErrorRate", "service",
+              f"sum by (gen_ai_request_model) (rate({c.INFERENCE_ERRORS.exposed_name}[{w}])) / "
+              f"model:gen_ai_server_requests:rate > {t.inference_error_ratio:g}", t.for_short, "critical", "service",
+              "inference", "Inference requests are failing.",
+              "{{ $value | humanizePercentage }} of requests to {{ $labels.gen_ai_request_model }} fail."))
+    # ---- meta
+    add(Alert("Watchdog", "meta", "vector(1)", "0s", "none", "cluster", "meta",
+              "Always firing: proves the alerting pipeline works end to end.",
+              "This alert always fires. If it stops arriving, Prometheus or Alertmanager is broken."))
+    return a
+
+
+def _seconds(duration: str) -> float:
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    return float(duration[:-1]) * units[duration[-1]]
