@@ -142,6 +142,24 @@ def exporter(listen_address, port, interval, families, processes, process_cap, n
 
 
 @main.group()
+def alerts() -> None:
+    """Alert and recording rules, Alertmanager routing, Grafana alerting and runbooks."""
+
+
+@alerts.command("build")
+@click.option("--check", is_flag=True, help="Only report generated files that differ; exit 1 if any.")
+def alerts_build(check: bool) -> None:
+    """Regenerate alerts/ and docs/runbooks/ from gpuobs/alerts."""
+    from .alerts.build import ROOT, build
+
+    changed = build(check=check)
+    for path in changed:
+        click.echo(f"{'differs' if check else 'wrote'}: {path.relative_to(ROOT)}")
+    if check and changed:
+        raise SystemExit(1)
+
+
+@main.group()
 def sim() -> None:
     """The NVML simulator (a libnvidia-ml.so.1 built from source)."""
 

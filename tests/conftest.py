@@ -165,21 +165,29 @@ def free_port() -> int:
 
 @pytest.fixture
 def prometheus(tmp_path):
-    """Factory: prometheus(["host:port", ...]) -> query(promql) function, for a real Prometheus
-    scraping those targets every second (labels: job gpuobs, node sim-node); waits until one is up."""
+    """Factory: prometheus(["host:port", ...], rule_files=(), alertmanager="host:port") -> query(promql),
+    for a real Prometheus scraping those targets every second (labels: job gpuobs, node sim-node;
+    external label cluster=test), evaluating the rule files; waits until one target is up."""
     procs = []
     prometheus_bin = require_tool("prometheus")
 
-    def start(targets: list[str]):
+    def start(targets: list[str], rule_files: tuple[str, ...] = (), alertmanager: str | None = None):
         port = free_port()
         config = tmp_path / "prometheus.yml"
-        config.write_text(
-            "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
-            "scrape_configs:\n"
-            "  - job_name: gpuobs\n"
-            f"    static_configs: [{{targets: {targets!r}, labels: {{node: sim-node}}}}]\n")
+        text = ("global: {scrape_interval: 1s, evaluation_interval: 1s, external_labels: {cluster: test}}\n"
+                "scrape_configs:\n"
+                "  - job_name: gpuobs\n"
+                f"    static_configs: [{{targets: {targets!r}, labels: {{node: sim-node}}}}]\n")
+        if rule_files:
+            text += f"rule_files: {list(rule_files)!r}\n"
+        if alertmanager:
+            text += f"alerting: {{alertmanagers: [{{static_configs: [{{targets: ['{alertmanager}']}}]}}]}}\n"
+        config.write_text(text)
         proc = subprocess.Popen([prometheus_bin, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
-                                 f"--web.listen-address=127.0.0.1:{port}"],
+                                 f"--web.listen-address=127.0.0.1:{port}",
+                                 # alerts firing before Alertmanager is discovered are re-sent after
+                                 # this delay (1m by default): keep it short for tests
+                                 "--rules.alert.resend-delay=1s"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         procs.append(proc)
 

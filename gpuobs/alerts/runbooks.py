@@ -1,0 +1,924 @@
+"""The runbook texts (meaning, impact, diagnosis, action) rendered into docs/runbooks by `gpuobs alerts build`."""
+
+from __future__ import annotations
+
+from textwrap import dedent
+
+SECTIONS = ("meaning", "impact", "diagnosis", "action")
+
+
+def _md(text: str | list[str]) -> str:
+    """Dedent one Markdown section; a list is joined as separate paragraphs."""
+    parts = [text] if isinstance(text, str) else text
+    return "\n\n".join(dedent(p).strip() for p in parts)
+
+
+def _rb(meaning: str | list[str], impact: str | list[str], diagnosis: str | list[str],
+        action: str | list[str]) -> dict[str, str]:
+    return {"meaning": _md(meaning), "impact": _md(impact), "diagnosis": _md(diagnosis), "action": _md(action)}
+
+
+def _drain(reason: str) -> str:
+    """Take a node out of scheduling, Kubernetes and Slurm."""
+    return f"""
+        ```sh
+        kubectl cordon <node>    # Kubernetes; evict with: kubectl drain <node> --ignore-daemonsets --delete-emptydir-data
+        scontrol update nodename=<node> state=drain reason="{reason}"    # Slurm
+        ```"""
+
+
+_UNDRAIN = """
+    Return the node to service once the check passes: `kubectl uncordon <node>` or
+    `scontrol update nodename=<node> state=resume`."""
+
+_RESET = """
+    Reset the GPU once nothing runs on it (`nvidia-smi --query-compute-apps=pid,process_name --format=csv -i <index>`
+    is empty): `nvidia-smi -r -i <index>`. On NVSwitch (HGX/DGX) systems a reset may have to cover every GPU of the
+    baseboard, with the fabric manager restarted; if the reset fails, reboot the node."""
+
+_THROTTLE_QUERIES = """
+    ```promql
+    gpuobs_gpu_clock_event_reason_active{node="<node>", reason!="gpu_idle"} == 1
+    gpuobs_gpu_clock_hertz{node="<node>", clock="sm"} / gpuobs_gpu_max_clock_hertz{node="<node>", clock="sm"}
+    rate(gpuobs_gpu_clock_event_duration_seconds_total{node="<node>"}[1h])   # share of time held down, per reason
+    ```"""
+
+RUNBOOKS: dict[str, dict[str, str]] = {
+    # ------------------------------------------------------------------------------ throttling and thermals
+    "GpuHwThermalSlowdown": _rb(
+        meaning="""
+            NVML reports the clock-event reason `HW Thermal Slowdown` (bit 0x40 of
+            `nvmlDeviceGetCurrentClocksEventReasons`) as active: the hardware itself is cutting the core clocks,
+            typically by half or more, because the GPU (or its memory) has reached its thermal protection limit.
+            This is the last protection before the thermal shutdown temperature. The bit flaps, so the alert
+            keeps firing for 15 minutes after it clears.""",
+        impact="""
+            Kernels on this GPU run at a fraction of their normal speed. In synchronous data-parallel training
+            every rank waits for this one, so the whole job slows down. If the temperature keeps rising the GPU
+            reaches its shutdown temperature, drops off the bus (XID 79) and kills every process on it.""",
+        diagnosis=["""
+            - `nvidia-smi -q -d PERFORMANCE,TEMPERATURE -i <index>`: "Clocks Event Reasons" shows which reasons
+              are active; compare "GPU Current Temp" with "GPU Slowdown Temp" and "GPU Shutdown Temp".
+            - Is it one GPU or the whole node? One GPU points at its heatsink, fan or cold plate; the whole node
+              or rack points at inlet air, fans or coolant.
+            - Chassis side: `ipmitool sdr type temperature` and `ipmitool sdr type fan` for inlet temperature and
+              fan state.""", """
+            ```promql
+            gpuobs_gpu_temperature_celsius{node="<node>"}
+            gpuobs_gpu_slowdown_temperature_celsius{node="<node>"}
+            gpuobs_gpu_memory_temperature_celsius{node="<node>"}
+            gpuobs_gpu_fan_speed_ratio{node="<node>"}          # air-cooled boards only
+            ```""", _THROTTLE_QUERIES],
+        action=["""
+            Treat it as urgent: the GPU is protecting itself. If it persists, or more than one GPU of the node is
+            affected, take the node out of scheduling:""", _drain("GpuHwThermalSlowdown"), """
+            Then fix the cooling: failed fans, blocked airflow, missing blanking panels, hot-aisle recirculation,
+            coolant flow or temperature on liquid-cooled systems. A single GPU running much hotter than its
+            neighbours under the same load suggests a seating or thermal-interface problem: open a case with the
+            system vendor. Do not put the node back into service until temperatures under load stay well below
+            the slowdown threshold."""]),
+    "GpuSwThermalSlowdown": _rb(
+        meaning="""
+            The clock-event reason `SW Thermal Slowdown` (bit 0x20) has been active for 5 minutes: the driver is
+            lowering clocks because the GPU temperature is above its maximum operating temperature, or the memory
+            temperature is above the memory maximum operating temperature. It is the gentler, earlier stage
+            before the hardware thermal slowdown.""",
+        impact="""
+            The GPU runs slower than it could, so steps or requests on it take longer; in a synchronous job the
+            whole job runs at this GPU's pace. It is a warning that cooling is marginal.""",
+        diagnosis=["""
+            - `nvidia-smi -q -d PERFORMANCE,TEMPERATURE -i <index>`: compare "GPU Current Temp" with "GPU Max
+              Operating Temp" and "Memory Current Temp" with "Memory Max Operating Temp".
+            - Check whether the whole node or rack runs hot (inlet air, fans, coolant) or only this GPU.""", """
+            ```promql
+            gpuobs_gpu_temperature_celsius{node="<node>"} - gpuobs_gpu_max_operating_temperature_celsius{node="<node>"}
+            gpuobs_gpu_memory_temperature_celsius{node="<node>"}
+              - gpuobs_gpu_memory_max_operating_temperature_celsius{node="<node>"}
+            ```""", _THROTTLE_QUERIES],
+        action="""
+            Fix the cooling before it becomes a hardware thermal slowdown: airflow, fans, inlet temperature,
+            coolant. If only one GPU is affected under the same load as its neighbours, schedule a vendor check of
+            its heatsink or cold plate. If it escalates to `GpuHwThermalSlowdown`, drain the node. The alert is not
+            actionable by the job owner."""),
+    "GpuTemperatureNearSlowdown": _rb(
+        meaning="""
+            The GPU core temperature (`nvmlDeviceGetTemperature`) has been within 5 °C of the GPU's own slowdown
+            threshold (`NVML_TEMPERATURE_THRESHOLD_SLOWDOWN`) for 5 minutes. The threshold is read from each GPU,
+            so the alert is right for every model. Nothing is throttled yet by the hardware.""",
+        impact="""
+            No slowdown yet, but a little more heat (higher load, a warmer aisle, a failing fan) will trigger the
+            hardware thermal slowdown and cut the clocks by half or more.""",
+        diagnosis=["""
+            - `nvidia-smi -q -d TEMPERATURE,PERFORMANCE -i <index>`: current temperature, slowdown and shutdown
+              temperatures, and whether any clock-event reason is already active.
+            - Compare with the node's other GPUs and with neighbouring nodes: one GPU, a node or a rack?
+            - `ipmitool sdr type temperature` / `ipmitool sdr type fan` on the node's BMC.""", """
+            ```promql
+            gpuobs_gpu_slowdown_temperature_celsius{node="<node>"} - gpuobs_gpu_temperature_celsius{node="<node>"}
+            max by (node) (gpuobs_gpu_temperature_celsius)       # hottest GPU per node across the fleet
+            gpuobs_gpu_power_usage_watts{node="<node>"}
+            ```"""],
+        action="""
+            Check and fix cooling (fans, airflow, blanking panels, inlet temperature, coolant) before throttling
+            starts. If a single GPU runs hotter than its peers under the same load, schedule a vendor check. The
+            margin is `temp_margin_c` in `Thresholds` in `gpuobs/alerts/rules.py`; change it there and run
+            `gpuobs alerts build`."""),
+    "GpuMemoryTemperatureNearMax": _rb(
+        meaning="""
+            The HBM/GDDR temperature (`NVML_FI_DEV_MEMORY_TEMP`) has been within 5 °C of the memory maximum
+            operating temperature (`NVML_TEMPERATURE_THRESHOLD_MEM_MAX`) for 5 minutes. Above that limit the
+            driver engages SW thermal slowdown. Memory-bandwidth-bound workloads heat the memory more than the
+            core.""",
+        impact="""
+            No slowdown yet, but the GPU is close to being throttled. Memory running hot for long periods also
+            raises the rate of ECC errors.""",
+        diagnosis=["""
+            - `nvidia-smi -q -d TEMPERATURE,PERFORMANCE,ECC -i <index>`: "Memory Current Temp" against "Memory
+              Max Operating Temp", active clock-event reasons, ECC counters.
+            - Is the core temperature high too (cooling problem) or only the memory (bandwidth-heavy
+              workload)?""", """
+            ```promql
+            gpuobs_gpu_memory_max_operating_temperature_celsius{node="<node>"}
+              - gpuobs_gpu_memory_temperature_celsius{node="<node>"}
+            gpuobs_gpu_dram_active_ratio{node="<node>"}
+            rate(gpuobs_gpu_ecc_errors_total{node="<node>", error_type="corrected"}[1h])
+            ```"""],
+        action="""
+            Improve cooling of the node (airflow, fans, coolant). If one GPU's memory runs much hotter than its
+            peers under the same load, schedule a vendor check. Watch `GpuEccCorrectedRate` for this GPU. The
+            margin is `temp_margin_c` in `Thresholds` in `gpuobs/alerts/rules.py`."""),
+    "GpuHwPowerBrake": _rb(
+        meaning="""
+            The clock-event reason `HW Power Brake Slowdown` (bit 0x80) is active: an external power-brake signal,
+            asserted by the system (for example the power supply or the board management controller), makes the
+            GPU cut its clocks by a factor of two or more. It usually affects every GPU of the chassis at once.""",
+        impact="""
+            Every job on the affected GPUs runs at half speed or worse. The usual cause is a power-delivery
+            problem (a failed or unplugged PSU, lost PSU redundancy, an overloaded PDU), which can escalate into
+            GPUs or the whole node powering off.""",
+        diagnosis=["""
+            - How many GPUs of the node have it? All of them points at the chassis power.
+            - `nvidia-smi -q -d PERFORMANCE,POWER`: "HW Power Brake Slowdown: Active" and the power draw.
+            - On the BMC: `ipmitool sdr type "Power Supply"` for PSU status, `ipmitool sel elist` for power
+              events, and the chassis power-capping policy.""", """
+            ```promql
+            count by (node) (gpuobs_gpu_clock_event_reason_active{reason="hw_power_brake_slowdown"} == 1)
+            sum by (node) (gpuobs_gpu_power_usage_watts{node="<node>"})
+            rate(gpuobs_gpu_clock_event_duration_seconds_total{node="<node>", reason="hw_power_brake_slowdown"}[1h])
+            ```"""],
+        action=["""
+            Drain the node if the brake stays asserted:""", _drain("GpuHwPowerBrake"), """
+            Check the power supplies and their feeds: replace a failed PSU, reconnect a lost feed, review the BMC's
+            power-capping settings and the rack's PDU load. Escalate to the data-centre team or the system vendor
+            for PSU replacement. Return the node to service once the bit no longer sets under load."""]),
+    "GpuHwSlowdown": _rb(
+        meaning="""
+            The clock-event reason `HW Slowdown` (bit 0x8) has been active for 5 minutes. NVML documents it as the
+            hardware reducing core clocks by a factor of two or more because the temperature is too high, an
+            external power brake is asserted, or power draw is too high and the fast-trigger protection is
+            reducing clocks. It can also flicker during P-state or clock changes, hence the 5-minute wait.""",
+        impact="""
+            Work on this GPU runs at half speed or worse; synchronous jobs slow down to its pace.""",
+        diagnosis=["""
+            - See which specific bit is set alongside: `hw_thermal_slowdown` (a thermal cause),
+              `hw_power_brake_slowdown` (an external power brake). If neither is, suspect power excursions
+              (fast trigger) and power delivery.
+            - `nvidia-smi -q -d PERFORMANCE,POWER,TEMPERATURE -i <index>`.""", _THROTTLE_QUERIES, """
+            ```promql
+            gpuobs_gpu_power_usage_watts{node="<node>"} / gpuobs_gpu_power_limit_watts{node="<node>"}
+            gpuobs_gpu_temperature_celsius{node="<node>"}
+            ```"""],
+        action=["""
+            Follow the thermal or power-brake runbook when one of those bits explains it. If HW slowdown persists
+            with no thermal or power explanation, drain the node, reset the GPU and watch whether it comes back:""",
+            _drain("GpuHwSlowdown"), _RESET, """
+            If it recurs, open a case with the system vendor (power delivery on the board or baseboard)."""]),
+    "GpuSwPowerCapSustained": _rb(
+        meaning="""
+            The clock-event reason `SW Power Cap` (bit 0x4) has been active for 15 minutes: the driver's power
+            management is holding clocks below the requested ones to keep the board's power draw at its enforced
+            power limit. Short bursts are normal under heavy load; a sustained cap means the GPU is power-bound.""",
+        impact="""
+            Work runs slower than it could at full clocks. Power-hungry kernels (large GEMMs) on some GPUs run at
+            the cap by design; a cap lowered below the default limit costs throughput on every job placed here.""",
+        diagnosis=["""
+            - `nvidia-smi -q -d POWER,PERFORMANCE -i <index>`: "Current Power Limit" against "Default Power Limit"
+              and "Max Power Limit", and the power draw.
+            - A limit below the default means someone or something (a site power policy, DCGM, an admin) lowered
+              it.""", """
+            ```promql
+            gpuobs_gpu_power_limit_watts{node="<node>"} < gpuobs_gpu_power_default_limit_watts{node="<node>"}
+            gpuobs_gpu_power_usage_watts{node="<node>"} / gpuobs_gpu_power_limit_watts{node="<node>"}
+            rate(gpuobs_gpu_clock_event_duration_seconds_total{node="<node>", reason="sw_power_cap"}[1h])
+            gpuobs_gpu_temperature_celsius{node="<node>"}    # hot silicon draws more power for the same work
+            ```"""],
+        action="""
+            If the limit was lowered by mistake, restore it: `nvidia-smi -pl <watts> -i <index>` (root; it does not
+            survive a reboot or driver reload, so fix whatever sets it at boot). If the cap is a deliberate site
+            power budget, or the workload simply runs at the limit, this is expected: silence it for those nodes,
+            or lengthen the wait (`for_medium` in `Thresholds` in `gpuobs/alerts/rules.py`). Improve cooling if
+            the GPU also runs hot."""),
+    # ------------------------------------------------------------------------------ allocation
+    "GpuAllocatedIdle": _rb(
+        meaning="""
+            The GPU has held more than 1 GiB of device memory, so some process, pod or job has it, while its
+            utilization (`nvmlDeviceGetUtilizationRates`, the share of time a kernel ran) stayed at or below 1 %
+            for 30 minutes.""",
+        impact="""
+            A GPU is reserved and paid for but does no work, while other jobs may be queued waiting for
+            capacity. Common causes: an idle notebook or interactive session, an inference server with no traffic,
+            a crashed or hung process still holding memory, a job waiting on something outside the GPU.""",
+        diagnosis=["""
+            - Who holds it: `nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv -i <index>`
+              on the node, or the opt-in per-process series (exporter `--processes`).
+            - Kubernetes: `kubectl get pods -A -o wide --field-selector spec.nodeName=<node>` and
+              `kubectl describe node <node>` (allocated `nvidia.com/gpu`).
+            - Slurm: `squeue -w <node>` and `scontrol show job -d <jobid>` (the GRES indexes it holds).""", """
+            ```promql
+            max_over_time(gpuobs_gpu_utilization_ratio{node="<node>"}[30m])
+            gpuobs_gpu_memory_used_bytes{node="<node>"}
+            gpuobs_gpu_process_memory_used_bytes{node="<node>"}      # with --processes
+            ```"""],
+        action="""
+            Contact the owner of the pod or job and ask them to release the GPU; kill processes left behind by a
+            finished job. Apply the site's idle-reaping policy where there is one (notebook culling, scale-to-zero
+            for idle inference). The thresholds are `for_idle`, `idle_utilization` and `allocated_memory_bytes`
+            in `Thresholds` in `gpuobs/alerts/rules.py`."""),
+    "GpuFleetIdleCapacity": _rb(
+        meaning="""
+            Informational: the given number of GPUs in the cluster have had a utilization at or below 1 % for
+            30 minutes, whether allocated or not. It is routed to the `null` receiver by default and is meant for
+            dashboards and capacity reviews, not for paging.""",
+        impact="""
+            Capacity is paid for and unused. When jobs are queued at the same time, the scheduler cannot place
+            them on the idle GPUs (fragmentation, node drains, quotas, affinity rules) or the GPUs are allocated
+            but idle.""",
+        diagnosis=["""
+            ```promql
+            cluster:gpuobs_gpus_idle:count
+            cluster:gpuobs_gpus_allocated_idle:count      # idle GPUs that someone holds: see GpuAllocatedIdle
+            cluster:gpuobs_gpu_utilization_ratio:avg
+            ```""", """
+            - Queued work: `squeue -t PENDING` (Slurm), `kubectl get pods -A --field-selector status.phase=Pending`.
+            - Drained or cordoned nodes: `sinfo -R`, `kubectl get nodes` (SchedulingDisabled)."""],
+        action="""
+            No immediate action. Review in capacity planning: reclaim allocated-but-idle GPUs, return drained nodes
+            to service, fix scheduler fragmentation, or scale down cloud capacity. Change `for_idle` or
+            `idle_utilization` in `Thresholds` if the signal is too noisy."""),
+    # ------------------------------------------------------------------------------ XID
+    "GpuXidRebootRequired": _rb(
+        meaning="""
+            The driver reported XID 79, which NVIDIA documents as "GPU has fallen off the bus": the GPU stopped
+            responding on PCIe and the driver can no longer reach it. Causes include hardware failure, PCIe or
+            riser faults, power delivery problems, overheating to the shutdown temperature, and driver faults.""",
+        impact="""
+            Every process on the GPU has failed (CUDA errors), and peers of a distributed job hang in collectives
+            until they time out. The GPU stays unusable until the node reboots; `GpuLost` normally fires for the
+            same GPU.""",
+        diagnosis=["""
+            - `dmesg -T | grep -i -E "xid|fallen off the bus|NVRM"` (or `journalctl -k`): the XID line and what
+              came before it (AER errors, thermal events).
+            - `nvidia-smi` usually reports the GPU as lost or cannot get its handle; `lspci -d 10de:` shows
+              whether the device still enumerates, `lspci -vv -s <pci_bus_id>` whether its config space reads.
+            - BMC event log: `ipmitool sel elist` for PCIe, power or thermal events.""", """
+            ```promql
+            increase(gpuobs_gpu_xid_errors_total{node="<node>"}[1h])
+            gpuobs_gpu_xid_last_seen_timestamp_seconds{node="<node>"}
+            gpuobs_gpu_up{node="<node>"}
+            gpuobs_gpu_info{node="<node>"}          # pci_bus_id and serial for the vendor case
+            max_over_time(gpuobs_gpu_temperature_celsius{node="<node>"}[1h])
+            ```"""],
+        action=["""
+            Drain the node and reboot it; a GPU reset does not normally recover from XID 79.""",
+            _drain("XID 79 on GPU <index>"), """
+            After the reboot, check that all GPUs are back (`nvidia-smi -L`) and run a diagnostic such as
+            `dcgmi diag -r 3` where DCGM is installed before returning the node to service. If the same GPU (same
+            serial) falls off the bus again, keep the node drained, collect `nvidia-bug-report.sh` and open an RMA
+            with the vendor.""", _UNDRAIN]),
+    "GpuXidResetRequired": _rb(
+        meaning="""
+            The driver reported one of the XIDs after which NVIDIA recommends resetting the GPU:
+
+            - 48: double-bit (uncorrectable) ECC error.
+            - 62: internal micro-controller halt.
+            - 63: ECC page retirement or row-remapping recording event (the repair applies at the next reset).
+            - 64: ECC page retirement or row-remapper recording failure.
+            - 95: uncontained ECC error: the error could not be limited to one application.
+            - 119 / 120: GSP RPC timeout / GSP error: the GPU System Processor firmware stopped answering or
+              reported an error.""",
+        impact="""
+            Processes on the GPU have failed or will fail (all of them for 95, 119 and 120). Until the GPU is
+            reset, a pending row remap or page retirement is not applied and new work can hit the same fault.
+            Jobs scheduled onto it crash.""",
+        diagnosis=["""
+            - `dmesg -T | grep -i xid`: the exact code, the PCI address and any text the driver adds.
+            - `nvidia-smi -q -d ECC,PAGE_RETIREMENT,ROW_REMAPPER -i <index>` for the memory XIDs; recent drivers
+              also show a recommendation under `nvidia-smi -q -d RESET_STATUS`.
+            - Who ran on it: `kubectl get pods -A -o wide --field-selector spec.nodeName=<node>`,
+              `squeue -w <node>`.""", """
+            ```promql
+            increase(gpuobs_gpu_xid_errors_total{node="<node>"}[1h])
+            gpuobs_gpu_row_remap_pending{node="<node>"}
+            gpuobs_gpu_retired_pages_pending{node="<node>"}
+            gpuobs_gpu_row_remap_failure{node="<node>"}
+            ```"""],
+        action=["""
+            Drain the GPU's node and let or make its jobs stop:""", _drain("XID reset required on GPU <index>"),
+            _RESET, """
+            After the reset check that `gpuobs_gpu_row_remap_pending` and `gpuobs_gpu_retired_pages_pending` are 0
+            and `gpuobs_gpu_row_remap_failure` is 0, then run `dcgmi diag -r 3` where DCGM is installed. Escalate
+            to the vendor (RMA) on XID 64, a row-remap failure, or the same XID recurring on the same GPU after a
+            reset; for recurring 119/120 also check the driver release notes and consider a driver update.""",
+            _UNDRAIN]),
+    "GpuXidApplicationError": _rb(
+        meaning="""
+            The driver reported an XID that usually concerns one application rather than the GPU:
+
+            - 13: graphics engine exception, typically an out-of-bounds access or illegal instruction in a kernel.
+            - 31: GPU memory page fault (MMU fault), typically an illegal memory access by the application.
+            - 43: GPU stopped processing: a channel hit a fault and the driver stopped it.
+            - 45: preemptive cleanup due to previous errors, most often a user-initiated termination (Ctrl-C,
+              kill, job cancellation) or cleanup after another XID.
+            - 94: contained ECC error: an uncorrectable ECC error limited to the applications using the affected
+              memory; other applications continue, and the row is remapped at the next reset.""",
+        impact="""
+            The affected process usually died with a CUDA error ("an illegal memory access was encountered", an
+            ECC error) and its job failed or restarted. The GPU itself stays usable. The same XID recurring on one
+            GPU across different users' jobs points at hardware rather than code.""",
+        diagnosis=["""
+            - `dmesg -T | grep -i xid`: recent drivers print the pid and process name with the XID; match them to
+              the job (`kubectl get pods -A -o wide --field-selector spec.nodeName=<node>`, `squeue -w <node>`).
+            - For 13/31/43: the application's log; rerun with `CUDA_LAUNCH_BLOCKING=1` or under
+              `compute-sanitizer` to find the faulting kernel.
+            - For 94: `nvidia-smi -q -d ECC,ROW_REMAPPER -i <index>`.""", """
+            ```promql
+            increase(gpuobs_gpu_xid_errors_total{node="<node>", xid=~"13|31|43|45|94"}[1h])
+            topk(10, sum by (node, gpu, uuid, xid) (increase(gpuobs_gpu_xid_errors_total{xid=~"13|31|43|45|94"}[7d])))
+            gpuobs_gpu_row_remap_pending{node="<node>"}
+            ```"""],
+        action="""
+            Restart the affected application or job; tell its owner for 13, 31 and 43 (code or library bugs,
+            mismatched CUDA versions). An isolated 45 after a cancelled job needs nothing. For 94, no drain is
+            needed right away, but schedule a GPU reset to apply the pending row remap (see `GpuRowRemapPending`).
+            If one GPU keeps producing these XIDs across different jobs, drain its node, reset the GPU, run
+            `dcgmi diag -r 3` where DCGM is installed, and escalate to the vendor if it fails."""),
+    "GpuXidNvlinkError": _rb(
+        meaning="""
+            The driver reported XID 74, an NVLink error: a link of this GPU detected an error (for example a CRC or
+            replay problem, or a link that failed to train or recover). The XID message in the kernel log carries
+            the link number and error bits. It can be transient or mark a failing link.""",
+        impact="""
+            Collectives over NVLink (NCCL all-reduce, tensor and pipeline parallelism) slow down through retries,
+            or fail with NCCL errors and hang or crash the job. A link that goes down lowers the GPU's bandwidth to
+            its peers.""",
+        diagnosis=["""
+            - `dmesg -T | grep -i xid` for the link and error detail.
+            - `nvidia-smi nvlink -s -i <index>` (link state and speed) and `nvidia-smi nvlink -e -i <index>`
+              (error counters); `nvidia-smi topo -m` for the topology.
+            - On NVSwitch systems: `systemctl status nvidia-fabricmanager` and its journal.""", """
+            ```promql
+            gpuobs_gpu_nvlink_link_up{node="<node>"} == 0
+            rate(gpuobs_gpu_nvlink_errors_total{node="<node>"}[5m])
+            increase(gpuobs_gpu_xid_errors_total{node="<node>", xid="74"}[24h])
+            ```"""],
+        action=["""
+            A single XID 74 with all links up and no rising error counters: restart the affected job if it failed
+            and watch. If it recurs, a link is down, or error counters keep rising, drain the node:""",
+            _drain("XID 74 NVLink error on GPU <index>"), """
+            Reset the GPUs (on NVSwitch systems all of them, with the fabric manager restarted) or reboot. If the
+            link stays bad, open a vendor case (GPU, baseboard, NVSwitch or NVLink bridge).""", _UNDRAIN]),
+    # ------------------------------------------------------------------------------ memory errors
+    "GpuEccUncorrectable": _rb(
+        meaning="""
+            The volatile count of uncorrected ECC errors (`NVML_FI_DEV_ECC_DBE_VOL_TOTAL`, double-bit errors) rose
+            in the last 5 minutes: ECC detected an error in device memory that it could not correct. The driver
+            reports it as XID 48, 94 (contained) or 95 (uncontained); Ampere and newer GPUs mark the DRAM row for
+            remapping, older ones retire the page. Volatile counters reset with the driver or a GPU reset; the
+            aggregate counters persist.""",
+        impact="""
+            The process that read the bad memory gets an ECC error and dies (every process on the GPU when the
+            error is uncontained). Until the GPU is reset, the remap or retirement is pending and the fault can
+            hit again.""",
+        diagnosis=["""
+            - `nvidia-smi -q -d ECC,ROW_REMAPPER,PAGE_RETIREMENT -i <index>`: volatile and aggregate counts,
+              pending remaps, remap failure, bank remap availability.
+            - `dmesg -T | grep -i xid` for 48/94/95 and the process affected.""", """
+            ```promql
+            increase(gpuobs_gpu_ecc_errors_total{uuid="<uuid>", error_type="uncorrected"}[24h])
+            gpuobs_gpu_remapped_rows_total{uuid="<uuid>"}
+            gpuobs_gpu_row_remap_pending{uuid="<uuid>"}
+            gpuobs_gpu_row_remap_failure{uuid="<uuid>"}
+            gpuobs_gpu_retired_pages_total{uuid="<uuid>"}
+            ```"""],
+        action=["""
+            Drain the node so no new work lands on the GPU:""", _drain("uncorrectable ECC on GPU <index>"),
+            _RESET, """
+            After the reset, `gpuobs_gpu_row_remap_pending` (or `gpuobs_gpu_retired_pages_pending`) must be 0 and
+            `gpuobs_gpu_row_remap_failure` 0; a GPU whose error was repaired by a row remap can return to service.
+            If uncorrectable errors recur after the remap, or the remap failed, keep it drained and RMA it.""",
+            _UNDRAIN]),
+    "GpuEccCorrectedRate": _rb(
+        meaning="""
+            The GPU has corrected more than 100 single-bit ECC errors per hour, averaged over the last hour, for
+            15 minutes (`NVML_FI_DEV_ECC_SBE_VOL_TOTAL`). ECC fixes these transparently, but a high or rising rate
+            indicates degrading memory cells. Repeated correctable errors can also lead to row remapping (Ampere
+            and newer) or page retirement (older GPUs), and the driver may report XID 92 (high single-bit ECC
+            error rate).""",
+        impact="""
+            No direct effect on jobs today. It is an early warning: degrading memory is more likely to produce
+            uncorrectable errors that crash jobs.""",
+        diagnosis=["""
+            - `nvidia-smi -q -d ECC,ROW_REMAPPER -i <index>`: volatile and aggregate counts, pending remaps, bank
+              remap availability.
+            - Is the rate growing over days, and is the memory running hot?""", """
+            ```promql
+            rate(gpuobs_gpu_ecc_errors_total{uuid="<uuid>", error_type="corrected", counter_type="volatile"}[1h])
+            increase(gpuobs_gpu_ecc_errors_total{uuid="<uuid>", error_type="corrected", counter_type="aggregate"}[7d])
+            gpuobs_gpu_remapped_rows_total{uuid="<uuid>"}
+            gpuobs_gpu_memory_temperature_celsius{uuid="<uuid>"}
+            ```"""],
+        action="""
+            Ticket, not page. Schedule a GPU reset in the next maintenance window so pending remaps take effect. If
+            the rate keeps growing, uncorrectable errors appear, or remap availability runs low, drain the node
+            and open a vendor case. The threshold is `ecc_corrected_per_s` in `Thresholds` in
+            `gpuobs/alerts/rules.py`."""),
+    "GpuRowRemapPending": _rb(
+        meaning="""
+            `NVML_FI_DEV_REMAPPED_PENDING` is 1: the GPU (Ampere or newer) has recorded a DRAM row to be remapped
+            to a spare row after ECC errors, but the remap only takes effect at the next GPU reset or reboot. It
+            usually follows an uncorrectable error (XID 48/94/95, recorded with XID 63).""",
+        impact="""
+            The GPU keeps working, but the faulty row is not yet replaced, so further errors on it remain possible
+            and can crash jobs. NVIDIA's guidance is to reset the GPU soon to apply the remap.""",
+        diagnosis=["""
+            - `nvidia-smi -q -d ROW_REMAPPER -i <index>` (or `nvidia-smi -q | grep -A3 "Remapped Rows"`): counts
+              for correctable and uncorrectable errors, "Pending: Yes", "Remapping Failure Occurred", and the bank
+              remap availability histogram.
+            - `dmesg -T | grep -i xid` for the XID that caused it.""", """
+            ```promql
+            gpuobs_gpu_row_remap_pending{uuid="<uuid>"}
+            gpuobs_gpu_remapped_rows_total{uuid="<uuid>"}
+            increase(gpuobs_gpu_ecc_errors_total{uuid="<uuid>", error_type="uncorrected"}[24h])
+            ```"""],
+        action=["""
+            Plan a reset within hours, not weeks: drain the node, let running jobs finish, then reset.""",
+            _drain("row remap pending on GPU <index>"), _RESET, """
+            Check afterwards that `gpuobs_gpu_row_remap_pending` is 0 and `gpuobs_gpu_row_remap_failure` is 0. If
+            the availability histogram shows banks with few or no spare rows left, plan an RMA.""", _UNDRAIN]),
+    "GpuRowRemapFailure": _rb(
+        meaning="""
+            `NVML_FI_DEV_REMAPPED_FAILURE` is 1: the GPU tried to remap a failing DRAM row and could not, usually
+            because the bank has no spare rows left. nvidia-smi shows "Remapping Failure Occurred: Yes". The memory
+            can no longer be repaired in the field and the GPU needs service.""",
+        impact="""
+            The bad row stays in use; uncorrectable errors on it will keep crashing jobs placed on this GPU.""",
+        diagnosis=["""
+            - `nvidia-smi -q -d ROW_REMAPPER,ECC -i <index>`: remap failure, bank remap availability histogram,
+              ECC counts.
+            - `dmesg -T | grep -i xid` for XID 64 and ECC XIDs.""", """
+            ```promql
+            gpuobs_gpu_row_remap_failure{uuid="<uuid>"}
+            gpuobs_gpu_remapped_rows_total{uuid="<uuid>"}
+            gpuobs_gpu_info{uuid="<uuid>"}     # serial and pci_bus_id for the RMA
+            ```"""],
+        action=["""
+            Take the GPU out of service and keep it out; a reset does not fix it.""",
+            _drain("row remap failure on GPU <index>: RMA"), """
+            Collect `nvidia-bug-report.sh` and the GPU's serial, and open an RMA with the vendor. Where the node
+            must keep working meanwhile, exclude only this GPU from scheduling (for example with the device
+            plugin's or Slurm's GRES configuration)."""]),
+    # ------------------------------------------------------------------------------ interconnects
+    "GpuNvlinkDown": _rb(
+        meaning="""
+            An NVLink link of this GPU reports inactive (`NVML_FI_DEV_NVLINK_GET_STATE` is 0) for 5 minutes: the
+            link failed to train, dropped after errors (often with XID 74), or was disabled.""",
+        impact="""
+            The GPU has less bandwidth to its peers: NCCL collectives and model-parallel traffic slow down or fall
+            back to slower paths, and on NVSwitch systems the fabric manager may fail to set up the GPU, so CUDA
+            jobs fail to start on it.""",
+        diagnosis=["""
+            - `nvidia-smi nvlink -s -i <index>`: which links are inactive; `nvidia-smi nvlink -e -i <index>`: error
+              counters; `nvidia-smi topo -m`.
+            - `dmesg -T | grep -i -E "xid|nvlink"`.
+            - On NVSwitch systems: `systemctl status nvidia-fabricmanager` and `journalctl -u nvidia-fabricmanager`.""",
+            """
+            ```promql
+            gpuobs_gpu_nvlink_link_up{node="<node>"} == 0
+            rate(gpuobs_gpu_nvlink_errors_total{node="<node>"}[1h])
+            increase(gpuobs_gpu_xid_errors_total{node="<node>", xid="74"}[24h])
+            ```"""],
+        action=["""
+            Drain the node:""", _drain("NVLink down on GPU <index>"), """
+            Reset the GPUs (on NVSwitch systems all of them, restarting the fabric manager) or reboot the node. If
+            the link stays down, open a vendor case: GPU, baseboard, NVSwitch, or the NVLink bridge on PCIe
+            cards.""", _UNDRAIN]),
+    "GpuNvlinkErrorRate": _rb(
+        meaning="""
+            An NVLink link of this GPU counts more than 1 data-link error per second over 5 minutes. The
+            `error_type` label says which counter: `crc` (received flits or data with CRC errors), `replay`
+            (retransmissions) or `recovery` (link recovery events, where the link retrains).""",
+        impact="""
+            Retries and recoveries eat bandwidth and add latency to NCCL collectives; a link that keeps degrading
+            may raise XID 74 or go down.""",
+        diagnosis=["""
+            - `nvidia-smi nvlink -e -i <index>` for the counters, `nvidia-smi nvlink -s -i <index>` for link
+              state and speed.
+            - One link (a physical fault) or many links on many GPUs (driver, firmware, fabric)?""", """
+            ```promql
+            rate(gpuobs_gpu_nvlink_errors_total{node="<node>"}[5m])
+            gpuobs_gpu_nvlink_link_up{node="<node>"}
+            rate(gpuobs_gpu_nvlink_transmit_bytes_total{node="<node>"}[5m])
+            ```"""],
+        action="""
+            Ticket. If errors persist on one link, drain the node at a convenient time, reset or reboot, and open a
+            vendor case if they continue. If many nodes show it after a driver or firmware change, escalate to the
+            platform team. The threshold is `nvlink_errors_per_s` in `Thresholds` in `gpuobs/alerts/rules.py`."""),
+    "GpuPcieLinkDegraded": _rb(
+        meaning="""
+            For 15 minutes, while the GPU was more than 50 % busy, its PCIe link ran below the maximum generation
+            or width that the GPU and the system support (`nvmlDeviceGetCurrPcieLinkGeneration/Width` against
+            `nvmlDeviceGetMaxPcieLinkGeneration/Width`). GPUs lower the link generation at idle to save power,
+            which is why only busy GPUs count. A narrower width (x8 instead of x16) means lanes failed to train.""",
+        impact="""
+            Host-to-device and device-to-host transfers are slower: data loading, checkpointing, CPU offload, and
+            GPUDirect traffic to NICs through the PCIe switch. Jobs that depend on them slow down.""",
+        diagnosis=["""
+            - `nvidia-smi --query-gpu=index,pci.bus_id,pcie.link.gen.current,pcie.link.gen.max,pcie.link.width.current,pcie.link.width.max --format=csv`
+            - `lspci -vv -s <pci_bus_id> | grep -E "LnkCap|LnkSta"`: capability against status (recent pciutils
+              mark a downgraded link).
+            - `dmesg -T | grep -i -E "aer|pcie bus error"` for link errors.""", """
+            ```promql
+            gpuobs_gpu_pcie_link_generation{node="<node>"} < gpuobs_gpu_pcie_link_generation_max{node="<node>"}
+            gpuobs_gpu_pcie_link_width{node="<node>"} < gpuobs_gpu_pcie_link_width_max{node="<node>"}
+            rate(gpuobs_gpu_pcie_replays_total{node="<node>"}[5m])
+            gpuobs_gpu_info{node="<node>"}       # pci_bus_id
+            ```""", """
+            The exporter reads the link state every tenth sampling pass, so a change shows with a delay."""],
+        action=["""
+            Drain the node at a convenient time and reboot to retrain the link:""",
+            _drain("PCIe link degraded on GPU <index>"), """
+            If it comes back degraded, check the BIOS PCIe settings, reseat the GPU, riser or cables, and open a
+            vendor case. The busy threshold is `pcie_busy_utilization` in `Thresholds` in
+            `gpuobs/alerts/rules.py`.""", _UNDRAIN]),
+    "GpuPcieReplayRate": _rb(
+        meaning="""
+            The GPU's PCIe replay counter (`NVML_FI_DEV_PCIE_REPLAY_COUNTER`) rises by more than 1 per second: the
+            data-link layer keeps retransmitting packets that arrived corrupted or unacknowledged. It indicates
+            signal-integrity problems on the link: seating, riser, retimer, cable or slot.""",
+        impact="""
+            Retransmissions cost bandwidth and latency on host transfers. A link that keeps degrading can escalate
+            to fatal PCIe errors and the GPU falling off the bus (XID 79).""",
+        diagnosis=["""
+            - `nvidia-smi -q -i <index> | grep -i -A1 replay` ("Replays Since Reset") and the link generation and
+              width.
+            - `dmesg -T | grep -i aer` for corrected and uncorrected PCIe errors on the GPU's address or its
+              upstream switch.
+            - `lspci -vv -s <pci_bus_id>` for link status and AER registers.""", """
+            ```promql
+            rate(gpuobs_gpu_pcie_replays_total{node="<node>"}[5m])
+            gpuobs_gpu_pcie_link_generation{node="<node>"}
+            gpuobs_gpu_pcie_link_width{node="<node>"}
+            ```"""],
+        action="""
+            Ticket. If the rate stays high, drain the node at a convenient time, reseat the GPU and riser or
+            cables, check BIOS and firmware, and open a vendor case if it persists. Drain at once if it comes with
+            XIDs or `GpuLost`. The threshold is `pcie_replays_per_s` in `Thresholds` in
+            `gpuobs/alerts/rules.py`."""),
+    # ------------------------------------------------------------------------------ presence and exporter
+    "GpuLost": _rb(
+        meaning="""
+            `gpuobs_gpu_up` is 0: the GPU no longer answers NVML (it returns `GPU_IS_LOST`, or its handle cannot be
+            obtained). The exporter withholds its value series, so its other alerts resolve and are inhibited; the
+            XID alert that explains the loss (usually XID 79) stays.""",
+        impact="""
+            Every process on the GPU has failed, and the GPU is unusable until the node reboots. Distributed jobs
+            using it hang or fail.""",
+        diagnosis=["""
+            - `dmesg -T | grep -i -E "xid|NVRM|fallen off the bus"`.
+            - `nvidia-smi` (shows the GPU as lost or cannot get its handle), `lspci -d 10de:` (does the device
+              still enumerate?).
+            - BMC event log: `ipmitool sel elist`.""", """
+            ```promql
+            gpuobs_gpu_up{node="<node>"} == 0
+            increase(gpuobs_gpu_xid_errors_total{node="<node>"}[1h])
+            increase(gpuobs_exporter_nvml_errors_total{node="<node>", code="GPU_IS_LOST"}[1h])
+            gpuobs_gpu_info{node="<node>"}       # serial and pci_bus_id
+            ```"""],
+        action=["""
+            Drain the node and reboot it:""", _drain("GPU <index> lost"), """
+            After the reboot confirm the GPU is back (`nvidia-smi -L`, `gpuobs_gpu_up` 1) and run `dcgmi diag -r 3`
+            where DCGM is installed. If the same GPU is lost again, keep the node drained and RMA the GPU with
+            `nvidia-bug-report.sh` output.""", _UNDRAIN]),
+    "GpuMissing": _rb(
+        meaning="""
+            The node reports fewer GPUs answering NVML (`gpuobs_gpus_present`) than it should have
+            (`gpuobs_gpus_expected`: the exporter's `--expected-gpus`, else the most it has seen since it started).
+            A GPU is lost, or did not enumerate or initialise after a reboot.""",
+        impact="""
+            The node offers less GPU capacity than it is supposed to; jobs that need all of its GPUs cannot run
+            there, and the scheduler may still advertise the missing one.""",
+        diagnosis=["""
+            - `nvidia-smi -L` against the node's specification; `lspci | grep -i nvidia` to see whether the
+              device enumerates on PCIe at all.
+            - `dmesg -T | grep -i -E "NVRM|RmInitAdapter|xid"` for initialisation failures.
+            - `kubectl describe node <node>` (capacity and allocatable `nvidia.com/gpu`), `scontrol show node <node>`
+              (Gres).""", """
+            ```promql
+            gpuobs_gpus_expected{node="<node>"} - gpuobs_gpus_present{node="<node>"}
+            gpuobs_gpu_up{node="<node>"}
+            ```""", """
+            Without `--expected-gpus` the expected count is a high-water mark that resets when the exporter
+            restarts, so a GPU missing since boot goes unnoticed: set `--expected-gpus` per node type."""],
+        action=["""
+            Drain the node and reboot it:""", _drain("GPU missing"), """
+            If the GPU still does not appear, reseat it or open a vendor case. If the node's GPU count changed on
+            purpose, correct `--expected-gpus` (or restart the exporter to reset the high-water mark).""",
+            _UNDRAIN]),
+    "NvmlDown": _rb(
+        meaning="""
+            `gpuobs_nvml_up` is 0: `nvmlInit_v2` fails on the node, so no GPU can be read. `gpuobs_nvml_init_error`
+            carries the reason, for example `DRIVER_NOT_LOADED` (no kernel module), `LIB_RM_VERSION_MISMATCH`
+            (the user-space library and the kernel module differ, typically after a driver upgrade without a
+            reboot), `LIBRARY_NOT_FOUND` (libnvidia-ml.so.1 is not visible to the exporter) or `NO_PERMISSION`.
+            The exporter keeps serving and retries with a backoff of 1 s doubling to 30 s.""",
+        impact="""
+            The node is blind: no GPU metric, and every GPU and node alert of the node is inhibited. A driver
+            problem usually breaks CUDA jobs on the node too.""",
+        diagnosis=["""
+            - `gpuobs_nvml_init_error{node="<node>"}`; the exporter's JSON logs ("nvml init failed" with the
+              error); `curl -s http://<node>:9445/readyz` answers 503 with the reason.
+            - On the node: `nvidia-smi` (the same error if the driver is at fault), `lsmod | grep nvidia`,
+              `cat /proc/driver/nvidia/version`, `dmesg -T | grep NVRM`.
+            - If `nvidia-smi` works on the host but the exporter fails, the exporter's container lacks the driver
+              libraries or devices (NVIDIA container runtime, device access)."""],
+        action="""
+            - `LIB_RM_VERSION_MISMATCH`: drain the node and reboot it (or reload the kernel modules once no process
+              uses them).
+            - `DRIVER_NOT_LOADED`: check that the module is built for the running kernel (DKMS) and load it, or
+              reboot; drain the node meanwhile.
+            - `LIBRARY_NOT_FOUND` / `NO_PERMISSION`: fix the exporter's deployment (NVIDIA runtime, mounts, device
+              permissions) and restart it.
+
+            Escalate to the platform team if the driver fails on several nodes, for example after a rollout."""),
+    "GpuExporterDown": _rb(
+        meaning="""
+            Prometheus has failed to scrape the gpuobs exporter on this node (`up{job="gpuobs"} == 0`) for 5
+            minutes. The process is down or crash-looping, the port is unreachable, TLS or basic auth does not
+            match Prometheus's scrape settings, or the node itself is down.""",
+        impact="""
+            No GPU metrics from the node, and all its GPU and node alerts are inhibited, so a hardware failure
+            there goes unnoticed. Dashboards show gaps.""",
+        diagnosis=["""
+            - The Prometheus targets page shows the scrape error for the instance.
+            - `curl -s http://<node>:9445/healthz` (the process runs) and `/metrics`; add the CA and credentials
+              if a `--web-config` is in use.
+            - Kubernetes: `kubectl get pods -A -o wide --field-selector spec.nodeName=<node> | grep gpuobs`, then
+              `kubectl logs --previous` on the exporter pod. Otherwise the service's journal.
+            - The exporter stops with a one-line error when its port is in use or its web-config does not
+              load.""", """
+            ```promql
+            up{job="gpuobs", node="<node>"}
+            up{node="<node>"}       # other targets on the node: is the node itself down?
+            ```"""],
+        action="""
+            Restart the exporter; fix its configuration (port, web-config, credentials) if that is what fails. If
+            the node is down, handle it as a node outage. Escalate if the exporter crash-loops with a stack trace,
+            with its logs attached."""),
+    "GpuExporterAbsent": _rb(
+        meaning="""
+            Prometheus has no target at all for the exporter's job (`absent(up{job="gpuobs"})`) for 5 minutes. The
+            scrape configuration, service discovery (ServiceMonitor, PodMonitor, labels) or the exporter
+            DaemonSet is gone or renamed, or the job name no longer matches `exporter_job` in `Thresholds`.""",
+        impact="""
+            No GPU in the cluster is monitored and no GPU alert can fire, except this one and `Watchdog`.""",
+        diagnosis=["""
+            - `count by (job) (up)`: is the exporter scraped under another job name?
+            - The Prometheus targets and service-discovery pages; recent changes to the scrape configuration.
+            - `kubectl get daemonsets -A | grep gpuobs` and the ServiceMonitor or PodMonitor that selects it."""],
+        action="""
+            Restore the scrape configuration or the exporter deployment. If the job was renamed on purpose, set
+            `exporter_job` in `Thresholds` in `gpuobs/alerts/rules.py`, run `gpuobs alerts build`, and deploy the
+            new rules."""),
+    "GpuMetricsStale": _rb(
+        meaning="""
+            `gpuobs_exporter_snapshot_stale` is 1: the exporter's last complete sampling pass is older than two
+            intervals, because an NVML call hangs. The exporter then withholds the GPU series rather than serve
+            old values, and `/readyz` answers 503. A hanging NVML usually means the driver or a GPU is in a bad
+            state (often together with XID 79 or the GSP errors 119/120).""",
+        impact="""
+            No fresh GPU data from the node, so its GPU alerts cannot fire. Whatever makes NVML hang often makes
+            `nvidia-smi` and CUDA jobs on the node hang too.""",
+        diagnosis=["""
+            - `timeout 60 nvidia-smi` on the node: if it hangs too, the driver is stuck.
+            - `dmesg -T | grep -i -E "xid|NVRM|hung task"`.
+            - The exporter's logs; `py-spy dump --pid <pid>` of the exporter shows which NVML call hangs.
+            - `curl -s http://<node>:9445/readyz`.""", """
+            ```promql
+            time() - gpuobs_exporter_last_success_timestamp_seconds{node="<node>"}
+            gpuobs_exporter_collection_duration_seconds{node="<node>"}
+            sum by (call, code) (rate(gpuobs_exporter_nvml_errors_total{node="<node>"}[5m]))
+            increase(gpuobs_exporter_nvml_reinits_total{node="<node>"}[1h])
+            ```"""],
+        action=["""
+            If `nvidia-smi` hangs as well, drain the node and reboot it; a GPU reset is rarely possible with a hung
+            driver.""", _drain("NVML hangs"), """
+            If only the exporter is stuck, restart it and report the hanging call. If passes are merely slow (many
+            GPUs, MIG, the `processes` family), raise `--interval` or turn off the costly families."""]),
+    # ------------------------------------------------------------------------------ training
+    "TrainingStalled": _rb(
+        meaning="""
+            A rank of a training job has not finished an optimizer step for 10 minutes
+            (`time() - gpuobs_training_step_last_time_seconds`). Common causes: a collective waiting on a peer that
+            crashed or hung, a GPU fault on one rank, a stuck data loader, a checkpoint stuck on storage, or a long
+            phase without steps (evaluation, a big checkpoint).""",
+        impact="""
+            The job makes no progress while holding all its GPUs, until a collective timeout kills it or someone
+            notices. If a rank's process has exited, its series stops being exported and goes stale after a few
+            minutes, which resolves the alert: check the job itself, not only the alert.""",
+        diagnosis=["""
+            - Which ranks stalled, and which stopped first? A single rank that stopped before the others is the
+              likely culprit.
+            - GPU utilization of the job's GPUs: 100 % while spinning in an NCCL kernel, 0 % when waiting on the
+              host, data or storage.
+            - Hardware alerts on the job's nodes: `GpuLost`, XIDs, `GpuNvlinkDown`.
+            - Stacks: `py-spy dump --pid <pid>` on a rank; NCCL logs with `NCCL_DEBUG=INFO`.
+            - Scheduler: `squeue -j <jobid>`, `kubectl get pods -o wide` for the job's pods and their logs.""",
+            """
+            ```promql
+            time() - gpuobs_training_step_last_time_seconds{job_id="<job>"}
+            rate(gpuobs_training_badput_seconds_total{job_id="<job>"}[5m])
+            gpuobs_training_data_wait_share_ratio{job_id="<job>"}
+            ```"""],
+        action="""
+            If a hardware alert explains it, drain that node and restart the job from its last checkpoint without
+            it. Otherwise capture stacks, kill the job and restart it from its last checkpoint. Make hangs fail
+            fast: set a collective timeout (`timeout=` in `torch.distributed.init_process_group`) so a dead peer
+            ends the job instead of holding it. For jobs with long steps or long evaluation phases, raise
+            `training_stall` in `Thresholds` in `gpuobs/alerts/rules.py`."""),
+    "TrainingStepTimeRegression": _rb(
+        meaning="""
+            The job's median step time (`job_id:gpuobs_training_step_duration_seconds:p50`) has been more than
+            1.5 times its own median over the last 6 hours for 15 minutes. The job compares against itself, so
+            the alert needs some hours of history to be meaningful.""",
+        impact="""
+            The job trains slower than it did: fewer tokens per second, longer time to result, and more GPU hours
+            for the same work.""",
+        diagnosis=["""
+            ```promql
+            job_id:gpuobs_training_step_duration_seconds:p50{job_id="<job>"}
+            job_id_rank:gpuobs_training_step_duration_seconds:p50{job_id="<job>"}   # one slow rank? see TrainingStragglerRank
+            gpuobs_training_data_wait_share_ratio{job_id="<job>"}                   # input pipeline?
+            job_id:gpuobs_training_tokens:rate{job_id="<job>"}
+            gpuobs_training_mfu_ratio{job_id="<job>"}
+            ```""", """
+            - Throttling on the job's nodes: `gpuobs_gpu_clock_event_reason_active{node="<node>", reason!="gpu_idle"} == 1`,
+              and `cluster_reason:gpuobs_gpu_clock_event_reason_active:sum` fleet-wide.
+            - NVLink, PCIe or XID alerts on the job's nodes; congestion on the inter-node network.
+            - Changes to the job itself: batch size, sequence length, model, code or library versions."""],
+        action="""
+            Fix the cause that the diagnosis points to: drain a throttling or faulty node and restart the job
+            without it, fix the input pipeline, or take up network congestion with the fabric team. If the change
+            is intentional (new configuration), silence the alert until the 6-hour baseline has caught up. The
+            ratio and baseline are `step_regression` and `baseline_window` in `Thresholds` in
+            `gpuobs/alerts/rules.py`."""),
+    "TrainingDataLoaderBound": _rb(
+        meaning="""
+            For 15 minutes, a rank has spent more than 30 % of each step waiting for its next batch inside the data
+            loader's `__next__` (`gpuobs_training_data_wait_share_ratio`). The input pipeline cannot keep up with
+            the GPUs.""",
+        impact="""
+            The GPUs sit idle for that share of every step: throughput and MFU drop in proportion, and in a
+            synchronous job one slow rank's loader slows every rank.""",
+        diagnosis=["""
+            ```promql
+            gpuobs_training_data_wait_share_ratio{job_id="<job>"}     # all ranks, or one node's ranks?
+            histogram_quantile(0.99, sum by (le, rank) (rate(gpuobs_training_data_wait_duration_seconds_bucket{job_id="<job>"}[5m])))
+            rate(gpuobs_training_badput_seconds_total{job_id="<job>", cause="data_wait"}[5m])
+            ```""", """
+            - All ranks: the pipeline or shared storage. One node's ranks: that node's CPU, disk or network.
+            - On the node: CPU saturation of the loader worker processes (`top`), disk I/O (`iostat -x 1`),
+              container CPU limits and throttling."""],
+        action="""
+            Raise `num_workers` and `prefetch_factor`, use `persistent_workers=True` and `pin_memory=True`; move
+            expensive preprocessing and tokenization offline or onto the GPU; stage the dataset on local NVMe or
+            use a streaming, sharded format; give the pod more CPU. Tell the job owner: it is a job configuration
+            issue, not a platform fault, unless storage is degraded. The threshold is `data_wait_share` in
+            `Thresholds` in `gpuobs/alerts/rules.py`."""),
+    "TrainingSlowCheckpoint": _rb(
+        meaning="""
+            A rank's checkpoint saves averaged more than 600 s over the last hour
+            (`gpuobs_training_checkpoint_duration_seconds`). The storage is slow or contended, the checkpoint is
+            large, or one rank gathers and writes the whole state alone.""",
+        impact="""
+            With synchronous checkpoints the GPUs idle for the whole save (badput `checkpoint`), and peers waiting
+            in a collective can hit their timeout. Slow checkpoints also push teams to checkpoint less often, so
+            more work is lost on each failure.""",
+        diagnosis=["""
+            ```promql
+            rate(gpuobs_training_checkpoint_duration_seconds_sum{job_id="<job>"}[1h])
+              / rate(gpuobs_training_checkpoint_duration_seconds_count{job_id="<job>"}[1h])
+            rate(gpuobs_training_badput_seconds_total{job_id="<job>", cause="checkpoint"}[1h])
+            ```""", """
+            - One rank slow (it writes everything) or all ranks (storage)?
+            - Storage throughput and latency of the checkpoint target, other jobs writing at the same time, and
+              the checkpoint's size."""],
+        action="""
+            Use asynchronous checkpointing (for example `torch.distributed.checkpoint.async_save`) and sharded
+            checkpoints written by every rank; write to local NVMe and upload in the background; move checkpoints
+            to a faster storage tier; or checkpoint less often where failures are rare. Escalate to the storage
+            team if the target is degraded. The threshold is `checkpoint_seconds` in `Thresholds` in
+            `gpuobs/alerts/rules.py`."""),
+    "TrainingStragglerRank": _rb(
+        meaning="""
+            For 15 minutes, one rank's median step time has been more than 1.2 times the median rank's of the same
+            job (`job_id_rank:gpuobs_training_step_duration_seconds:p50`). In tightly synchronous jobs the other
+            ranks wait for it inside their collectives, so also compare per-rank data wait and compute time.""",
+        impact="""
+            A synchronous job runs at the pace of its slowest rank: every other GPU of the job waits each step.""",
+        diagnosis=["""
+            - Map the rank to its node and GPU: the launcher's logs, `kubectl get pod -o wide`,
+              `scontrol show job -d <jobid>`.
+            - Then look at that node's GPUs:""", _THROTTLE_QUERIES, """
+            ```promql
+            job_id_rank:gpuobs_training_step_duration_seconds:p50{job_id="<job>"}
+            gpuobs_training_data_wait_share_ratio{job_id="<job>", rank="<rank>"}
+            rate(gpuobs_training_goodput_seconds_total{job_id="<job>"}[5m])
+            gpuobs_gpu_temperature_celsius{node="<node>"}
+            ```""", """
+            - PCIe, NVLink or XID alerts on the node; CPU contention or a degraded NIC on it; uneven data shards
+              (sequence lengths)."""],
+        action="""
+            Fix the hardware cause (see the throttling, PCIe and NVLink runbooks), or cordon the node and restart
+            the job without it. If the cause is the rank's data (uneven shards), rebalance. The ratio is
+            `straggler` in `Thresholds` in `gpuobs/alerts/rules.py`."""),
+    # ------------------------------------------------------------------------------ inference
+    "InferenceLatencyHigh": _rb(
+        meaning="""
+            The p99 of `gen_ai_server_request_duration_seconds` for a model has been above 5 s for 5 minutes. For
+            generative models the end-to-end time grows with the number of output tokens, so look at time to first
+            token too.""",
+        impact="""
+            Users wait longer; clients may time out and retry, which adds load.""",
+        diagnosis=["""
+            ```promql
+            model:gen_ai_server_request_duration_seconds:p99{gen_ai_request_model="<model>"}
+            histogram_quantile(0.99, sum by (le) (rate(gen_ai_server_time_to_first_token_seconds_bucket{gen_ai_request_model="<model>"}[5m])))
+            model:gen_ai_server_requests:rate{gen_ai_request_model="<model>"}
+            sum by (gen_ai_token_type) (rate(gpuobs_inference_tokens_total{gen_ai_request_model="<model>"}[5m]))
+            histogram_quantile(0.99, sum by (le, job_id, rank) (rate(gen_ai_server_request_duration_seconds_bucket{gen_ai_request_model="<model>"}[5m])))
+            ```""", """
+            - High time to first token: queueing or prefill (overload, too large batches). Normal first token but
+              long requests: long outputs or slow decoding.
+            - One slow replica (by `job_id`/`rank`): check its GPUs for throttling and XIDs."""],
+        action="""
+            Scale out replicas or shed load; cap maximum output tokens, batch size or concurrency; take a slow
+            replica out of rotation and drain its node if the hardware is at fault. The threshold is one value for
+            all models (`inference_p99_seconds` in `Thresholds` in `gpuobs/alerts/rules.py`); set it from the
+            service's SLO."""),
+    "InferenceErrorRate": _rb(
+        meaning="""
+            More than 5 % of a model's requests have failed over 5 minutes (`gpuobs_inference_errors_total` against
+            the request rate). `error_type` carries the GenAI `error.type` (exception type or status).""",
+        impact="""
+            Users get errors. A bad rollout, GPU out-of-memory on large inputs, a failing replica or a GPU fault
+            can be behind it.""",
+        diagnosis=["""
+            ```promql
+            sum by (error_type) (rate(gpuobs_inference_errors_total{gen_ai_request_model="<model>"}[5m]))
+            sum by (job_id, rank) (rate(gpuobs_inference_errors_total{gen_ai_request_model="<model>"}[5m]))
+            model:gen_ai_server_requests:rate{gen_ai_request_model="<model>"}
+            ```""", """
+            - One replica or all? All points at a rollout or a dependency; one at that replica's process or GPU.
+            - The server's structured logs: they carry `trace_id`, which leads to the failing `chat <model>` spans.
+            - XIDs (13, 31, 94) and `GpuLost` on the serving nodes; the time of the last deployment."""],
+        action="""
+            Roll back a bad deploy; restart or replace a failing replica and drain its node if the GPU is at
+            fault; for out-of-memory errors reduce maximum batch size or context length. Escalate to the model's
+            owners. If client-side errors (invalid requests) dominate, that is not a serving fault: consider
+            excluding them. The threshold is `inference_error_ratio` in `Thresholds` in
+            `gpuobs/alerts/rules.py`."""),
+    # ------------------------------------------------------------------------------ meta
+    "Watchdog": _rb(
+        meaning="""
+            This alert is meant to fire always (`vector(1)`). It proves that Prometheus evaluates the rules,
+            Alertmanager receives alerts, and notifications leave Alertmanager. It is not a problem by itself; its
+            absence is.""",
+        impact="""
+            None while it fires. If it stops arriving, the alerting pipeline is broken and no other alert reaches
+            anyone.""",
+        diagnosis=["""
+            When the heartbeat stops:
+
+            - Is Prometheus up and evaluating rules? `prometheus_rule_evaluation_failures_total`,
+              `prometheus_rule_group_last_evaluation_timestamp_seconds`.
+            - Does it reach Alertmanager? `prometheus_notifications_errors_total`,
+              `prometheus_notifications_dropped_total`, `prometheus_notifications_alertmanagers_discovered`.
+            - Does Alertmanager deliver? `amtool alert query alertname=Watchdog`,
+              `alertmanager_notifications_failed_total`."""],
+        action="""
+            Wire it as a dead man's switch: the generated `alerts/alertmanager.yml` routes `alertname="Watchdog"`
+            to the `watchdog` receiver with a 1-minute repeat interval. Point that webhook at an external heartbeat
+            service (a dead-man's-switch service or the heartbeat feature of the paging system) that pages when
+            no heartbeat has arrived for a few minutes. Never silence or inhibit it. When the heartbeat is
+            missing, treat the GPU fleet as unmonitored: fix Prometheus or Alertmanager first."""),
+}
