@@ -340,6 +340,9 @@ GRAD_NORM = _otel("gpuobs.training.grad_norm", "gauge", "", "gpuobs_training_gra
                   "Last reported gradient norm.", "training")
 LEARNING_RATE = _otel("gpuobs.training.learning_rate", "gauge", "", "gpuobs_training_learning_rate",
                       "Learning rate, read at the reporting interval.", "training")
+NONFINITE = _otel("gpuobs.training.nonfinite_reports", "counter", "{report}", "gpuobs_training_nonfinite_reports",
+                  "Reported loss, grad norm or learning rate that was NaN or infinite (a diverging run).",
+                  "training", labels=RUN_LABELS + ("value",))
 MFU = _otel("gpuobs.training.mfu_ratio", "gauge", "1", "gpuobs_training_mfu_ratio",
             "Model FLOPs utilization of the last step: FLOPs per step / step time / peak FLOPs.", "training",
             unit="ratio")

@@ -20,6 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from opentelemetry import trace as otel_trace
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
@@ -756,6 +757,8 @@ PROMETHEUS_SCRIPT = textwrap.dedent('''
         with run.checkpoint():
             pass
         run.flush()
+        run.report(loss=float("nan"))  # a diverged run: counted, since gauges ignore NaN
+        run.flush()
         with instrument.request("m1", batch_size=2) as r:
             r.first_token()
             r.tokens(input=3, output=4)
@@ -816,3 +819,99 @@ def test_prometheus_names_match_the_catalog():
         value = {(s.name, s.labels.get("cause")): s.value for s in samples}
         assert value[(c.STEPS.exposed_name, None)] == 3 and value[(c.SAMPLES_TRAINED.exposed_name, None)] == 6
         assert value[(c.LOSS.name, None)] == 1.5 and value[(c.LEARNING_RATE.name, None)] == 1e-3
+
+
+# ------------------------------------------------------------------- misuse found in review
+
+
+def test_data_wrapper_is_reiterable_like_a_loader(mem):
+    run = instrument.TrainingRun(mem.tel, timer=WallTimer())
+    data = run.data([10, 20, 30])
+    assert [list(data) for _ in range(2)] == [[10, 20, 30], [10, 20, 30]] and len(data) == 3
+    assert next(run.data(iter([7, 8]))) == 7
+
+
+def test_batches_fetched_inside_a_step_are_that_steps_wait_not_goodput(mem):
+    t0 = time.perf_counter()
+    run = instrument.TrainingRun(mem.tel, timer=WallTimer())
+    it = iter(run.data(sleepy_loader(6, 0.02)))
+    for _ in range(3):
+        with run.step():
+            next(it)  # gradient accumulation: two micro-batches fetched inside the step
+            next(it)
+            time.sleep(0.01)
+    elapsed = time.perf_counter() - t0
+    good = mem.value(c.GOODPUT)
+    waited = mem.value(c.DATA_WAIT)
+    assert waited >= 0.12 and 0.03 <= good < 0.06
+    bad = sum(p.value for p in mem.points(c.BADPUT))
+    assert good + bad <= elapsed + 1e-3  # nothing counted twice
+    assert mem.point(c.DATA_WAIT).count == 3  # one wait per step
+
+
+def test_a_step_inside_a_step_is_one_step(mem):
+    run = instrument.TrainingRun(mem.tel, timer=WallTimer())
+    for _ in range(3):
+        with run.step():
+            with run.step():  # e.g. a decorated function called inside a step
+                time.sleep(0.005)
+    assert mem.value(c.STEPS) == 3 and len(mem.spans("train.step")) == 3
+
+
+def test_non_finite_loss_is_counted_not_hidden(mem):
+    run = instrument.TrainingRun(mem.tel, timer=WallTimer())
+    run.report(loss=2.0)
+    run.flush()
+    run.report(loss=float("nan"), grad_norm=float("inf"))
+    run.flush()
+    assert mem.value(c.LOSS) == 2.0  # gauges ignore NaN ...
+    assert mem.value(c.NONFINITE, value="loss") == 1 and mem.value(c.NONFINITE, value="grad_norm") == 1
+
+
+def test_a_failing_timer_never_breaks_the_step(mem):
+    class Broken:
+        deferred = False
+
+        def start(self):
+            raise RuntimeError("cuda event record failed")
+
+        def stop(self, token, payload=None):
+            raise AssertionError("not reached: start failed")
+
+        def poll(self):
+            return iter(())
+
+    run = instrument.TrainingRun(mem.tel, timer=Broken())
+    with pytest.raises(ValueError, match="user"):
+        with run.step():
+            raise ValueError("user error")  # the user's exception, not the timer's
+    with run.step():
+        pass
+    assert mem.value(c.STEPS) == 2
+    assert otel_trace.get_current_span() is otel_trace.INVALID_SPAN  # no span left current
+
+
+def test_trace_request_rejects_async_and_generator_functions():
+    with pytest.raises(TypeError, match="async or a generator"):
+        @instrument.trace_request(model="m")
+        async def handler():
+            pass
+    with pytest.raises(TypeError, match="async or a generator"):
+        @instrument.trace_request(model="m")
+        def stream():
+            yield 1
+
+
+def test_prometheus_port_is_offset_by_local_rank_and_a_busy_port_is_not_fatal(monkeypatch):
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        base = busy.getsockname()[1]
+        monkeypatch.setenv("GPUOBS_PROMETHEUS_PORT", str(base - 1))
+        tel = instrument.configure(env=RunEnv(rank=1, local_rank=1))  # base - 1 + 1: the busy port
+        try:
+            assert tel.enabled and tel.http_server is None  # carried on without the endpoint
+        finally:
+            tel.shutdown(timeout_s=2)

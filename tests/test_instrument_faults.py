@@ -149,3 +149,57 @@ def test_process_exits_in_bounded_time_without_calling_shutdown(endpoint):
     proc.wait(timeout=20)
     # the SDK's own exit hooks could wait 30 s on this endpoint; gpuobs's bounded one replaces them
     assert time.monotonic() - t0 < 6
+
+
+FORK = textwrap.dedent('''
+    import os, threading, time
+    from http.server import ThreadingHTTPServer, BaseHTTPRequestHandler
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+    seen = []
+
+    class H(BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            if self.path.endswith("metrics"):
+                for rm in ExportMetricsServiceRequest.FromString(body).resource_metrics:
+                    for sm in rm.scope_metrics:
+                        for m in sm.metrics:
+                            if m.name == "gpuobs.training.steps":
+                                seen.append(m.sum.data_points[0].as_int)
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    from gpuobs import instrument
+    tel = instrument.configure(endpoint=f"http://127.0.0.1:{srv.server_address[1]}", export_interval_s=0.2)
+    run = instrument.TrainingRun(tel)
+    for _ in range(100):
+        with run.step():
+            pass
+    pids = []
+    for _ in range(3):  # data-loader workers
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(1.5)
+            os._exit(0)
+        pids.append(pid)
+    for _ in range(300):
+        with run.step():
+            time.sleep(0.002)
+    time.sleep(0.6)
+    for p in pids:
+        os.waitpid(p, 0)
+    tel.shutdown()
+    print(seen)
+''')
+
+
+def test_forked_workers_do_not_export_the_parents_counters():
+    out = subprocess.run([sys.executable, "-c", FORK], capture_output=True, text=True, timeout=60)
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen and seen[-1] == 400, (seen, out.stderr[-2000:])
+    assert all(b >= a for a, b in zip(seen, seen[1:])), f"a child re-exported stale values: {seen}"

@@ -270,7 +270,7 @@ def test_exporter_xid_event_arrives_as_structured_record(receiver, run_env, monk
 
     monkeypatch.setenv("GPUOBS_FLUENTD", receiver.address)
     logs.setup("info")
-    assert isinstance(root_logger.handlers[0], FluentdHandler)
+    assert isinstance(root_logger.handlers[-1], FluentdHandler)
     sim = make_sim({"gpus": [{"profile": "h100-sxm-80gb", "count": 1}]}, init=False)
     session = Session()
     assert session.ensure()
@@ -323,7 +323,7 @@ def test_configure_picks_fluentd_from_environment(receiver, run_env, monkeypatch
     assert receiver.wait(lambda tag, r: tag == "train.loop" and r["message"] == "via env" and r["rank"] == 3)
     first = handler
     second = logs.configure("info", fluentd=receiver.address)  # replaces and closes the first
-    assert first._closed and root_logger.handlers == [second]
+    assert first._closed and first not in root_logger.handlers and root_logger.handlers[-1] is second
     assert logs.parse_address("[::1]:24225") == ("::1", 24225) and logs.parse_address("fluentd") == ("fluentd", 24224)
 
 
@@ -530,3 +530,14 @@ def test_multiprocessing_fork_worker_logs_are_flushed_at_its_exit(receiver, run_
         w.kill()
     assert not hung and [w.exitcode for w in workers] == [0, 0]
     assert receiver.wait(lambda tag, r: r.get("marker") == "mp-1") and receiver.wait(lambda tag, r: r.get("marker") == "mp-0")
+
+
+def test_configure_keeps_the_applications_own_handlers(tmp_path, root_logger):
+    file_handler = logging.FileHandler(tmp_path / "app.log")
+    console = logging.StreamHandler()
+    root_logger.addHandler(file_handler)
+    root_logger.addHandler(console)
+    ours = logs.configure(stream=io.StringIO())
+    assert file_handler in root_logger.handlers and ours in root_logger.handlers
+    assert console not in root_logger.handlers  # a plain console handler would print every record twice
+    file_handler.close()

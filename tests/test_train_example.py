@@ -15,12 +15,13 @@ from gpuobs.sim import scenario
 
 def test_training_metrics_by_rank_in_prometheus(exporter, prometheus, tmp_path):
     run = exporter(scenario.load(REPO / "examples" / "scenarios" / "8xh100.yaml"), interval=1.0)
-    ports = [free_port(), free_port()]
+    base = free_port()
+    ports = [base, base + 1]  # like torchrun: one variable for the node, each rank serves on base + local rank
     procs = []
     try:
-        for rank, (port, compute_ms) in enumerate(zip(ports, (20, 45))):  # rank 1 is the straggler
+        for rank, compute_ms in enumerate((20, 45)):  # rank 1 is the straggler
             env = {"PATH": "/usr/bin:/bin", "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
-                   "GPUOBS_JOB_ID": "example-job", "GPUOBS_PROMETHEUS_PORT": str(port)}
+                   "GPUOBS_JOB_ID": "example-job", "GPUOBS_PROMETHEUS_PORT": str(base)}
             procs.append(subprocess.Popen(
                 [sys.executable, str(REPO / "examples" / "train.py"), "--steps", "100000",
                  "--compute-ms", str(compute_ms), "--data-ms", "10", "--checkpoint-every", "50",

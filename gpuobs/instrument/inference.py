@@ -80,6 +80,10 @@ def trace_request(model: str, operation: str = "chat") -> Callable:
     """Decorator: each call is one request; the function may take a `request` keyword to mark
     the first token and token counts."""
     def wrap(fn: Callable) -> Callable:
+        if inspect.iscoroutinefunction(fn) or inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+            # the call would return at once, before the request's work: the numbers would be false
+            raise TypeError(f"trace_request cannot time {fn.__qualname__}: it is async or a generator; "
+                            "use `with request(...)` inside it instead")
         takes_request = "request" in inspect.signature(fn).parameters  # a parameter, not any local name
 
         @functools.wraps(fn)

@@ -48,6 +48,7 @@ class Telemetry:
     meter_provider: Any = None
     span_processor: Any = None
     http_server: Any = None  # the Prometheus scrape server, closed on shutdown
+    readers: list = field(default_factory=list)  # metric readers (stopped in forked children)
     _closed: bool = False
 
     def instrument(self, metric: c.Metric) -> Any:
@@ -174,9 +175,17 @@ def configure(service_name: str | None = None, endpoint: str | None = None, prot
     endpoint = endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
     protocol = (protocol or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf").lower()
     if prometheus_port is None and os.environ.get("GPUOBS_PROMETHEUS_PORT"):
-        prometheus_port = int(os.environ["GPUOBS_PROMETHEUS_PORT"])
+        # Every rank of a node inherits the variable: each serves on base + its local rank.
+        try:
+            prometheus_port = int(os.environ["GPUOBS_PROMETHEUS_PORT"]) + (run_env.local_rank or 0)
+        except ValueError:
+            log.warning("GPUOBS_PROMETHEUS_PORT is not a port number; not serving metrics",
+                        extra={"value": os.environ["GPUOBS_PROMETHEUS_PORT"]})
     if os.environ.get("OTEL_METRIC_EXPORT_INTERVAL"):
-        export_interval_s = int(os.environ["OTEL_METRIC_EXPORT_INTERVAL"]) / 1000
+        try:
+            export_interval_s = float(os.environ["OTEL_METRIC_EXPORT_INTERVAL"]) / 1000
+        except ValueError:
+            log.warning("OTEL_METRIC_EXPORT_INTERVAL is not a number of milliseconds; using the default")
     if enabled is None:
         enabled = not _truthy(os.environ.get("OTEL_SDK_DISABLED")) and bool(
             endpoint or prometheus_port is not None or span_exporters or metric_readers)
@@ -208,8 +217,11 @@ def configure(service_name: str | None = None, endpoint: str | None = None, prot
         from opentelemetry.exporter.prometheus import PrometheusMetricReader
         from prometheus_client import start_http_server
 
-        readers.append(PrometheusMetricReader())
-        http_server, _ = start_http_server(prometheus_port)
+        try:
+            http_server, _ = start_http_server(prometheus_port)
+            readers.append(PrometheusMetricReader())
+        except OSError as e:  # a taken port must not stop training: carry on without the endpoint
+            log.warning("cannot serve metrics for Prometheus", extra={"port": prometheus_port, "error": str(e)})
     tracer_provider = processor = None
     if spans:
         # The SDK's own exit hooks can wait 30 s on a stuck endpoint: ours (_at_exit) is bounded.
@@ -224,11 +236,43 @@ def configure(service_name: str | None = None, endpoint: str | None = None, prot
                                    shutdown_on_exit=False)
     meter = meter_provider.get_meter("gpuobs.instrument", __version__)
     tel = Telemetry(True, tracer, meter, run_env, _make_instruments(meter), tracer_provider, meter_provider,
-                    processor, http_server)
+                    processor, http_server, readers)
     _current = tel
     log.info("telemetry configured", extra={"endpoint": endpoint, "protocol": protocol,
                                            "prometheus_port": prometheus_port, "rank": run_env.rank})
     return tel
+
+
+class _NullMetricExporter:
+    """Swallows exports: what a forked child's copy of the metric readers sends to."""
+
+    def export(self, *args, **kwargs):
+        from opentelemetry.sdk.metrics.export import MetricExportResult
+
+        return MetricExportResult.SUCCESS
+
+    def force_flush(self, *args, **kwargs) -> bool:
+        return True
+
+    def shutdown(self, *args, **kwargs) -> None:
+        pass
+
+
+def _after_fork_in_child() -> None:
+    """In a forked child (a DataLoader worker), stop the inherited periodic exports: the SDK restarts
+    them in the child, which would then report the parent's frozen cumulative values under the same
+    rank and look like counter resets."""
+    tel = _current
+    if tel is None or not tel.enabled or tel.meter_provider is None:
+        return
+    for reader in tel.readers:
+        if hasattr(reader, "_shutdown_event"):  # PeriodicExportingMetricReader
+            reader._exporter = _NullMetricExporter()
+            reader._shutdown_event.set()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _at_exit() -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import threading
 import time
 from contextlib import nullcontext
@@ -51,7 +52,8 @@ def _value(source: Any) -> float | None:
 
 class _Step:
     """One step (a context manager; re-used objects would save little and cost clarity)."""
-    __slots__ = ("run", "samples", "tokens", "flops", "span", "token", "timer_token", "wait", "wait_start_ns", "ckpt")
+    __slots__ = ("run", "samples", "tokens", "flops", "span", "token", "timer_token", "wait", "wait_start_ns", "ckpt",
+                 "inner_wait", "nested", "t0")
 
     def __init__(self, run: "TrainingRun", samples, tokens, flops):
         self.run, self.samples, self.tokens, self.flops = run, samples, tokens, flops
@@ -109,6 +111,7 @@ class TrainingRun:
         self._share, self._last, self._mfu = i(c.DATA_WAIT_SHARE), i(c.LAST_STEP), i(c.MFU)
         self._good, self._bad = i(c.GOODPUT), i(c.BADPUT)
         self._gauges = {"loss": i(c.LOSS), "grad_norm": i(c.GRAD_NORM), "lr": i(c.LEARNING_RATE)}
+        self._nonfinite = i(c.NONFINITE)
         self._reported: dict[str, Any] = {}
         self._next_report = time.monotonic() + report_interval_s
         self.step_number = 0
@@ -120,14 +123,20 @@ class TrainingRun:
         self._ckpt_between = 0.0  # checkpoint time since the last step: badput already, not idle too
         self._local = threading.local()
         self._in_step = False
+        self._wait_in_step = 0.0
+        self._warned_nested = False
 
     # ---- data ---------------------------------------------------------------------------------
 
-    def data(self, iterable: Iterable) -> Iterator:
-        """Wrap a data loader: time spent in each __next__ is the next step's data wait."""
-        return _DataIter(self, iterable)
+    def data(self, iterable: Iterable) -> "_Data":
+        """Wrap a data loader: time spent in each __next__ is the next step's data wait (or, for a
+        batch fetched inside a step, that step's own). Re-iterable, like the loader."""
+        return _Data(self, iterable)
 
     def _add_wait(self, seconds: float, start_ns: int) -> None:
+        if self._in_step:  # fetched inside the step (e.g. per micro-batch): this step's wait
+            self._wait_in_step += seconds
+            return
         self._wait += seconds
         if self._wait_start_ns is None:
             self._wait_start_ns = start_ns
@@ -147,6 +156,12 @@ class TrainingRun:
         return wrapper
 
     def _begin(self, s: _Step) -> None:
+        s.nested = self._in_step
+        if s.nested:  # a step inside a step is one step: the inner one records nothing
+            if not self._warned_nested:
+                self._warned_nested = True
+                log.warning("run.step() entered inside another step; the inner one is ignored")
+            return
         now = time.perf_counter()
         s.wait, s.wait_start_ns = self._wait, self._wait_start_ns
         self._wait, self._wait_start_ns = 0.0, None
@@ -156,7 +171,7 @@ class TrainingRun:
         if gap > 0:
             self._bad.add(gap, self._cause["startup" if self._last_end is None else "idle"])
         self.step_number += 1
-        self._in_step, self._ckpt_in_step = True, 0.0
+        self._in_step, self._ckpt_in_step, self._wait_in_step = True, 0.0, 0.0
         s.span = s.token = None
         if self.tracing:
             start_ns = s.wait_start_ns if s.wait_start_ns is not None else time.time_ns()
@@ -166,11 +181,23 @@ class TrainingRun:
             if s.wait:
                 wait_span = self.tracer.start_span("train.data_wait", start_time=start_ns)
                 wait_span.end(end_time=start_ns + int(s.wait * 1e9))
-        s.timer_token = self.timer.start()
+        s.t0 = time.perf_counter()
+        try:
+            s.timer_token = self.timer.start()
+        except Exception:  # noqa: BLE001 - e.g. a CUDA error recording an event: fall back to the wall clock
+            log.exception("step timer failed to start; timing this step by wall clock")
+            s.timer_token = None
 
     def _end(self, s: _Step, exc: BaseException | None) -> None:
-        compute = self.timer.stop(s.timer_token, s)
-        self._in_step, s.ckpt = False, self._ckpt_in_step
+        if s.nested:
+            return
+        try:
+            compute = (time.perf_counter() - s.t0 if s.timer_token is None
+                       else self.timer.stop(s.timer_token, s))
+        except Exception:  # noqa: BLE001 - never replace the step's own exception with ours
+            log.exception("step timer failed to stop; timing this step by wall clock")
+            compute = time.perf_counter() - s.t0
+        self._in_step, s.ckpt, s.inner_wait = False, self._ckpt_in_step, self._wait_in_step
         if compute is not None:
             self._record(s, compute)
         for payload, seconds in self.timer.poll():  # earlier GPU-timed steps whose events completed
@@ -187,14 +214,15 @@ class TrainingRun:
 
     def _record(self, s: _Step, compute: float) -> None:
         a = self.attrs
-        total = s.wait + compute
+        total = s.wait + compute  # compute includes waits and checkpoints inside the step
+        waited = s.wait + s.inner_wait
         self._h_step.record(total, a)
         self._steps.add(1, a)
-        self._good.add(max(0.0, compute - s.ckpt), a)
-        if s.wait:
-            self._h_wait.record(s.wait, a)
-            self._bad.add(s.wait, self._cause["data_wait"])
-        self._share.set(s.wait / total if total > 0 else 0.0, a)
+        self._good.add(max(0.0, compute - s.ckpt - s.inner_wait), a)
+        if waited:
+            self._h_wait.record(waited, a)
+            self._bad.add(waited, self._cause["data_wait"])
+        self._share.set(min(1.0, waited / total) if total > 0 else 0.0, a)
         self._last.set(time.time(), a)
         if s.samples:
             self._samples.add(s.samples, a)
@@ -251,23 +279,44 @@ class TrainingRun:
             except Exception:  # noqa: BLE001 - a bad value must not break training
                 log.warning("cannot read reported value", extra={"key": key})
                 continue
-            if value is not None:
-                self._gauges[key].set(value, self.attrs)
+            if value is None:
+                continue
+            if not math.isfinite(value):  # OTel gauges ignore NaN/inf: a diverged run must still show
+                self._nonfinite.add(1, {**self.attrs, "value": key})
+                log.warning("non-finite value reported", extra={"key": key, "value": str(value)})
+                continue
+            self._gauges[key].set(value, self.attrs)
 
 
-class _DataIter:
-    """Iterator wrapper measuring the wait inside __next__."""
+class _Data:
+    """The wrapped loader: iterating it again starts a new pass over the loader, as a loader does."""
 
     def __init__(self, run: TrainingRun, iterable: Iterable):
         self._run = run
         self._iterable = iterable
-        self._it = iter(iterable)
+        self._current: _DataIter | None = None
 
     def __iter__(self) -> "_DataIter":
-        return self
+        return _DataIter(self._run, iter(self._iterable))
+
+    def __next__(self):  # next(run.data(loader)) also works, on one pass kept here
+        if self._current is None:
+            self._current = iter(self)
+        return next(self._current)
 
     def __len__(self) -> int:
         return len(self._iterable)  # type: ignore[arg-type]
+
+
+class _DataIter:
+    """One pass over a loader, measuring the wait inside __next__."""
+
+    def __init__(self, run: TrainingRun, it: Iterator):
+        self._run = run
+        self._it = it
+
+    def __iter__(self) -> "_DataIter":
+        return self
 
     def __next__(self):
         start_ns, t0 = time.time_ns(), time.perf_counter()

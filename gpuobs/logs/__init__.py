@@ -33,7 +33,7 @@ def configure(level: str | int = "info", fluentd: str | None = None, tag: str = 
     ('host:port') or the environment (GPUOBS_FLUENTD, or FLUENTD_HOST and FLUENTD_PORT) names a
     Fluentd, else JSON lines on `stream` (default sys.stdout). `fluentd_options` go to
     FluentdHandler (queue_maxsize, timeout, connect_timeout, close_timeout, bufmax). A handler
-    installed by an earlier call is closed."""
+    installed by an earlier call is closed; the application's other handlers (files, ...) stay."""
     address = fluentd or address_from_env()
     if address:
         host, port = parse_address(address)
@@ -42,8 +42,10 @@ def configure(level: str | int = "info", fluentd: str | None = None, tag: str = 
         handler = json_handler(stream, env)
     handler._gpuobs = True  # type: ignore[attr-defined]
     root = logging.getLogger()
-    old = [h for h in root.handlers if getattr(h, "_gpuobs", False)]
-    root.handlers[:] = [handler]
+    # Replace earlier gpuobs handlers and plain console handlers (they would print every record
+    # twice); keep the application's own, such as a FileHandler.
+    old = [h for h in root.handlers if getattr(h, "_gpuobs", False) or type(h) is logging.StreamHandler]
+    root.handlers[:] = [h for h in root.handlers if h not in old] + [handler]
     root.setLevel(level.upper() if isinstance(level, str) else level)
     for h in old:
         try:
