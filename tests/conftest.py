@@ -212,8 +212,14 @@ def prometheus(tmp_path):
 
     yield start
     for proc in procs:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
+
+
+def stop(proc: subprocess.Popen, timeout: float = 10) -> None:
+    """Terminate a server the test started; kill it if it does not exit in time."""
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import yaml
 
-from conftest import REPO, free_port, require_tool
+from conftest import REPO, free_port, require_tool, stop
 from gpuobs.alerts.build import alertmanager_config
 from gpuobs.sim.state import set_val
 
@@ -72,11 +72,7 @@ def alertmanager(tmp_path):
                              f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     yield f"127.0.0.1:{port}", hook
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    stop(proc)
     hook.server.shutdown()
 
 

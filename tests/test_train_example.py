@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import REPO, free_port
+from conftest import REPO, free_port, stop
 from gpuobs.sim import scenario
 
 
@@ -59,8 +59,4 @@ def test_training_metrics_by_rank_in_prometheus(exporter, prometheus, tmp_path):
             "sum by (rank) (gpuobs_training_steps_total)")["0"] - 2  # 2 micro-steps per step
     finally:
         for proc in procs:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop(proc)

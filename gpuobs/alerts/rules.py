@@ -138,7 +138,12 @@ def _reason(reason: str) -> str:
 
 
 def _xid(xids: str, t: Thresholds) -> str:
-    return f'increase({c.XID_ERRORS.exposed_name}{{xid=~"{xids}"}}[{t.rate_window}]) > 0'
+    # An XID counter series is born at 1 with its first event, and increase() cannot see a
+    # series' first sample: a series absent for long_window before the last rate_window counts as
+    # new errors (a series that only comes back after a gap, its GPU withheld, does not).
+    sel = f'{c.XID_ERRORS.exposed_name}{{xid=~"{xids}"}}'
+    return (f"increase({sel}[{t.rate_window}]) > 0 or "
+            f"({sel} unless last_over_time({sel}[{t.long_window}] offset {t.rate_window}))")
 
 
 def alerts(t: Thresholds) -> list[Alert]:
@@ -179,7 +184,7 @@ def alerts(t: Thresholds) -> list[Alert]:
               f" and on ({GPU_BY}) {c.MEMORY_USED.name} > {t.allocated_memory_bytes:g}",
               t.for_short, "warning", "gpu", "utilization", "GPU allocated but idle.",
               f"{GPU} holds memory (a process, pod or job has it) but has done no work for {t.for_idle}."))
-    add(Alert("GpuFleetIdleCapacity", "cluster", "cluster:gpuobs_gpus_idle:count > 0", t.for_idle, "info",
+    add(Alert("GpuFleetIdleCapacity", "meta", "cluster:gpuobs_gpus_idle:count > 0", t.for_idle, "info",
               "cluster", "utilization", "GPUs in the fleet are idle.",
               "{{ $value }} GPUs of cluster {{ $labels.cluster }} have been idle for " + t.for_idle + "."))
     # ---- XID by tier (counters: alerts resolve once no new XID arrives)
@@ -200,12 +205,12 @@ def alerts(t: Thresholds) -> list[Alert]:
     add(Alert("GpuEccUncorrectable", "gpu",
               f'increase({c.ECC_ERRORS.exposed_name}{{error_type="uncorrected",counter_type="volatile"}}[{w}]) > 0',
               "0s", "critical", "gpu", "memory", "Uncorrectable ECC errors on a GPU.",
-              f"{GPU} had {{{{ $value }}}} uncorrectable ECC errors in the last {w}.", t.keep_firing))
+              f"{GPU} had {{{{ $value | humanize }}}} uncorrectable ECC errors in the last {w}.", t.keep_firing))
     add(Alert("GpuEccCorrectedRate", "gpu",
               f'rate({c.ECC_ERRORS.exposed_name}{{error_type="corrected",counter_type="volatile"}}[{t.long_window}])'
               f" > {t.ecc_corrected_per_s:g}", t.for_medium, "warning", "gpu", "memory",
               "High rate of corrected ECC errors on a GPU.",
-              f"{GPU} corrects {{{{ $value }}}} ECC errors per second."))
+              f"{GPU} corrects {{{{ $value | printf \"%.3g\" }}}} ECC errors per second."))
     add(Alert("GpuRowRemapPending", "gpu", f"{c.REMAP_PENDING.name} == 1", t.for_short, "warning", "gpu",
               "memory", "A GPU has a row remap pending: it needs a reset.",
               f"{GPU} has a DRAM row remap pending; it takes effect at the next GPU reset."))
@@ -217,7 +222,8 @@ def alerts(t: Thresholds) -> list[Alert]:
               "An NVLink link is down.", f"{GPU} NVLink link {{{{ $labels.link }}}} is down."))
     add(Alert("GpuNvlinkErrorRate", "gpu", f"rate({c.NVLINK_ERRORS.exposed_name}[{w}]) > {t.nvlink_errors_per_s:g}",
               t.for_short, "warning", "gpu", "nvlink", "NVLink errors are rising.",
-              f"{GPU} link {{{{ $labels.link }}}} has {{{{ $value }}}} {{{{ $labels.error_type }}}} errors/s."))
+              f"{GPU} link {{{{ $labels.link }}}} has {{{{ $value | humanize }}}} {{{{ $labels.error_type }}}} "
+              "errors/s."))
     add(Alert("GpuPcieLinkDegraded", "gpu",
               f"({c.PCIE_GENERATION.name} < on ({GPU_BY}) {c.PCIE_MAX_GENERATION.name}"
               f" or {c.PCIE_WIDTH.name} < on ({GPU_BY}) {c.PCIE_MAX_WIDTH.name})"
@@ -226,7 +232,7 @@ def alerts(t: Thresholds) -> list[Alert]:
               f"{GPU} runs its PCIe link below its maximum while busy."))
     add(Alert("GpuPcieReplayRate", "gpu", f"rate({c.PCIE_REPLAYS.exposed_name}[{w}]) > {t.pcie_replays_per_s:g}",
               t.for_short, "warning", "gpu", "pcie", "PCIe replays are rising.",
-              f"{GPU} has {{{{ $value }}}} PCIe replays per second."))
+              f"{GPU} has {{{{ $value | humanize }}}} PCIe replays per second."))
     # ---- presence and health of the node's GPUs and of the exporter
     add(Alert("GpuLost", "gpu", f"{c.GPU_UP.name} == 0", t.for_now, "critical", "gpu", "presence",
               "A GPU stopped answering NVML.", f"{GPU} is lost (it no longer answers NVML)."))
@@ -238,7 +244,7 @@ def alerts(t: Thresholds) -> list[Alert]:
     add(Alert("GpuExporterDown", "node", f'up{{job="{t.exporter_job}"}} == 0', t.for_short, "critical", "node",
               "exporter", "A GPU exporter cannot be scraped.",
               "The gpuobs exporter on {{ $labels.node }} ({{ $labels.instance }}) cannot be scraped."))
-    add(Alert("GpuExporterAbsent", "cluster", f'absent(up{{job="{t.exporter_job}"}})', t.for_short, "critical",
+    add(Alert("GpuExporterAbsent", "meta", f'absent(up{{job="{t.exporter_job}"}})', t.for_short, "critical",
               "cluster", "exporter", "No GPU exporter is being scraped at all.",
               f"Prometheus scrapes no target of job {t.exporter_job}: GPU alerts cannot fire."))
     add(Alert("GpuMetricsStale", "node", f"{c.SNAPSHOT_STALE.name} == 1", t.for_short, "warning", "node",
@@ -253,17 +259,18 @@ def alerts(t: Thresholds) -> list[Alert]:
               f"job_id:gpuobs_training_step_duration_seconds:p50 > {t.step_regression:g} * "
               f"quantile_over_time(0.5, job_id:gpuobs_training_step_duration_seconds:p50[{t.baseline_window}])",
               t.for_medium, "warning", "job", "training", "Training steps are slower than their own baseline.",
-              "Job {{ $labels.job_id }} steps take {{ $value }} s, over " + f"{t.step_regression:g}"
+              "Job {{ $labels.job_id }} steps take {{ $value | humanize }} s, over " + f"{t.step_regression:g}"
               + "x its median of the last " + t.baseline_window + "."))
     add(Alert("TrainingDataLoaderBound", "job", f"{c.DATA_WAIT_SHARE.name} > {t.data_wait_share:g}", t.for_medium,
               "warning", "job", "training", "Training waits on its data loader.",
-              "Rank {{ $labels.rank }} of job {{ $labels.job_id }} spends {{ $value }} of each step waiting "
-              "for data."))
+              "Rank {{ $labels.rank }} of job {{ $labels.job_id }} spends {{ $value | humanizePercentage }} of each "
+              "step waiting for data."))
     add(Alert("TrainingSlowCheckpoint", "job",
               f"rate({c.CHECKPOINT_DURATION.name}_sum[{t.long_window}]) / "
               f"rate({c.CHECKPOINT_DURATION.name}_count[{t.long_window}]) > {t.checkpoint_seconds:g}",
               "0s", "warning", "job", "training", "Checkpoints take long.",
-              "Job {{ $labels.job_id }} rank {{ $labels.rank }} checkpoints take {{ $value }} s on average."))
+              "Job {{ $labels.job_id }} rank {{ $labels.rank }} checkpoints take {{ $value | humanize }} s on "
+              "average."))
     add(Alert("TrainingStragglerRank", "job",
               f"job_id_rank:gpuobs_training_step_duration_seconds:p50 / on (job_id) group_left "
               f"quantile by (job_id) (0.5, job_id_rank:gpuobs_training_step_duration_seconds:p50) > {t.straggler:g}",
@@ -274,7 +281,7 @@ def alerts(t: Thresholds) -> list[Alert]:
     add(Alert("InferenceLatencyHigh", "service", f"model:gen_ai_server_request_duration_seconds:p99 > "
               f"{t.inference_p99_seconds:g}", t.for_short, "warning", "service", "inference",
               "Inference p99 latency is high.",
-              "Model {{ $labels.gen_ai_request_model }} p99 latency is {{ $value }} s."))
+              "Model {{ $labels.gen_ai_request_model }} p99 latency is {{ $value | humanize }} s."))
     add(Alert("InferenceErrorRate", "service",
               f"sum by (gen_ai_request_model) (rate({c.INFERENCE_ERRORS.exposed_name}[{w}])) / "
               f"model:gen_ai_server_requests:rate > {t.inference_error_ratio:g}", t.for_short, "critical", "service",

@@ -1,0 +1,498 @@
+"""promtool unit tests of the alert pack (default profile).
+
+The rule file is `rules_file(DEFAULT)` (recording rules included, so alerts that read recording rules
+are fed raw series: histogram buckets, counters). Every alert has cases in `CASES`: one that fires
+(exact labels and rendered annotations), one that must not fire, and where it means something, a
+flapping input and one where the metric disappears. Each case becomes a promtool test group;
+`promtool test rules` runs them per alert. Evaluation every 1m, series sampled every 1m.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass, field
+
+import pytest
+import yaml
+
+from conftest import require_tool
+from gpuobs.alerts.build import alert_rule, rule_groups, rules_file
+from gpuobs.alerts.rules import DEFAULT, _seconds, alerts
+
+ALERTS = {a.name: a for a in alerts(DEFAULT)}
+KINDS = ("fires", "quiet", "flap", "gone")
+
+# ------------------------------------------------------------------------------- labels, series
+
+NODE = {"cluster": "c1", "node": "n1", "instance": "n1:9445", "job": "gpuobs"}
+GPU0 = {**NODE, "gpu": "0", "uuid": "GPU-a"}
+GPU1 = {**NODE, "gpu": "1", "uuid": "GPU-b"}
+ON = ("cluster", "node", "instance", "gpu", "uuid")  # what `op on (cluster, node, instance, gpu, uuid)` keeps
+GPU0_ON = {k: GPU0[k] for k in ON}
+G = "n1 GPU 0 (GPU-a)"  # how descriptions name GPU0
+TRAIN = {"cluster": "c1", "node": "n1", "instance": "n1:9464", "job": "training", "job_id": "j1"}
+SERVE = {"cluster": "c1", "node": "n2", "instance": "n2:9464", "job": "inference",
+         "gen_ai_operation_name": "chat", "gen_ai_request_model": "llama", "job_id": "s1", "rank": "0"}
+
+REASON = "gpuobs_gpu_clock_event_reason_active"
+XID = "gpuobs_gpu_xid_errors_total"
+ECC = "gpuobs_gpu_ecc_errors_total"
+STEP = "gpuobs_training_step_duration_seconds"
+REQ = "gen_ai_server_request_duration_seconds"
+
+
+def s(metric: str, labels: dict, values: str) -> dict:
+    """One promtool input series."""
+    sel = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    return {"series": f"{metric}{{{sel}}}", "values": values}
+
+
+def alt(a, b, n: int) -> str:
+    """a b a b ... (n values): an input toggling every minute."""
+    return " ".join(str(a if i % 2 == 0 else b) for i in range(n))
+
+
+def cum(increments) -> str:
+    """Counter samples, one a minute, from per-minute increments."""
+    out, total = [], 0
+    for inc in increments:
+        total += inc
+        out.append(str(total))
+    return " ".join(out)
+
+
+def hist(metric: str, labels: dict, les: tuple[str, ...], minutes: list[float | None], per_min: int = 60,
+         end: str = "") -> list[dict]:
+    """Histogram buckets and count: minute i adds per_min observations of minutes[i] (None: no
+    observations that minute). end is appended to every series (e.g. ' stale')."""
+    series = []
+    for le in (*les, "+Inf"):
+        bound = float("inf") if le == "+Inf" else float(le)
+        incs = [per_min if v is not None and v <= bound else 0 for v in minutes]
+        series.append(s(f"{metric}_bucket", {**labels, "le": le}, cum(incs) + end))
+    series.append(s(f"{metric}_count", labels, cum(per_min if v is not None else 0 for v in minutes) + end))
+    return series
+
+
+def minutes_of(duration: str | None) -> int:
+    return int(_seconds(duration) // 60) if duration else 0
+
+
+# ---------------------------------------------------------------------------------------- cases
+
+
+@dataclass
+class Case:
+    alert: str
+    kind: str  # fires | quiet | flap | gone
+    what: str
+    series: list[dict]
+    # (eval minute, [(labels that survive the expression, rendered description)]); [] = must not fire
+    checks: list[tuple[int, list[tuple[dict, str]]]] = field(default_factory=list)
+
+
+CASES: list[Case] = []
+
+
+def case(alert, kind, what, series, *checks):
+    assert alert in ALERTS, alert
+    assert kind in KINDS, kind
+    CASES.append(Case(alert, kind, what, series, list(checks)))
+
+
+def gauge_alert(alert, metric, labels, bad, good, desc, *, quiet_extra=(), gone_what="the series disappear"):
+    """fires / quiet / flap / gone for an alert on one gauge of one target (`metric == bad`)."""
+    a = ALERTS[alert]
+    f, k = minutes_of(a.for_), minutes_of(a.keep_firing_for)
+    exp = [(labels, desc)]
+    other = {**labels, "gpu": "1", "uuid": "GPU-b"} if "gpu" in labels else {**labels, "node": "n9",
+                                                                            "instance": "n9:9445"}
+    case(alert, "fires", f"{bad} from minute 2, held {a.for_} (another target stays {good})",
+         [s(metric, labels, f"{good} {good} {bad}x40"), s(metric, other, f"{good}x42")],
+         (1 + f, []), (2 + f, exp), (10 + f, exp))
+    quiet = [s(metric, labels, f"{good}x40"), *quiet_extra]
+    checks = [(5, []), (30, [])]
+    if f > 1:  # held one minute less than its for: pending only
+        quiet.append(s(metric, other, f"{good} {bad}x{f - 1} {good}x30"))
+        checks.append((f, []))
+    case(alert, "quiet", f"stays {good}" + (f"; another target {bad} for {f - 1}m only" if f > 1 else ""),
+         quiet, *checks)
+    case(alert, "flap", f"toggles {bad}/{good} every minute: never held for {a.for_}",
+         [s(metric, labels, alt(bad, good, 41))], (5, []), (20, []), (40, []))
+    if k:
+        # held, then toggling: keep_firing_for carries it through the gaps, and it resolves k after the last bad
+        last = f + 3 + 5
+        case(alert, "flap", f"held {bad}, then toggling: keeps firing through the gaps",
+             [s(metric, labels, f"{bad}x{f + 3} {good} {bad} {good} {good} {bad} {good}x40")],
+             (f + 2, exp), (f + 4, exp), (f + 6, exp), (f + 7, exp), (last + k - 1, exp), (last + k + 2, []))
+        case(alert, "gone", f"fires, then {gone_what}: kept {a.keep_firing_for}, then resolved",
+             [s(metric, labels, f"{bad}x{f + 3} stale")], (f + 2, exp), (f + 4 + k - 2, exp), (f + 4 + k + 2, []))
+    else:
+        case(alert, "gone", f"fires, then {gone_what}: resolves at once",
+             [s(metric, labels, f"{bad}x{f + 3} stale")], (f + 2, exp), (f + 5, []))
+
+
+# ---- clock event reasons (throttling): 1 while active
+for alert, reason, desc in [
+    ("GpuHwThermalSlowdown", "hw_thermal_slowdown",
+     f"{G} is in HW thermal slowdown: its clocks are held down to protect it."),
+    ("GpuSwThermalSlowdown", "sw_thermal_slowdown", f"{G} has been in SW thermal slowdown for 5m."),
+    ("GpuHwPowerBrake", "hw_power_brake_slowdown",
+     f"{G} is in HW power brake slowdown: the node's power supply asked it to slow down."),
+    ("GpuHwSlowdown", "hw_slowdown", f"{G} has been in HW slowdown for 5m."),
+    ("GpuSwPowerCapSustained", "sw_power_cap",
+     f"{G} has been capped at its power limit for 15m: work runs slower than it could."),
+]:
+    other_reason = "gpu_idle" if reason != "gpu_idle" else "sw_power_cap"
+    gauge_alert(alert, REASON, {**GPU0, "reason": reason}, 1, 0, desc,
+                quiet_extra=[s(REASON, {**GPU0, "reason": other_reason}, "1x40")],
+                gone_what="the GPU's series vanish")
+
+# ---- temperatures, relative to the GPU's own thresholds (no keep_firing_for)
+for alert, metric, limit, desc in [
+    ("GpuTemperatureNearSlowdown", "gpuobs_gpu_temperature_celsius", "gpuobs_gpu_slowdown_temperature_celsius",
+     f"{G} is at 85 °C, within 5 °C of its own slowdown threshold."),
+    ("GpuMemoryTemperatureNearMax", "gpuobs_gpu_memory_temperature_celsius",
+     "gpuobs_gpu_memory_max_operating_temperature_celsius",
+     f"{G} memory is at 85 °C, within 5 °C of its maximum operating temperature."),
+]:
+    exp = [(GPU0_ON, desc)]
+    limits = [s(limit, GPU0, "88x40"), s(limit, GPU1, "95x40")]
+    case(alert, "fires", "85 °C against a limit of 88 (GPU1 at 85 has a limit of 95)",
+         [s(metric, GPU0, "70 70 85x38"), s(metric, GPU1, "85x40"), *limits], (6, []), (7, exp), (20, exp))
+    case(alert, "quiet", "82 °C, 6 °C under the limit", [s(metric, GPU0, "82x40"), *limits], (10, []), (30, []))
+    case(alert, "flap", "85/80 every minute: never 5m in a row", [s(metric, GPU0, alt(85, 80, 41)), *limits],
+         (10, []), (30, []))
+    case(alert, "gone", "fires, then the temperature series vanishes: resolves",
+         [s(metric, GPU0, "85x10 stale"), *limits], (8, exp), (12, []))
+
+# ---- allocated but idle
+UTIL, MEM = "gpuobs_gpu_utilization_ratio", "gpuobs_gpu_memory_used_bytes"
+_idle_exp = [(GPU0, f"{G} holds memory (a process, pod or job has it) but has done no work for 30m.")]
+case("GpuAllocatedIdle", "fires", "busy 10m, then idle with 2 GB allocated: 30m window + 5m for",
+     [s(UTIL, GPU0, "0.9x10 0x60"), s(MEM, GPU0, "2000000000x70"),
+      s(UTIL, GPU1, "0.9x70"), s(MEM, GPU1, "2000000000x70")], (44, []), (46, _idle_exp), (60, _idle_exp))
+case("GpuAllocatedIdle", "quiet", "idle but holding only 500 MB (nobody has it)",
+     [s(UTIL, GPU0, "0.9x10 0x60"), s(MEM, GPU0, "500000000x70")], (50, []), (70, []))
+case("GpuAllocatedIdle", "flap", "allocated, idle except a burst every 20 minutes",
+     [s(UTIL, GPU0, " ".join("0.5" if i % 20 == 0 else "0" for i in range(81))), s(MEM, GPU0, "2000000000x80")],
+     (50, []), (80, []))
+case("GpuAllocatedIdle", "gone", "fires, then the GPU's series vanish: resolves",
+     [s(UTIL, GPU0, "0.9x10 0x44 stale"), s(MEM, GPU0, "2000000000x54 stale")], (50, _idle_exp), (57, []))
+
+_fleet_exp = [({"cluster": "c1"}, "1 GPUs of cluster c1 have been idle for 30m.")]
+case("GpuFleetIdleCapacity", "fires", "GPU0 idle from minute 11 (GPU1 busy): 30m window + 30m for",
+     [s(UTIL, GPU0, "0.9x10 0x80"), s(UTIL, GPU1, "0.8x90")], (70, []), (71, _fleet_exp), (90, _fleet_exp))
+case("GpuFleetIdleCapacity", "quiet", "every GPU busy", [s(UTIL, GPU0, "0.6x90"), s(UTIL, GPU1, "0.8x90")],
+     (45, []), (90, []))
+case("GpuFleetIdleCapacity", "flap", "idle except a burst every 20 minutes",
+     [s(UTIL, GPU0, " ".join("0.5" if i % 20 == 0 else "0" for i in range(91)))], (60, []), (90, []))
+case("GpuFleetIdleCapacity", "gone", "fires, then the idle GPU's series vanish: resolves after its 30m window",
+     [s(UTIL, GPU0, "0.9x10 0x70 stale"), s(UTIL, GPU1, "0.8x110")], (75, _fleet_exp), (111, _fleet_exp),
+     (112, []))
+
+# ---- XIDs: counters born at 1 with their first event (a GPU without XIDs has no series); new while
+# absent in the hour before the last 5m, then increase() over 5m; kept 15m; resolve once no new XID.
+# A series present from the test's start counts as born then: quiet cases on it check from minute 20.
+for alert, xid, wrong_xid, desc in [
+    ("GpuXidRebootRequired", "79", "13", f"{G} reported XID 79: reboot the node."),
+    ("GpuXidResetRequired", "48", "13", f"{G} reported XID 48: drain it and reset the GPU."),
+    ("GpuXidApplicationError", "13", "79",
+     f"{G} reported XID 13 (contained error): restart the affected application."),
+    ("GpuXidNvlinkError", "74", "13", f"{G} reported XID 74: check its NVLink links."),
+]:
+    lab = {**GPU0, "xid": xid}
+    exp = [(lab, desc)]
+    case(alert, "fires", f"first XID {xid} at minute 11 (series born at 1): 5m new, then kept 15m",
+         [s(XID, lab, "_x11 1x40"), s(UTIL, GPU1, "0.5x50")], (10, []), (11, exp), (15, exp), (29, exp), (31, []))
+    case(alert, "fires", f"XID {xid} born at minute 6, resolved, then a second XID {xid} at minute 31",
+         [s(XID, lab, "_x6 1x24 2x20")], (6, exp), (27, []), (30, []), (31, exp), (40, exp))
+    case(alert, "quiet", f"an old XID {xid} count that does not grow, and a new XID {wrong_xid} (other tier)",
+         [s(XID, lab, "3x60"), s(XID, {**GPU0, "xid": wrong_xid}, "_x30 1x30")], (20, []), (31, []), (60, []))
+    case(alert, "flap", f"XID {xid} every 6 minutes: fires on the first and stays up in between",
+         [s(XID, lab, "_x11 " + cum([1, 0, 0, 0, 0, 0] * 2 + [1] + [0] * 30))],
+         (11, exp), (16, exp), (20, exp), (27, exp), (33, exp), (42, exp), (43, []))
+    case(alert, "gone", f"XID {xid} at minute 11, then the GPU's series vanish: resolves after its window",
+         [s(XID, lab, "_x11 1 stale")], (11, exp), (25, exp), (27, []))
+    case(alert, "gone", f"XID {xid} at 11; the GPU's series vanish 20m (NVML hang) and come back: no new XID",
+         [s(XID, lab, "_x11 1x8 stale _x19 1x20")], (20, exp), (35, []), (40, []), (45, []), (60, []))
+
+# ---- memory errors
+_ecc_unc = {**GPU0, "error_type": "uncorrected", "counter_type": "volatile"}
+_ecc_cor = {**GPU0, "error_type": "corrected", "counter_type": "volatile"}
+_unc_exp = [(_ecc_unc, f"{G} had 2 uncorrectable ECC errors in the last 5m.")]
+case("GpuEccUncorrectable", "fires", "2 uncorrectable errors at minute 11",
+     [s(ECC, _ecc_unc, "0x10 2x40"), s(ECC, {**_ecc_unc, "counter_type": "aggregate"}, "5x10 7x40")],
+     (10, []), (11, _unc_exp), (29, _unc_exp), (31, []))
+case("GpuEccUncorrectable", "quiet", "corrected errors grow, uncorrected stay flat",
+     [s(ECC, _ecc_unc, "4x40"), s(ECC, _ecc_cor, "0+5x40")], (10, []), (40, []))
+case("GpuEccUncorrectable", "flap", "one uncorrectable error every 6 minutes: stays up in between",
+     [s(ECC, _ecc_unc, cum([0] * 11 + [1, 0, 0, 0, 0, 0] * 3 + [0] * 30))],
+     (20, [(_ecc_unc, f"{G} had 1 uncorrectable ECC errors in the last 5m.")]),
+     (27, [(_ecc_unc, f"{G} had 1 uncorrectable ECC errors in the last 5m.")]), (45, []))
+case("GpuEccUncorrectable", "gone", "errors at minute 11, then the GPU's series vanish",
+     # the last value seen is increase()'s extrapolation over a window where the series ends: 3, not 2
+     [s(ECC, _ecc_unc, "0x10 2 stale")], (11, _unc_exp),
+     (25, [(_ecc_unc, f"{G} had 3 uncorrectable ECC errors in the last 5m.")]), (31, []))
+
+_cor_exp = [(_ecc_cor, f"{G} corrects 0.1 ECC errors per second.")]
+case("GpuEccCorrectedRate", "fires", "6 corrected errors a minute (360/h)",
+     [s(ECC, _ecc_cor, "0+6x90"), s(ECC, {**_ecc_cor, "uuid": "GPU-b", "gpu": "1"}, "0+1x90")],
+     (60, _cor_exp), (90, _cor_exp))
+case("GpuEccCorrectedRate", "quiet", "1 corrected error a minute (60/h, under 100/h)",
+     [s(ECC, _ecc_cor, "0+1x90")], (60, []), (90, []))
+case("GpuEccCorrectedRate", "flap", "a burst of 30 errors every 30 minutes (60/h on average)",
+     [s(ECC, _ecc_cor, cum(([30] + [0] * 29) * 4))], (70, []), (110, []))
+case("GpuEccCorrectedRate", "gone", "fires, then the counter vanishes: resolves once its samples leave the 1h window",
+     [s(ECC, _ecc_cor, "0+6x80 stale")], (75, _cor_exp),
+     (82, [(_ecc_cor, f"{G} corrects 0.0975 ECC errors per second.")]), (141, []))
+
+gauge_alert("GpuRowRemapPending", "gpuobs_gpu_row_remap_pending", GPU0, 1, 0,
+            f"{G} has a DRAM row remap pending; it takes effect at the next GPU reset.")
+gauge_alert("GpuRowRemapFailure", "gpuobs_gpu_row_remap_failure", GPU0, 1, 0,
+            f"{G} could not remap a failing DRAM row: take it out of service.")
+
+# ---- interconnects
+gauge_alert("GpuNvlinkDown", "gpuobs_gpu_nvlink_link_up", {**GPU0, "link": "3"}, 0, 1,
+            f"{G} NVLink link 3 is down.", quiet_extra=[s("gpuobs_gpu_nvlink_link_up", {**GPU0, "link": "4"},
+                                                          "1x40")])
+
+NVL = "gpuobs_gpu_nvlink_errors_total"
+_nvl = {**GPU0, "link": "3", "error_type": "crc"}
+_nvl_exp = [(_nvl, f"{G} link 3 has 2 crc errors/s.")]
+case("GpuNvlinkErrorRate", "fires", "120 CRC errors a minute (2/s); another link 10/min",
+     [s(NVL, _nvl, "0+120x30"), s(NVL, {**_nvl, "link": "4"}, "0+10x30")], (10, _nvl_exp), (20, _nvl_exp))
+case("GpuNvlinkErrorRate", "quiet", "30 errors a minute (0.5/s)", [s(NVL, _nvl, "0+30x30")], (10, []), (30, []))
+case("GpuNvlinkErrorRate", "flap", "a 3-minute burst every 10 minutes: never 5m over",
+     [s(NVL, _nvl, cum(([0] * 7 + [200] * 3) * 4))], (15, []), (30, []), (40, []))
+case("GpuNvlinkErrorRate", "gone", "fires, then the counter vanishes: resolves after its 5m window",
+     [s(NVL, _nvl, "0+120x20 stale")], (15, _nvl_exp), (25, []))
+
+PGEN, PGENMAX = "gpuobs_gpu_pcie_link_generation", "gpuobs_gpu_pcie_link_generation_max"
+PW, PWMAX = "gpuobs_gpu_pcie_link_width", "gpuobs_gpu_pcie_link_width_max"
+_pcie_exp = [(GPU0_ON, f"{G} runs its PCIe link below its maximum while busy.")]
+_pcie_max = [s(PGENMAX, GPU0, "5x40"), s(PWMAX, GPU0, "16x40")]
+case("GpuPcieLinkDegraded", "fires", "busy at gen 4 of 5", [s(PGEN, GPU0, "4x40"), s(PW, GPU0, "16x40"),
+                                                           s(UTIL, GPU0, "0.9x40"), *_pcie_max],
+     (14, []), (15, _pcie_exp), (30, _pcie_exp))
+case("GpuPcieLinkDegraded", "fires", "busy at x8 of x16 and gen 4 of 5 (one alert)",
+     [s(PGEN, GPU0, "4x40"), s(PW, GPU0, "8x40"), s(UTIL, GPU0, "0.9x40"), *_pcie_max], (20, _pcie_exp))
+case("GpuPcieLinkDegraded", "quiet", "gen 1 while idle (power saving), full link while busy",
+     [s(PGEN, GPU0, "1x20 5x20"), s(PW, GPU0, "16x40"), s(UTIL, GPU0, "0.05x20 0.9x20"), *_pcie_max],
+     (18, []), (40, []))
+case("GpuPcieLinkDegraded", "flap", "busy/idle every minute, downshifting while idle",
+     [s(PGEN, GPU0, alt(5, 1, 41)), s(PW, GPU0, "16x40"), s(UTIL, GPU0, alt(0.9, 0.05, 41)), *_pcie_max],
+     (20, []), (40, []))
+case("GpuPcieLinkDegraded", "gone", "fires, then the GPU's series vanish: resolves",
+     [s(PGEN, GPU0, "4x20 stale"), s(PW, GPU0, "16x20 stale"), s(UTIL, GPU0, "0.9x20 stale"),
+      s(PGENMAX, GPU0, "5x20 stale"), s(PWMAX, GPU0, "16x20 stale")], (18, _pcie_exp), (22, []))
+
+PR = "gpuobs_gpu_pcie_replays_total"
+_pr_exp = [(GPU0, f"{G} has 2 PCIe replays per second.")]
+case("GpuPcieReplayRate", "fires", "120 replays a minute", [s(PR, GPU0, "0+120x30"), s(PR, GPU1, "0+5x30")],
+     (10, _pr_exp), (30, _pr_exp))
+case("GpuPcieReplayRate", "quiet", "30 replays a minute", [s(PR, GPU0, "0+30x30")], (10, []), (30, []))
+case("GpuPcieReplayRate", "flap", "a 3-minute burst every 10 minutes: never 5m over",
+     [s(PR, GPU0, cum(([0] * 7 + [200] * 3) * 4))], (15, []), (30, []), (40, []))
+case("GpuPcieReplayRate", "gone", "fires, then the counter vanishes: resolves after its 5m window",
+     [s(PR, GPU0, "0+120x20 stale")], (15, _pr_exp), (25, []))
+
+# ---- presence and the exporter
+gauge_alert("GpuLost", "gpuobs_gpu_up", GPU0, 0, 1, f"{G} is lost (it no longer answers NVML).",
+            gone_what="the whole exporter goes away (GpuExporterDown's case)")
+
+_missing = "n1 has {} GPUs answering, fewer than it should have."
+case("GpuMissing", "fires", "7 of 8 GPUs present",
+     [s("gpuobs_gpus_present", NODE, "8 8 7x30"), s("gpuobs_gpus_expected", NODE, "8x32")],
+     (6, []), (7, [(NODE, _missing.format(7))]), (20, [(NODE, _missing.format(7))]))
+case("GpuMissing", "quiet", "8 of 8 present, on two nodes",
+     [s("gpuobs_gpus_present", NODE, "8x30"), s("gpuobs_gpus_expected", NODE, "8x30"),
+      s("gpuobs_gpus_present", {**NODE, "node": "n2", "instance": "n2:9445"}, "4x30"),
+      s("gpuobs_gpus_expected", {**NODE, "node": "n2", "instance": "n2:9445"}, "4x30")], (10, []), (30, []))
+case("GpuMissing", "flap", "one GPU in and out every minute: never 5m in a row",
+     [s("gpuobs_gpus_present", NODE, alt(7, 8, 41)), s("gpuobs_gpus_expected", NODE, "8x40")], (10, []), (40, []))
+case("GpuMissing", "gone", "every GPU vanishes: 0 present while 8 expected still fires",
+     [s("gpuobs_gpus_present", NODE, "8 8 0x30"), s("gpuobs_gpus_expected", NODE, "8x32")],
+     (7, [(NODE, _missing.format(0))]), (30, [(NODE, _missing.format(0))]))
+
+gauge_alert("NvmlDown", "gpuobs_nvml_up", NODE, 0, 1, "NVML does not answer on n1: no GPU can be read.",
+            gone_what="the exporter goes away (GpuExporterDown's case)")
+gauge_alert("GpuExporterDown", "up", NODE, 0, 1, "The gpuobs exporter on n1 (n1:9445) cannot be scraped.",
+            quiet_extra=[s("up", {**NODE, "job": "node-exporter", "instance": "n1:9100"}, "0x40")],
+            gone_what="the target leaves service discovery (GpuExporterAbsent's case if it was the last)")
+gauge_alert("GpuMetricsStale", "gpuobs_exporter_snapshot_stale", NODE, 1, 0,
+            "The exporter on n1 has no fresh snapshot: NVML calls are hanging.")
+
+_absent_exp = [({"job": "gpuobs"}, "Prometheus scrapes no target of job gpuobs: GPU alerts cannot fire.")]
+case("GpuExporterAbsent", "fires", "no up{job=gpuobs} at all (only other jobs)",
+     [s("up", {**NODE, "job": "node-exporter", "instance": "n1:9100"}, "1x20")], (4, []), (5, _absent_exp),
+     (20, _absent_exp))
+case("GpuExporterAbsent", "quiet", "the exporter is down but still a target (GpuExporterDown's case)",
+     [s("up", NODE, "0x20")], (10, []), (20, []))
+case("GpuExporterAbsent", "flap", "the target comes and goes every minute: never absent 5m",
+     [s("up", NODE, " ".join("1" if i % 2 == 0 else "stale" for i in range(41)))], (10, []), (40, []))
+case("GpuExporterAbsent", "gone", "the last target disappears at minute 11",
+     [s("up", NODE, "1x10 stale")], (10, []), (15, []), (16, _absent_exp), (30, _absent_exp))
+
+# ---- training
+LAST = "gpuobs_training_step_last_time_seconds"
+_r0 = {**TRAIN, "rank": "0"}
+_stall_exp = [(_r0, "Rank 0 of job j1 has not finished a step for 10m.")]
+case("TrainingStalled", "fires", "steps every minute until minute 10, then none",
+     [s(LAST, _r0, "0+60x10 600x30"), s(LAST, {**TRAIN, "rank": "1"}, "0+60x40")],
+     (20, []), (21, _stall_exp), (40, _stall_exp))
+case("TrainingStalled", "quiet", "a step every minute", [s(LAST, _r0, "0+60x40")], (20, []), (40, []))
+case("TrainingStalled", "flap", "a step every 8 minutes (slow, but progressing)",
+     [s(LAST, _r0, " ".join(str(i // 8 * 8 * 60) for i in range(41)))], (20, []), (40, []))
+case("TrainingStalled", "gone", "the job ends and its series vanish: not a stall",
+     [s(LAST, _r0, "0+60x10 stale")], (15, []), (30, []))
+
+_les = ("0.5", "1", "2", "4")
+_fast, _slow = 0.8, 1.5  # p50 of 60 steps a minute all in (0.5, 1]: 0.75; all in (1, 2]: 1.5
+_reg_exp = [({"job_id": "j1"}, "Job j1 steps take 1.5 s, over 1.5x its median of the last 6h.")]
+case("TrainingStepTimeRegression", "fires", "2h at 0.8 s a step, then 1.5 s",
+     hist(STEP, _r0, _les, [_fast] * 121 + [_slow] * 60), (128, []), (150, _reg_exp), (180, _reg_exp))
+case("TrainingStepTimeRegression", "quiet", "steady at 0.8 s, and a job slow from its start (its own baseline)",
+     hist(STEP, _r0, _les, [_fast] * 181) + hist(STEP, {**TRAIN, "job_id": "j2", "rank": "0"}, _les,
+                                                  [_slow] * 181), (150, []), (180, []))
+case("TrainingStepTimeRegression", "flap", "a 10-minute slowdown: shorter than its for (15m)",
+     hist(STEP, _r0, _les, [_fast] * 121 + [_slow] * 10 + [_fast] * 50), (130, []), (140, []), (170, []))
+case("TrainingStepTimeRegression", "gone", "fires, then the job ends and its series vanish: resolves",
+     hist(STEP, _r0, _les, [_fast] * 121 + [_slow] * 40, end=" stale"), (160, _reg_exp), (164, _reg_exp), (165, []))
+
+WAIT = "gpuobs_training_data_wait_share_ratio"
+gauge_alert("TrainingDataLoaderBound", WAIT, _r0, 0.5, 0.1,
+            "Rank 0 of job j1 spends 50% of each step waiting for data.", gone_what="the job ends")
+
+CKPT = "gpuobs_training_checkpoint_duration_seconds"
+_ckpt_exp = [(_r0, "Job j1 rank 0 checkpoints take 900 s on average.")]
+case("TrainingSlowCheckpoint", "fires", "one checkpoint of 900 s at minute 11; leaves the 1h window at 71",
+     [s(f"{CKPT}_sum", _r0, "0x10 900x70"), s(f"{CKPT}_count", _r0, "0x10 1x70")],
+     (10, []), (11, _ckpt_exp), (70, _ckpt_exp), (72, []))
+case("TrainingSlowCheckpoint", "quiet", "checkpoints of 120 s every 20 minutes",
+     [s(f"{CKPT}_sum", _r0, cum(([120] + [0] * 19) * 4)), s(f"{CKPT}_count", _r0, cum(([1] + [0] * 19) * 4))],
+     (30, []), (79, []))
+case("TrainingSlowCheckpoint", "gone", "one slow checkpoint, then the job ends: resolves when it leaves the 1h window",
+     [s(f"{CKPT}_sum", _r0, "0x10 900x10 stale"), s(f"{CKPT}_count", _r0, "0x10 1x10 stale")],
+     (15, _ckpt_exp), (70, _ckpt_exp), (71, []))
+
+_ranks = [{**TRAIN, "rank": str(r)} for r in range(4)]
+_strag_exp = [({"job_id": "j1", "rank": "2"}, "Rank 2 of job j1 takes 2.00x the median rank's step time.")]
+case("TrainingStragglerRank", "fires", "rank 2 steps in 1.5 s, ranks 0, 1, 3 in 0.8 s",
+     [x for r in _ranks for x in hist(STEP, r, _les, [_slow if r["rank"] == "2" else _fast] * 41)],
+     (15, []), (25, _strag_exp), (40, _strag_exp))
+case("TrainingStragglerRank", "quiet", "every rank at 0.8 s", [x for r in _ranks for x in hist(STEP, r, _les,
+                                                                                             [_fast] * 41)],
+     (20, []), (40, []))
+case("TrainingStragglerRank", "flap", "rank 2 slow 10 minutes only: shorter than its for (15m)",
+     [x for r in _ranks for x in hist(STEP, r, _les, [_fast] * 10 + [_slow if r["rank"] == "2" else _fast] * 10
+                                      + [_fast] * 21)], (20, []), (30, []), (40, []))
+case("TrainingStragglerRank", "gone", "fires, then the slow rank dies and its series vanish: resolves",
+     [x for r in _ranks for x in hist(STEP, r, _les, [_slow if r["rank"] == "2" else _fast] * 31,
+                                      end=" stale" if r["rank"] == "2" else " 0x10")],
+     (28, _strag_exp), (34, _strag_exp), (35, []))
+
+# ---- inference
+_req_les = ("0.5", "1", "2.5", "5", "10")
+_lat_exp = [({"gen_ai_request_model": "llama"}, "Model llama p99 latency is 9.95 s.")]
+case("InferenceLatencyHigh", "fires", "every request takes 7 s (p99 interpolates to 9.95)",
+     hist(REQ, SERVE, _req_les, [7] * 31, per_min=100) + hist(
+         REQ, {**SERVE, "gen_ai_request_model": "mistral"}, _req_les, [0.7] * 31, per_min=100),
+     (5, []), (10, _lat_exp), (30, _lat_exp))
+case("InferenceLatencyHigh", "quiet", "every request takes 0.7 s", hist(REQ, SERVE, _req_les, [0.7] * 31),
+     (10, []), (30, []))
+case("InferenceLatencyHigh", "quiet", "no requests at all for 20 minutes (no quantile, no alert)",
+     hist(REQ, SERVE, _req_les, [0.7] * 5 + [None] * 26), (20, []), (30, []))
+case("InferenceLatencyHigh", "gone", "fires, then the model is unloaded and its series vanish",
+     hist(REQ, SERVE, _req_les, [7] * 21, per_min=100, end=" stale"), (15, _lat_exp), (24, _lat_exp), (25, []))
+
+ERR = "gpuobs_inference_errors_total"
+_err = {**SERVE, "error_type": "timeout"}
+_err_exp = [({"gen_ai_request_model": "llama"}, "10% of requests to llama fail.")]
+case("InferenceErrorRate", "fires", "10 of 100 requests a minute fail",
+     [s(f"{REQ}_count", SERVE, "0+100x30"), s(ERR, _err, "0+10x30")], (5, []), (10, _err_exp), (30, _err_exp))
+case("InferenceErrorRate", "quiet", "1 of 100 requests a minute fails, and a model with no error series",
+     [s(f"{REQ}_count", SERVE, "0+100x30"), s(ERR, _err, "0+1x30"),
+      s(f"{REQ}_count", {**SERVE, "gen_ai_request_model": "mistral"}, "0+100x30")], (10, []), (30, []))
+case("InferenceErrorRate", "flap", "an error burst of 3 minutes every 10: never 5m over 5%",
+     [s(f"{REQ}_count", SERVE, "0+100x40"), s(ERR, _err, cum(([0] * 7 + [10] * 3) * 4))], (20, []), (40, []))
+case("InferenceErrorRate", "gone", "fires, then the model's series vanish: resolves",
+     [s(f"{REQ}_count", SERVE, "0+100x20 stale"), s(ERR, _err, "0+10x20 stale")],
+     (15, _err_exp), (24, _err_exp), (25, []))
+
+# ---- meta: always fires (no quiet case can exist)
+case("Watchdog", "fires", "always", [s("up", NODE, "1x10")],
+     (0, [({}, "This alert always fires. If it stops arriving, Prometheus or Alertmanager is broken.")]),
+     (10, [({}, "This alert always fires. If it stops arriving, Prometheus or Alertmanager is broken.")]))
+case("Watchdog", "gone", "no series at all: still fires", [s("up", NODE, "stale")],
+     (5, [({}, "This alert always fires. If it stops arriving, Prometheus or Alertmanager is broken.")]))
+
+# ------------------------------------------------------------------------------- promtool files
+
+
+def unit_test(c: Case) -> dict:
+    a = ALERTS[c.alert]
+    rule = alert_rule(a, DEFAULT)
+    return {
+        "name": f"{c.alert} [{c.kind}] {c.what}",
+        "interval": "1m",
+        "input_series": c.series,
+        "alert_rule_test": [
+            {"eval_time": f"{minute}m", "alertname": c.alert,
+             "exp_alerts": [{"exp_labels": {**labels, **rule["labels"]},
+                             "exp_annotations": {**rule["annotations"], "description": description}}
+                            for labels, description in expected]}
+            for minute, expected in c.checks],
+    }
+
+
+def promtool_tests(cases: list[Case]) -> str:
+    # recording rules first: promtool's group order is otherwise random, and alerts that read a recording
+    # rule would see it one evaluation late only some of the time
+    order = [g["name"] for g in rule_groups(DEFAULT)]
+    return yaml.safe_dump({"rule_files": ["gpuobs.rules.yml"], "evaluation_interval": "1m",
+                           "group_eval_order": order, "tests": [unit_test(c) for c in cases]},
+                          sort_keys=False, allow_unicode=True, width=200)
+
+
+@pytest.fixture(scope="module")
+def rule_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("rules")
+    (d / "gpuobs.rules.yml").write_text(rules_file(DEFAULT))
+    return d
+
+
+def promtool(*args, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([require_tool("promtool"), *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def test_promtool_check_rules(rule_dir):
+    out = promtool("check", "rules", "gpuobs.rules.yml", cwd=rule_dir)
+    assert out.returncode == 0, out.stdout + out.stderr
+    rendered = yaml.safe_load((rule_dir / "gpuobs.rules.yml").read_text())
+    names = [r["alert"] for g in rendered["groups"] for r in g["rules"] if "alert" in r]
+    assert sorted(names) == sorted(ALERTS), "every alert of the pack must be in the rule file, once"
+
+
+@pytest.mark.parametrize("alert", list(ALERTS))
+def test_promtool_unit_tests(rule_dir, alert):
+    cases = [c for c in CASES if c.alert == alert]
+    assert cases, f"{alert} has no cases"
+    path = rule_dir / f"test_{alert}.yml"
+    path.write_text(promtool_tests(cases))
+    out = promtool("test", "rules", path.name, cwd=rule_dir)
+    assert out.returncode == 0, f"{path}\n{out.stdout}{out.stderr}"
+
+
+def test_every_alert_has_a_firing_and_a_quiet_case():
+    for name, a in ALERTS.items():
+        checks = [(c, expected) for c in CASES if c.alert == name for _, expected in c.checks]
+        assert any(expected and c.kind == "fires" for c, expected in checks), f"{name}: no firing case"
+        for c, expected in checks:
+            for labels, description in expected:
+                assert description and "{{" not in description, f"{name}: description not rendered"
+        if name != "Watchdog":  # vector(1): it always fires, there is nothing to keep quiet
+            assert any(c.kind == "quiet" and not any(e for _, e in c.checks) for c in CASES if c.alert == name), \
+                f"{name}: no case where it must not fire"
+    assert {c.alert for c in CASES} == set(ALERTS)
+    assert sum(c.kind == "flap" for c in CASES) >= 30 and sum(c.kind == "gone" for c in CASES) >= 30
