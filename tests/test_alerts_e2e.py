@@ -99,7 +99,7 @@ def test_faults_page_the_right_alerts_and_resolve(exporter, prometheus, alertman
     run.next_snapshot(3)  # the exporter has seen all four GPUs: expected = 4
 
     t0 = time.monotonic()
-    g0, g1, g2 = st.gpu(0), st.gpu(1), st.gpu(2)
+    g0, g2 = st.gpu(0), st.gpu(2)
     set_val(g0.clock_events, 0x40)  # GPU 0: HW thermal slowdown ...
     set_val(g0.temp_gpu, 86)  # ... and hot (a warning the critical alert inhibits)
     st.xid(1, 79)  # GPU 1: XID 79, then it falls off the bus
