@@ -49,11 +49,30 @@ class Telemetry:
     span_processor: Any = None
     http_server: Any = None  # the Prometheus scrape server, closed on shutdown
     readers: list = field(default_factory=list)  # metric readers (stopped in forked children)
+    local: dict[str, list] = field(default_factory=dict)  # metric name -> LocalValues handed out
     _closed: bool = False
 
     def instrument(self, metric: c.Metric) -> Any:
-        """The OTel instrument of a catalog metric (created in configure)."""
+        """What to record a catalog metric into: for training counters and gauges a LocalValues
+        (one per call, observed at collection), else the OTel instrument created in configure."""
+        if _observed(metric):
+            if not self.enabled:
+                return _NO_VALUES
+            values = LocalValues(metric.kind)
+            self.local.setdefault(metric.name, []).append(values)
+            return values
         return self.instruments[metric.name]
+
+    def _observer(self, metric: c.Metric):
+        from opentelemetry.metrics import Observation
+
+        def observe(_options):
+            merged: dict[tuple, float] = {}
+            for values in list(self.local.get(metric.name, ())):
+                for key, value in list(values.values.items()):  # one C-level copy: safe against the trainer
+                    merged[key] = merged.get(key, 0) + value if metric.kind == "counter" else value
+            return [Observation(value, dict(key)) for key, value in merged.items()]
+        return observe
 
     @property
     def spans_dropped(self) -> int:
@@ -91,10 +110,48 @@ class Telemetry:
             log.warning("telemetry shutdown timed out; unsent data dropped", extra={"timeout_s": timeout_s})
 
 
-def _make_instruments(meter) -> dict[str, Any]:
+class LocalValues:
+    """Counter or gauge values kept by the training thread (a dict update per step, about 1 µs)
+    and handed to OTel by an observable instrument when metrics are collected: a synchronous
+    instrument call costs several µs each, and a step updates about ten of them."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self.values: dict[tuple, float] = {}
+
+    def add(self, value: float, attrs: dict) -> None:
+        key = tuple(attrs.items())
+        self.values[key] = self.values.get(key, 0) + value  # ints stay ints (step counts)
+
+    def set(self, value: float, attrs: dict) -> None:
+        self.values[tuple(attrs.items())] = value
+
+
+class _NoValues:
+    """LocalValues of disabled telemetry: keeps nothing."""
+
+    def add(self, value: float, attrs: dict) -> None:
+        pass
+
+    def set(self, value: float, attrs: dict) -> None:
+        pass
+
+
+_NO_VALUES = _NoValues()
+
+
+def _observed(metric: c.Metric) -> bool:
+    """Training counters and gauges are kept locally and observed; histograms are recorded."""
+    return metric.family == "training" and metric.kind in ("counter", "gauge")
+
+
+def _make_instruments(meter, tel: "Telemetry") -> dict[str, Any]:
     out = {}
     for m in c.OTEL:
-        if m.kind == "histogram":
+        if _observed(m):
+            make = meter.create_observable_counter if m.kind == "counter" else meter.create_observable_gauge
+            out[m.name] = make(m.otel_name, callbacks=[tel._observer(m)], unit=m.otel_unit, description=m.help)
+        elif m.kind == "histogram":
             out[m.name] = meter.create_histogram(m.otel_name, unit=m.otel_unit, description=m.help)
         elif m.kind == "counter":
             out[m.name] = meter.create_counter(m.otel_name, unit=m.otel_unit, description=m.help)
@@ -191,7 +248,7 @@ def configure(service_name: str | None = None, endpoint: str | None = None, prot
             endpoint or prometheus_port is not None or span_exporters or metric_readers)
     if not enabled:
         tel = Telemetry(False, otel_trace.NoOpTracer(), otel_metrics.NoOpMeter("gpuobs"), run_env)
-        tel.instruments = _make_instruments(tel.meter)
+        tel.instruments = _make_instruments(tel.meter, tel)
         _current = tel
         return tel
 
@@ -235,8 +292,9 @@ def configure(service_name: str | None = None, endpoint: str | None = None, prot
     meter_provider = MeterProvider(resource=resource, metric_readers=readers, views=_views(),
                                    shutdown_on_exit=False)
     meter = meter_provider.get_meter("gpuobs.instrument", __version__)
-    tel = Telemetry(True, tracer, meter, run_env, _make_instruments(meter), tracer_provider, meter_provider,
-                    processor, http_server, readers)
+    tel = Telemetry(True, tracer, meter, run_env, {}, tracer_provider, meter_provider, processor, http_server,
+                    readers)
+    tel.instruments = _make_instruments(meter, tel)
     _current = tel
     log.info("telemetry configured", extra={"endpoint": endpoint, "protocol": protocol,
                                            "prometheus_port": prometheus_port, "rank": run_env.rank})

@@ -247,16 +247,26 @@ class TrainingRun:
 
     def checkpoint(self, **attributes: Any) -> Any:
         """Context manager around a checkpoint save: a span, its duration, and checkpoint badput."""
-        def done(seconds: float) -> None:
-            self._h_ckpt.record(seconds, self.attrs)
-            self._bad.add(seconds, self._cause["checkpoint"])
-            if self._in_step:
-                self._ckpt_in_step += seconds  # not goodput, though inside the step
-            else:
-                self._ckpt_between += seconds
-
         attrs = {**self.attrs, **{f"gpuobs.checkpoint.{k}": str(v) for k, v in attributes.items()}}
-        return _Span(self.tracer, "train.checkpoint", attrs, on_exit=done)
+        return _Span(self.tracer, "train.checkpoint", attrs, on_exit=self._checkpoint_done)
+
+    def _checkpoint_done(self, seconds: float) -> None:
+        self._h_ckpt.record(seconds, self.attrs)
+        self._bad.add(seconds, self._cause["checkpoint"])
+        if self._in_step:
+            self._ckpt_in_step += seconds  # not goodput, though inside the step
+        else:
+            self._ckpt_between += seconds  # badput already: not idle as well
+
+    def record_checkpoint(self, seconds: float, start_ns: int, **attributes: Any) -> None:
+        """Record a checkpoint measured elsewhere (framework hooks that learn of a save only after
+        it): the same duration, badput and span as checkpoint() records around a block."""
+        seconds = max(0.0, seconds)
+        self._checkpoint_done(seconds)
+        if self.tracing:
+            attrs = {**self.attrs, **{f"gpuobs.checkpoint.{k}": str(v) for k, v in attributes.items()}}
+            span = self.tracer.start_span("train.checkpoint", start_time=start_ns, attributes=attrs)
+            span.end(end_time=start_ns + int(seconds * 1e9))
 
     # ---- lazily read values -----------------------------------------------------------------
 

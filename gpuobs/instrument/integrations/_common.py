@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ... import catalog as c
 from ..telemetry import Telemetry
 from ..train import TrainingRun
 
@@ -58,14 +57,5 @@ class Scaled:
 
 
 def record_checkpoint(run: TrainingRun, seconds: float, start_ns: int, **attributes: Any) -> None:
-    """Record a checkpoint measured by the caller (start and duration known only afterwards): the
-    same span, histogram and badput that TrainingRun.checkpoint() records around a block."""
-    seconds = max(0.0, seconds)
-    run.tel.instrument(c.CHECKPOINT_DURATION).record(seconds, run.attrs)
-    run.tel.instrument(c.BADPUT).add(seconds, {**run.attrs, "cause": "checkpoint"})
-    if not getattr(run, "_in_step", False) and hasattr(run, "_ckpt_between"):
-        run._ckpt_between += seconds  # as TrainingRun.checkpoint() does: badput already, so not idle too
-    if run.tracing:
-        attrs = {**run.attrs, **{f"gpuobs.checkpoint.{k}": str(v) for k, v in attributes.items()}}
-        span = run.tracer.start_span("train.checkpoint", start_time=start_ns, attributes=attrs)
-        span.end(end_time=start_ns + int(seconds * 1e9))
+    """Record a checkpoint whose start and duration are known only afterwards (TrainingRun.record_checkpoint)."""
+    run.record_checkpoint(seconds, start_ns, **attributes)
