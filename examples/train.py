@@ -37,6 +37,7 @@ class Sgd:
     def __init__(self, n: int, lr: float):
         self.w = [0.0] * n
         self.param_groups = [{"lr": lr}]
+        self.grad_norm = 0.0
 
     def step(self, xs, ys) -> float:
         lr, n = self.param_groups[0]["lr"], len(xs)
@@ -48,6 +49,7 @@ class Sgd:
             for j, x in enumerate(row):
                 grad[j] += 2 * err * x / n
         self.w = [w - lr * g for w, g in zip(self.w, grad)]
+        self.grad_norm = sum(g * g for g in grad) ** 0.5
         return loss
 
 
@@ -95,7 +97,7 @@ def main() -> None:
                 with run.checkpoint(step=step):
                     time.sleep(0.05)  # stand-in for writing the weights
                     log.info("checkpoint saved", extra={"step": step})
-        run.report(loss=loss, lr=opt)
+        run.report(loss=loss, grad_norm=opt.grad_norm, lr=opt)
         if step % args.eval_every == 0:
             evaluate(opt, xs)
         if step % 50 == 0:

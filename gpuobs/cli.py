@@ -270,5 +270,23 @@ def sim_calls(state_file: str, reset: bool) -> None:
         st.reset_calls()
 
 
+@main.group()
+def dashboards() -> None:
+    """Grafana dashboards (grafanalib) and their provisioning files."""
+
+
+@dashboards.command("build")
+@click.option("--check", is_flag=True, help="Only report generated files that differ; exit 1 if any.")
+def dashboards_build(check: bool) -> None:
+    """Regenerate dashboards/ from gpuobs/dashboards."""
+    from .dashboards.build import ROOT, build
+
+    changed = build(check=check)
+    for path in changed:
+        click.echo(f"{'differs' if check else 'wrote'}: {path.relative_to(ROOT)}")
+    if check and changed:
+        raise SystemExit(1)
+
+
 if __name__ == "__main__":
     main()

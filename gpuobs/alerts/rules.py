@@ -106,8 +106,10 @@ def recording_rules(t: Thresholds) -> list[Record]:
         Record("cluster:gpuobs_gpus_allocated_idle:count",
                f"count by (cluster) ((max_over_time({c.UTILIZATION.name}[{t.for_idle}]) <= {t.idle_utilization:g})"
                f" and on ({GPU_BY}) uuid:gpuobs_gpu_allocated:bool == 1)"),
+        # a series born within the window (its first XID) counts with its value: increase() misses it
         Record("cluster_xid:gpuobs_gpu_xid_errors:increase",
-               f"sum by (cluster, xid) (increase({c.XID_ERRORS.exposed_name}[{t.long_window}]))"),
+               f"sum by (cluster, xid) (increase({c.XID_ERRORS.exposed_name}[{t.long_window}]) or "
+               f"({c.XID_ERRORS.exposed_name} unless {c.XID_ERRORS.exposed_name} offset {t.long_window}))"),
         Record("cluster:gpuobs_gpu_ecc_uncorrected:increase",
                f"sum by (cluster) (increase({c.ECC_ERRORS.exposed_name}{{error_type=\"uncorrected\","
                f"counter_type=\"volatile\"}}[{t.long_window}]))"),

@@ -1,0 +1,272 @@
+"""Shared building blocks of the gpuobs dashboards, on top of grafanalib.
+
+Conventions every dashboard follows (and tests/test_dashboards.py checks):
+
+- every panel and target reads the templated Prometheus datasource `${datasource}`;
+- every panel has a unit;
+- only non-Angular panel types: timeseries, stat, table, bargauge, state-timeline, heatmap (and rows);
+- every rate()/increase() runs over `$__rate_interval`, and only over counters;
+- panels are laid out by `Layout`, which gives unique ids and non-overlapping grid positions;
+- uids are stable, so links between dashboards (fleet -> node -> job) keep working.
+"""
+
+from __future__ import annotations
+
+import attr
+from grafanalib.core import (REFRESH_ON_TIME_RANGE_CHANGE, BarGauge, Dashboard, DashboardLink, GridPos, Heatmap,
+                             RowPanel, Stat, StateTimeline, Table, Target, Template, Templating, Time, TimeSeries)
+
+from .. import catalog as c
+
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+SCHEMA_VERSION = 39  # Grafana 11
+PLUGIN_VERSION = "11.0.0"  # panels are written in the options format of this version: no migration runs
+TAGS = ["gpuobs"]
+UIDS = {"fleet": "gpuobs-fleet", "node": "gpuobs-node", "training": "gpuobs-training",
+        "inference": "gpuobs-inference", "exporter": "gpuobs-exporter"}
+SLUGS = {"fleet": "gpuobs-fleet-overview", "node": "gpuobs-node", "training": "gpuobs-training-job",
+         "inference": "gpuobs-inference-service", "exporter": "gpuobs-exporter-health"}
+GPU_BY = "cluster, node, instance, gpu, uuid"  # one GPU, whatever the scrape adds
+BASE_THRESHOLDS = [{"color": "green", "value": None}]
+NO_DATA = "No data"
+
+
+# ---------------------------------------------------------------------------------------- names
+def sample(m: c.Metric, suffix: str = "") -> str:
+    """The sample name of a catalog metric in Prometheus: counters with _total, info with _info,
+    histograms with the suffix given (bucket, sum or count)."""
+    if m.kind == "histogram":
+        if suffix not in ("bucket", "sum", "count"):
+            raise ValueError(f"{m.name} is a histogram: name its bucket, sum or count series")
+        return f"{m.name}_{suffix}"
+    if suffix:
+        raise ValueError(f"{m.name} is a {m.kind}, not a histogram")
+    return m.exposed_name
+
+
+def sel(m: c.Metric | str, *matchers: str, suffix: str = "") -> str:
+    """metric{matchers}: a selector over a catalog metric (or a recording rule / other name)."""
+    name = m if isinstance(m, str) else sample(m, suffix)
+    inner = ",".join(x for x in matchers if x)
+    return f"{name}{{{inner}}}" if inner else name
+
+
+def rate(selector: str, fn: str = "rate") -> str:
+    """rate()/increase() over the panel's $__rate_interval."""
+    return f"{fn}({selector}[$__rate_interval])"
+
+
+def quantile(q: float, m: c.Metric, matchers: tuple[str, ...], by: str = "") -> str:
+    """histogram_quantile over a catalog histogram."""
+    by_le = f"{by}, le" if by else "le"
+    return f"histogram_quantile({q:g}, sum by ({by_le}) ({rate(sel(m, *matchers, suffix='bucket'))}))"
+
+
+def mean(m: c.Metric, matchers: tuple[str, ...], by: str = "") -> str:
+    """Mean of a histogram's observations: rate of the sum over rate of the count."""
+    agg = f"sum by ({by})" if by else "sum"
+    return (f"{agg} ({rate(sel(m, *matchers, suffix='sum'))}) / "
+            f"{agg} ({rate(sel(m, *matchers, suffix='count'))})")
+
+
+# -------------------------------------------------------------------------------------- links
+def url(dashboard: str, **variables: str) -> str:
+    """A link to another gpuobs dashboard by its stable uid, keeping datasource and time range."""
+    params = "".join(f"&var-{k}={v}" for k, v in variables.items())
+    return f"/d/{UIDS[dashboard]}/{SLUGS[dashboard]}?var-datasource=${{datasource}}{params}&${{__url_time_range}}"
+
+
+def data_link(title: str, dashboard: str, **variables: str) -> dict:
+    return {"title": title, "url": url(dashboard, **variables), "targetBlank": False}
+
+
+def dashboard_link(title: str, dashboard: str, tooltip: str = "") -> DashboardLink:
+    return DashboardLink(title=title, type="link", uri=f"/d/{UIDS[dashboard]}/{SLUGS[dashboard]}",
+                         includeVars=True, keepTime=True, tooltip=tooltip, icon="dashboard")
+
+
+# ----------------------------------------------------------------------------------- variables
+def datasource_variable() -> Template:
+    return Template(name="datasource", query="prometheus", type="datasource", label="Data source",
+                    refresh=1, hide=0, sort=0)
+
+
+def variable(name: str, query: str, label: str, multi: bool = True, hide: int = 0) -> Template:
+    """A query variable from label_values(...); multi-valued ones have All = .* (which also matches
+    series without the label, e.g. when cluster is only an external label)."""
+    return Template(name=name, query=query, label=label, dataSource=DATASOURCE, multi=multi, includeAll=multi,
+                    allValue=".*" if multi else None, default="All" if multi else None,
+                    refresh=REFRESH_ON_TIME_RANGE_CHANGE, hide=hide)
+
+
+# -------------------------------------------------------------------------------------- panels
+def target(expr: str, legend: str = "", instant: bool = False, fmt: str = "time_series") -> Target:
+    return Target(expr=expr, legendFormat=legend, instant=instant, format=fmt, datasource=DATASOURCE,
+                  intervalFactor=1)
+
+
+def _refs(targets: list[Target]) -> list[Target]:
+    return [attr.evolve(t, refId=chr(ord("A") + i)) for i, t in enumerate(targets)]
+
+
+def _extra(links: list[dict] | None = None, **defaults) -> dict:
+    extra: dict = {"pluginVersion": PLUGIN_VERSION}
+    fd = {k: v for k, v in defaults.items() if v is not None}
+    if links:
+        fd["links"] = links
+    if fd:
+        extra["fieldConfig"] = {"defaults": fd}
+    return extra
+
+
+def timeseries(title: str, targets: list[Target], unit: str, description: str = "", stack: bool = False,
+               bars: bool = False, min: int | None = None, max: int | None = None,
+               links: list[dict] | None = None, fill: int = 10, overrides: list | None = None) -> TimeSeries:
+    return TimeSeries(title=title, description=description, dataSource=DATASOURCE, targets=_refs(targets),
+                      unit=unit, drawStyle="bars" if bars else "line", fillOpacity=80 if bars else fill,
+                      stacking={"mode": "normal", "group": "A"} if stack else {"mode": "none", "group": "A"},
+                      valueMin=min, valueMax=max, tooltipMode="multi", tooltipSort="desc",
+                      legendDisplayMode="list", showPoints="never", thresholds=BASE_THRESHOLDS,
+                      overrides=overrides or [], extraJson=_extra(links))
+
+
+def stat(title: str, targets: list[Target], unit: str, description: str = "",
+         thresholds: list[dict] | None = None, graph: bool = True, links: list[dict] | None = None,
+         text_mode: str = "auto", decimals: int | None = None) -> Stat:
+    return Stat(title=title, description=description, dataSource=DATASOURCE, targets=_refs(targets), format=unit,
+                reduceCalc="lastNotNull", graphMode="area" if graph else "none", colorMode="value",
+                color={"mode": "thresholds"}, thresholds=thresholds or BASE_THRESHOLDS, noValue=NO_DATA,
+                textMode=text_mode, decimals=decimals, extraJson=_extra(links))
+
+
+def table(title: str, targets: list[Target], unit: str, description: str = "", hide: tuple[str, ...] = (),
+          rename: dict[str, str] | None = None, links: list[dict] | None = None, merge: bool = False,
+          sort_by: str | None = None, overrides: list | None = None) -> Table:
+    """A table of instant queries; Time, __name__, job and instance columns hidden."""
+    exclude = {k: True for k in ("Time", "__name__", "job", "instance", *hide)}
+    transformations = ([{"id": "merge", "options": {}}] if merge else []) + [
+        {"id": "organize", "options": {"excludeByName": exclude, "renameByName": rename or {}}}]
+    if sort_by:
+        transformations.append({"id": "sortBy", "options": {"sort": [{"field": sort_by, "desc": True}]}})
+    targets = [attr.evolve(t, instant=True, format="table") for t in targets]
+    return Table(title=title, description=description, dataSource=DATASOURCE, targets=_refs(targets), unit=unit,
+                 transformations=transformations, overrides=overrides or [], filterable=True,
+                 extraJson=_extra(links))
+
+
+@attr.s
+class _BarGauge(BarGauge):
+    """grafanalib's BarGauge writes the Grafana 6 options format; this writes the current one."""
+
+    def to_json_data(self):
+        return self.panel_json({
+            "fieldConfig": {"defaults": {"unit": self.format, "min": self.min, "max": self.max,
+                                         "decimals": self.decimals, "color": {"mode": "thresholds"},
+                                         "thresholds": {"mode": "absolute", "steps": self.thresholds}},
+                            "overrides": []},
+            "options": {"displayMode": self.displayMode, "orientation": self.orientation,
+                        "reduceOptions": {"calcs": [self.calc], "fields": "", "values": False},
+                        "showUnfilled": True, "valueMode": "color", "namePlacement": "auto",
+                        "sizing": "auto", "minVizHeight": 16, "minVizWidth": 8, "maxVizHeight": 300},
+            "type": "bargauge"})
+
+
+def bargauge(title: str, targets: list[Target], unit: str, description: str = "", min: float | None = 0,
+             max: float | None = None, thresholds: list[dict] | None = None,
+             links: list[dict] | None = None) -> BarGauge:
+    return _BarGauge(title=title, description=description, dataSource=DATASOURCE, targets=_refs(targets),
+                     format=unit, min=min, max=max, calc="lastNotNull", displayMode="gradient",
+                     thresholds=thresholds or BASE_THRESHOLDS, extraJson=_extra(links))
+
+
+@attr.s
+class _StateTimeline(StateTimeline):
+    """grafanalib's StateTimeline has no unit or thresholds; this adds them."""
+    unit = attr.ib(default="short")
+    steps = attr.ib(factory=lambda: list(BASE_THRESHOLDS))
+
+    def to_json_data(self):
+        data = super().to_json_data()
+        data["fieldConfig"]["defaults"].update(unit=self.unit,
+                                               thresholds={"mode": "absolute", "steps": self.steps})
+        return data
+
+
+def state_timeline(title: str, targets: list[Target], unit: str, description: str = "",
+                   thresholds: list[dict] | None = None, mappings: list | None = None,
+                   links: list[dict] | None = None) -> StateTimeline:
+    return _StateTimeline(title=title, description=description, dataSource=DATASOURCE, targets=_refs(targets),
+                          unit=unit, steps=thresholds or BASE_THRESHOLDS, mappings=mappings or [],
+                          showValue="never", extraJson=_extra(links))
+
+
+@attr.s
+class _Heatmap(Heatmap):
+    """grafanalib's Heatmap writes the Angular-era heatmap; this writes the current panel's options.
+
+    calculate: Grafana buckets raw series itself (e.g. one temperature per GPU); otherwise the
+    targets are Prometheus histogram buckets (format heatmap)."""
+    unit = attr.ib(default="short")
+    calculate = attr.ib(default=False)
+
+    def to_json_data(self):
+        options = {"calculate": self.calculate, "cellGap": 1, "showValue": "never",
+                   "color": {"mode": "scheme", "scheme": "Oranges", "steps": 64, "exponent": 0.5,
+                             "fill": "dark-orange", "reverse": False, "scale": "exponential"},
+                   "exemplars": {"color": "rgba(255,0,255,0.7)"}, "filterValues": {"le": 1e-9},
+                   "legend": {"show": True}, "rowsFrame": {"layout": "auto"},
+                   "tooltip": {"mode": "single", "yHistogram": False, "showColorScale": False},
+                   "yAxis": {"axisPlacement": "left", "reverse": False, "unit": self.unit}}
+        return self.panel_json({
+            "fieldConfig": {"defaults": {"unit": self.unit,
+                                         "custom": {"hideFrom": {"legend": False, "tooltip": False, "viz": False},
+                                                    "scaleDistribution": {"type": "linear"}}},
+                            "overrides": []},
+            "options": options, "type": "heatmap"})
+
+
+def heatmap(title: str, targets: list[Target], unit: str, description: str = "", calculate: bool = False) -> Heatmap:
+    if not calculate:
+        targets = [attr.evolve(t, format="heatmap", legendFormat=t.legendFormat or "{{le}}") for t in targets]
+    return _Heatmap(title=title, description=description, dataSource=DATASOURCE, targets=_refs(targets),
+                    unit=unit, calculate=calculate, maxDataPoints=60, extraJson=_extra())
+
+
+# -------------------------------------------------------------------------------------- layout
+class Layout:
+    """Places panels left to right in lines of 24 columns, rows as section headers; gives ids."""
+
+    def __init__(self):
+        self.panels: list = []
+        self.x = self.y = self.line_h = 0
+
+    def _newline(self) -> None:
+        self.y += self.line_h
+        self.x = self.line_h = 0
+
+    def _place(self, panel, w: int, h: int):
+        if not 1 <= w <= 24:
+            raise ValueError(f"{panel.title}: width {w} is not 1-24")
+        if self.x + w > 24:
+            self._newline()
+        placed = attr.evolve(panel, gridPos=GridPos(h=h, w=w, x=self.x, y=self.y), id=len(self.panels) + 1)
+        self.panels.append(placed)
+        self.x += w
+        self.line_h = max(self.line_h, h)
+        return placed
+
+    def row(self, title: str) -> None:
+        self._newline()
+        self._place(RowPanel(title=title, collapsed=False), 24, 1)
+        self._newline()
+
+    def add(self, panel, w: int = 12, h: int = 8) -> None:
+        self._place(panel, w, h)
+
+
+def dashboard(title: str, key: str, description: str, layout: Layout, variables: list[Template],
+              links: list[DashboardLink], time_from: str = "now-6h") -> Dashboard:
+    return Dashboard(title=title, uid=UIDS[key], description=description, tags=TAGS, panels=layout.panels,
+                     templating=Templating([datasource_variable(), *variables]), links=links,
+                     schemaVersion=SCHEMA_VERSION, graphTooltip=1, refresh="30s", timezone="browser",
+                     time=Time(time_from, "now"), editable=True)

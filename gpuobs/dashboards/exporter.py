@@ -1,0 +1,98 @@
+"""Exporter health: is every node's gpuobs exporter scraped, is NVML up, are snapshots fresh, how
+long a sampling pass takes, and which NVML calls fail with which code."""
+
+from __future__ import annotations
+
+from .. import catalog as c
+from . import common as k
+from .common import rate, sel, target
+
+C = 'cluster=~"$cluster"'
+N = 'node=~"$node"'
+JOB = 'job=~"$job"'
+E = (JOB, C, N)
+NODE = "{{node}}"
+BAD = [{"color": "green", "value": None}, {"color": "red", "value": 1}]
+TO_NODE = k.data_link("Node dashboard: ${__data.fields.node}", "node", cluster="${__data.fields.cluster}",
+                      node="${__data.fields.node}")
+TO_NODE_SERIES = k.data_link("Node dashboard: ${__field.labels.node}", "node",
+                             cluster="${__field.labels.cluster}", node="${__field.labels.node}")
+UP_MAP = [{"type": "value", "options": {"0": {"text": "down", "color": "red", "index": 0},
+                                        "1": {"text": "up", "color": "green", "index": 1}}}]
+
+
+def m(metric: c.Metric, *matchers: str) -> str:
+    return sel(metric, *E, *matchers)
+
+
+def build():
+    L = k.Layout()
+    up = sel("up", *E)
+    L.row("Status")
+    L.add(k.stat("Exporters up", [target(f"sum({up})")], "short", "Exporter targets Prometheus scrapes now."), 4, 4)
+    L.add(k.stat("Exporters down", [target(f"count({up} == 0) or vector(0)")], "short",
+                 "Exporter targets Prometheus cannot scrape.", thresholds=BAD), 4, 4)
+    L.add(k.stat("NVML down", [target(f"count({m(c.NVML_UP)} == 0) or vector(0)")], "short",
+                 "Exporters that cannot initialise or reach NVML: none of their GPUs can be read.",
+                 thresholds=BAD), 4, 4)
+    L.add(k.stat("Stale snapshots", [target(f"sum({m(c.SNAPSHOT_STALE)})")], "short",
+                 "Exporters whose last snapshot is older than two intervals (NVML hangs); their GPU series are "
+                 "withheld.", thresholds=BAD), 4, 4)
+    L.add(k.stat("GPUs missing", [target(f"sum(cluster_node:gpuobs_gpus_expected:sum{{{C},{N}}}) - "
+                                         f"sum(cluster_node:gpuobs_gpus_present:sum{{{C},{N}}})")], "short",
+                 "GPUs expected but not answering NVML, over the selected nodes.", thresholds=BAD), 4, 4)
+    L.add(k.stat("NVML errors/s", [target(f"sum({rate(m(c.NVML_ERRORS))}) or vector(0)")], "cps",
+                 "NVML calls failing per second, all selected exporters.",
+                 thresholds=[{"color": "green", "value": None}, {"color": "orange", "value": 0.1}]), 4, 4)
+    L.add(k.state_timeline("Scrape up by node", [target(up, NODE)], "short",
+                           "Whether Prometheus can scrape each exporter.", mappings=UP_MAP,
+                           thresholds=[{"color": "red", "value": None}, {"color": "green", "value": 1}],
+                           links=[TO_NODE_SERIES]), 12, 6)
+    L.add(k.state_timeline("NVML up by node", [target(m(c.NVML_UP), NODE)], "short",
+                           "Whether each exporter's NVML answers.", mappings=UP_MAP,
+                           thresholds=[{"color": "red", "value": None}, {"color": "green", "value": 1}],
+                           links=[TO_NODE_SERIES]), 12, 6)
+    L.add(k.table("NVML init errors", [target(f"{m(c.NVML_INIT_ERROR)} == 1")], "short",
+                  "The NVML error that keeps NVML down, per exporter.", hide=("Value",), links=[TO_NODE]), 12, 5)
+    L.add(k.table("Driver and NVML versions", [target(m(c.NVML_INFO))], "short",
+                  "Driver, NVML and CUDA driver versions per node.", hide=("Value",), links=[TO_NODE]), 12, 5)
+
+    L.row("Sampling")
+    L.add(k.timeseries("Collection duration", [target(m(c.COLLECTION_DURATION), NODE)], "s",
+                       "Wall time of the last complete sampling pass.", min=0), 8, 8)
+    L.add(k.timeseries("Snapshot age", [target(f"time() - {m(c.LAST_SUCCESS)}", NODE)], "s",
+                       "Seconds since the last complete sampling pass: staleness of what the exporter serves.",
+                       min=0), 8, 8)
+    L.add(k.state_timeline("Snapshot stale", [target(m(c.SNAPSHOT_STALE), NODE)], "short",
+                           "1 while the exporter withholds GPU series because its snapshot is stale.",
+                           thresholds=BAD), 8, 8)
+    L.add(k.timeseries("Sampling passes/s", [target(rate(m(c.SAMPLES)), NODE)], "ops",
+                       "Sampling passes completed per second (1 / --interval when healthy).", min=0), 8, 8)
+    L.add(k.timeseries("NVML calls per sample", [target(m(c.NVML_CALLS), NODE)], "short",
+                       "NVML calls made by the last sampling pass.", min=0), 8, 8)
+    L.add(k.timeseries("GPUs expected and present", [
+        target(f"cluster_node:gpuobs_gpus_expected:sum{{{C},{N}}}", NODE + " expected"),
+        target(f"cluster_node:gpuobs_gpus_present:sum{{{C},{N}}}", NODE + " present")], "short",
+        "GPUs each node should have and GPUs answering NVML.", min=0), 8, 8)
+
+    L.row("Errors")
+    L.add(k.timeseries("NVML errors by call and code", [target(
+        f"sum by (node, call, code) ({rate(m(c.NVML_ERRORS))})", NODE + " {{call}} {{code}}")], "cps",
+        "NVML calls that returned an error, per function and NVML return code.", min=0), 12, 8)
+    L.add(k.timeseries("Dropped values", [target(
+        f"sum by (node, metric, reason) ({rate(m(c.DROPPED))})", NODE + " {{metric}} {{reason}}")], "cps",
+        "Values dropped as impossible (NVML sentinels, out of range), per metric.", min=0), 12, 8)
+    L.add(k.timeseries("NVML re-initialisations", [target(rate(m(c.NVML_REINITS), "increase"), NODE)], "short",
+                       "NVML shutdown and re-init after repeated driver-level errors.", min=0, bars=True), 12, 8)
+    L.add(k.timeseries("Scrape duration", [target(sel("scrape_duration_seconds", *E), NODE)], "s",
+                       "How long Prometheus takes to scrape each exporter.", min=0), 12, 8)
+
+    variables = [
+        k.variable("job", f"label_values({c.NVML_UP.name}, job)", "Scrape job"),
+        k.variable("cluster", f"label_values({c.NVML_UP.name}{{{JOB}}}, cluster)", "Cluster"),
+        k.variable("node", f"label_values({c.NVML_UP.name}{{{JOB},{C}}}, node)", "Node"),
+    ]
+    links = [k.dashboard_link("Fleet overview", "fleet"), k.dashboard_link("Node", "node")]
+    return k.dashboard("gpuobs / Exporter health", "exporter",
+                       "Scrapes, NVML state, snapshot freshness, sampling cost and NVML errors of the gpuobs "
+                       "exporters.", L, variables, links, time_from="now-6h")

@@ -1,0 +1,151 @@
+"""Fleet overview: how many GPUs, how busy, how healthy, across clusters.
+
+Fleet-wide numbers read the recording rules of gpuobs/alerts/rules.py (`level:metric:operations`),
+so they stay cheap on thousands of GPUs; those rules aggregate by cluster (some by node), so the
+node and model filters apply to the per-GPU panels (distributions, top-N, tables) only.
+"""
+
+from __future__ import annotations
+
+from .. import catalog as c
+from . import common as k
+from .common import rate, sel, target
+
+C = 'cluster=~"$cluster"'
+N = 'node=~"$node"'
+M = 'name=~"$model"'
+NOT_IDLE = 'reason!="gpu_idle"'
+MODEL = f"and on ({k.GPU_BY}) {sel(c.GPU_INFO, C, N, M)}"
+TO_NODE = k.data_link("Node dashboard: ${__data.fields.node}", "node", cluster="${__data.fields.cluster}",
+                      node="${__data.fields.node}")
+TO_NODE_SERIES = k.data_link("Node dashboard: ${__field.labels.node}", "node",
+                             cluster="${__field.labels.cluster}", node="${__field.labels.node}")
+BAD = [{"color": "green", "value": None}, {"color": "red", "value": 1}]
+
+
+def gpus(m: c.Metric, *matchers: str) -> str:
+    """A per-GPU catalog metric filtered by cluster, node and GPU model."""
+    return f"({sel(m, C, N, *matchers)} {MODEL})"
+
+
+def build():
+    L = k.Layout()
+    L.row("Inventory")
+    expected = f'sum(cluster:gpuobs_gpus_expected:sum{{{C}}})'
+    present = f'sum(cluster:gpuobs_gpus_present:sum{{{C}}})'
+    lost = f'(sum(cluster:gpuobs_gpus_lost:count{{{C}}}) or vector(0))'
+    L.add(k.stat("GPUs expected", [target(expected)], "short",
+                 "GPUs the nodes should have (--expected-gpus, else the most each exporter has seen)."), 4, 4)
+    L.add(k.stat("GPUs up", [target(present)], "short", "GPUs answering NVML."), 4, 4)
+    L.add(k.stat("GPUs lost", [target(lost)], "short", "GPUs that stopped answering NVML (GPU_IS_LOST).",
+                 thresholds=BAD), 4, 4)
+    L.add(k.stat("GPUs missing", [target(f"clamp_min({expected} - {present} - {lost}, 0)")], "short",
+                 "GPUs expected but gone from the device count, or on nodes whose NVML is down.",
+                 thresholds=BAD), 4, 4)
+    L.add(k.stat("Allocated but idle GPUs",
+                 [target(f"sum(cluster:gpuobs_gpus_allocated_idle:count{{{C}}}) or vector(0)")], "short",
+                 "GPUs that hold memory (someone has them) but did no work over the idle window.",
+                 thresholds=[{"color": "green", "value": None}, {"color": "orange", "value": 1}]), 4, 4)
+    L.add(k.stat("Idle GPUs", [target(f"sum(cluster:gpuobs_gpus_idle:count{{{C}}}) or vector(0)")], "short",
+                 "GPUs with no work over the idle window, allocated or not."), 4, 4)
+
+    L.row("Utilization")
+    L.add(k.timeseries("Fleet GPU utilization and SM activity", [
+        target(f"cluster:gpuobs_gpu_utilization_ratio:avg{{{C}}}", "{{cluster}} GPU utilization"),
+        target(f"cluster:gpuobs_gpu_sm_active_ratio:avg{{{C}}}", "{{cluster}} SM active")], "percentunit",
+        "Average over the fleet's GPUs. Utilization is the share of time a kernel ran; SM active (GPM, Hopper "
+        "and later) is the share of SMs busy, the better measure of how much of the GPU is used.",
+        min=0, max=1), 12, 8)
+    L.add(k.bargauge("Utilization by node",
+                     [target(f"cluster_node:gpuobs_gpu_utilization_ratio:avg{{{C},{N}}}", "{{node}}", instant=True)],
+                     "percentunit", "Average GPU utilization per node; click a bar for the node's dashboard.",
+                     min=0, max=1, links=[TO_NODE_SERIES],
+                     thresholds=[{"color": "red", "value": None}, {"color": "orange", "value": 0.2},
+                                 {"color": "green", "value": 0.6}]), 12, 8)
+    L.add(k.timeseries("Allocated but idle GPUs", [
+        target(f"cluster:gpuobs_gpus_allocated_idle:count{{{C}}}", "{{cluster}} allocated, idle"),
+        target(f"cluster:gpuobs_gpus_idle:count{{{C}}}", "{{cluster}} idle")], "short",
+        "Idle: no work over the idle window. Allocated: holding device memory, so a job or pod has it.",
+        min=0), 12, 8)
+    L.add(k.table("Most idle GPUs",
+                  [target(f"bottomk(10, (avg_over_time({sel(c.UTILIZATION, C, N)}[$__range]) {MODEL}))")],
+                  "percentunit", "The ten GPUs with the lowest average utilization over the dashboard's range.",
+                  rename={"Value": "avg utilization"}, links=[TO_NODE]), 12, 8)
+
+    L.row("Throttling, power and temperature")
+    L.add(k.timeseries("Throttled GPUs by reason", [
+        target(f"cluster_reason:gpuobs_gpu_clock_event_reason_active:sum{{{C}}}", "{{cluster}} {{reason}}")],
+        "short", "GPUs whose clocks are held down, per clock-event reason (idle excluded). Thermal and power-brake "
+        "slowdowns need attention; sw_power_cap is the power limit at work.", stack=True, bars=True, min=0), 12, 8)
+    L.add(k.table("Throttled GPUs now",
+                  [target(f"{gpus(c.CLOCK_EVENT_ACTIVE, NOT_IDLE)} == 1")], "short",
+                  "Every GPU with a throttle reason active (idle excluded).", hide=("Value",), links=[TO_NODE]),
+          12, 8)
+    L.add(k.timeseries("Power draw vs limit", [
+        target(f"sum(cluster:gpuobs_gpu_power_usage_watts:sum{{{C}}})", "draw"),
+        target(f"sum(cluster:gpuobs_gpu_power_limit_watts:sum{{{C}}})", "enforced limit")], "watt",
+        "Board power of all GPUs against the sum of their enforced limits.", min=0), 12, 8)
+    L.add(k.heatmap("GPU temperature distribution", [target(gpus(c.TEMPERATURE), "{{node}} {{gpu}}")], "celsius",
+                    "How many GPUs sit at each temperature over time.", calculate=True), 12, 8)
+    L.add(k.timeseries("Hottest GPU by cluster", [
+        target(f"cluster:gpuobs_gpu_temperature_celsius:max{{{C}}}", "{{cluster}}")], "celsius",
+        "The highest GPU core temperature in each cluster."), 12, 8)
+    L.add(k.table("Hottest GPUs", [target(f"topk(10, {gpus(c.TEMPERATURE)})")], "celsius",
+                  "The ten hottest GPUs now.", rename={"Value": "temperature"}, links=[TO_NODE]), 12, 8)
+
+    L.row("Errors and events")
+    L.add(k.timeseries("XID errors by code", [
+        target(f"cluster_xid:gpuobs_gpu_xid_errors:increase{{{C}}}", "{{cluster}} XID {{xid}}")], "short",
+        "XID errors over the recording rule's long window, per code. 79: fell off the bus; 48/63/64/95: memory "
+        "errors; 13/31/43/45: application faults; 74: NVLink.", bars=True, stack=True, min=0), 12, 8)
+    L.add(k.table("Last XID per GPU", [target(f"{gpus(c.XID_LAST_SEEN)} * 1000")], "dateTimeAsIso",
+                  "When each GPU last reported each XID code.", rename={"Value": "last seen"}, links=[TO_NODE]),
+          12, 8)
+    L.add(k.timeseries("Uncorrectable ECC errors", [
+        target(f"cluster:gpuobs_gpu_ecc_uncorrected:increase{{{C}}}", "{{cluster}}")], "short",
+        "Uncorrectable (double-bit) volatile ECC errors over the recording rule's long window.",
+        bars=True, min=0), 8, 8)
+    L.add(k.stat("Row remaps pending", [target(f"sum({gpus(c.REMAP_PENDING)})")], "short",
+                 "GPUs with a DRAM row remap waiting for a GPU reset.", thresholds=BAD, graph=False), 4, 4)
+    L.add(k.stat("Row remap failures", [target(f"sum({gpus(c.REMAP_FAILURE)})")], "short",
+                 "GPUs that could not remap a failing row: they need service.", thresholds=BAD, graph=False), 4, 4)
+    L.add(k.table("Most remapped rows",
+                  [target(f"topk(10, sum by ({k.GPU_BY}) {gpus(c.REMAPPED_ROWS)})")], "short",
+                  "GPUs with the most DRAM rows remapped after ECC errors (both error types).",
+                  rename={"Value": "remapped rows"}, links=[TO_NODE]), 8, 8)
+
+    L.row("Interconnects")
+    L.add(k.stat("NVLink links down", [target(f"count({sel(c.NVLINK_UP, C, N)} == 0) or vector(0)")], "short",
+                 "Inactive NVLink links on GPUs that have NVLink.", thresholds=BAD), 4, 6)
+    pcie_degraded = (f"count(({sel(c.PCIE_GENERATION, C, N)} < on ({k.GPU_BY}) {sel(c.PCIE_MAX_GENERATION, C, N)})"
+                     f" or ({sel(c.PCIE_WIDTH, C, N)} < on ({k.GPU_BY}) {sel(c.PCIE_MAX_WIDTH, C, N)})) or vector(0)")
+    L.add(k.stat("PCIe links below max", [target(pcie_degraded)], "short",
+                 "GPUs whose PCIe link runs below its maximum generation or width. Idle GPUs downshift to save "
+                 "power: only a busy GPU below its maximum is a fault.",
+                 thresholds=[{"color": "green", "value": None}, {"color": "orange", "value": 1}]), 4, 6)
+    L.add(k.timeseries("NVLink errors by type", [
+        target(f"sum by (cluster, error_type) ({rate(sel(c.NVLINK_ERRORS, C, N))})", "{{cluster}} {{error_type}}")],
+        "cps", "NVLink data-link errors per second (CRC, replay, recovery).", min=0), 8, 6)
+    L.add(k.timeseries("PCIe replays", [
+        target(f"sum by (cluster, node) ({rate(sel(c.PCIE_REPLAYS, C, N))})", "{{node}}")], "cps",
+        "PCIe link-level retransmissions per second, per node.", min=0, links=[TO_NODE_SERIES]), 8, 6)
+    L.add(k.timeseries("NVLink traffic", [
+        target(f"sum by (cluster) ({rate(sel(c.NVLINK_TX, C, N))})", "{{cluster}} transmit"),
+        target(f"sum by (cluster) ({rate(sel(c.NVLINK_RX, C, N))})", "{{cluster}} receive")], "Bps",
+        "NVLink data bytes per second over all links.", min=0), 12, 7)
+    L.add(k.timeseries("PCIe traffic", [
+        target(f"sum by (cluster) ({rate(sel(c.PCIE_TX, C, N))})", "{{cluster}} transmit"),
+        target(f"sum by (cluster) ({rate(sel(c.PCIE_RX, C, N))})", "{{cluster}} receive")], "Bps",
+        "PCIe bytes per second between the GPUs and their hosts.", min=0), 12, 7)
+
+    variables = [
+        k.variable("cluster", f"label_values({c.GPUS_EXPECTED.name}, cluster)", "Cluster"),
+        k.variable("node", f"label_values({c.GPUS_EXPECTED.name}{{{C}}}, node)", "Node"),
+        k.variable("model", f"label_values({sel(c.GPU_INFO, C, N)}, name)", "GPU model"),
+    ]
+    links = [k.dashboard_link("Node", "node", "Per-GPU detail of one node"),
+             k.dashboard_link("Training job", "training"), k.dashboard_link("Inference service", "inference"),
+             k.dashboard_link("Exporter health", "exporter")]
+    return k.dashboard("gpuobs / Fleet overview", "fleet",
+                       "GPU inventory, utilization, throttling, power, temperature, XID/ECC/remap events and "
+                       "interconnect health across the fleet.", L, variables, links)

@@ -1,0 +1,97 @@
+"""Inference service: requests/s, errors, latency p50/p99, time to first token, batch size, tokens,
+and the GPUs of the nodes serving the model. Series use the OpenTelemetry GenAI semantic
+conventions (gen_ai_server_*), as recorded by gpuobs.instrument.request."""
+
+from __future__ import annotations
+
+from .. import catalog as c
+from . import common as k
+from .common import mean, quantile, rate, sel, target
+
+MODEL = 'gen_ai_request_model=~"$model"'
+OPERATION = 'gen_ai_operation_name=~"$operation"'
+M = (MODEL, OPERATION)
+OUTPUT = 'gen_ai_token_type="output"'
+BY = "gen_ai_request_model"
+LEGEND = "{{gen_ai_request_model}}"
+SERVING_NODES = (f"on (cluster, node) group by (cluster, node) "
+                 f"({sel(c.REQUEST_DURATION, MODEL, OPERATION, suffix='count')})")
+TO_NODE_SERIES = k.data_link("Node dashboard: ${__field.labels.node}", "node",
+                             cluster="${__field.labels.cluster}", node="${__field.labels.node}")
+
+
+def m(metric: c.Metric, *matchers: str, suffix: str = "") -> str:
+    return sel(metric, *M, *matchers, suffix=suffix)
+
+
+def build():
+    L = k.Layout()
+    requests = f"sum({rate(m(c.REQUEST_DURATION, suffix='count'))})"
+    requests_by = f"sum by ({BY}) ({rate(m(c.REQUEST_DURATION, suffix='count'))})"
+    # no failed request yet means no error series: count those as 0 errors, not as no data
+    errors_by = f"(sum by ({BY}) ({rate(m(c.INFERENCE_ERRORS))}) or {requests_by} * 0)"
+
+    L.row("Service")
+    L.add(k.stat("Requests/s", [target(requests)], "reqps", "Requests completed per second."), 5, 5)
+    L.add(k.stat("Error ratio", [target(f"sum({errors_by}) / {requests}")], "percentunit",
+                 "Share of requests that failed.",
+                 thresholds=[{"color": "green", "value": None}, {"color": "orange", "value": 0.01},
+                             {"color": "red", "value": 0.05}]), 5, 5)
+    L.add(k.stat("Latency p99", [target(quantile(0.99, c.REQUEST_DURATION, M))], "s",
+                 "99th percentile request duration, all selected models."), 5, 5)
+    L.add(k.stat("Time to first token p99", [target(quantile(0.99, c.TIME_TO_FIRST_TOKEN, M))], "s",
+                 "99th percentile time from a request's start to its first output token."), 5, 5)
+    L.add(k.stat("Output tokens/s", [target(f"sum({rate(m(c.INFERENCE_TOKENS, OUTPUT))})")],
+                 "suffix: tokens/s", "Output tokens generated per second."), 4, 5)
+
+    L.row("Traffic and latency")
+    L.add(k.timeseries("Requests/s by model", [target(requests_by, LEGEND)], "reqps",
+                       "Requests completed per second per model.", min=0, stack=True), 12, 8)
+    L.add(k.timeseries("Errors by model and type", [
+        target(f"sum by ({BY}, error_type) ({rate(m(c.INFERENCE_ERRORS))})", LEGEND + " {{error_type}}"),
+        target(f"{errors_by} / {requests_by}", LEGEND + " error ratio")], "reqps",
+        "Failed requests per second by error.type, and the share of requests that failed.", min=0,
+        overrides=[{"matcher": {"id": "byRegexp", "options": ".*error ratio"},
+                    "properties": [{"id": "unit", "value": "percentunit"},
+                                   {"id": "custom.axisPlacement", "value": "right"}]}]), 12, 8)
+    L.add(k.timeseries("Latency p50 and p99", [
+        target(quantile(0.5, c.REQUEST_DURATION, M, BY), LEGEND + " p50"),
+        target(quantile(0.99, c.REQUEST_DURATION, M, BY), LEGEND + " p99")], "s",
+        "Request duration percentiles per model.", min=0), 12, 8)
+    L.add(k.heatmap("Latency distribution", [target(
+        f"sum by (le) ({rate(m(c.REQUEST_DURATION, suffix='bucket'), 'increase')})")], "s",
+        "Requests per latency bucket over time."), 12, 8)
+    L.add(k.timeseries("Time to first token p50 and p99", [
+        target(quantile(0.5, c.TIME_TO_FIRST_TOKEN, M, BY), LEGEND + " p50"),
+        target(quantile(0.99, c.TIME_TO_FIRST_TOKEN, M, BY), LEGEND + " p99")], "s",
+        "Time from a request's start to its first output token.", min=0), 12, 8)
+    L.add(k.timeseries("Batch size", [
+        target(mean(c.BATCH_SIZE, M, BY), LEGEND + " mean"),
+        target(quantile(0.99, c.BATCH_SIZE, M, BY), LEGEND + " p99")], "short",
+        "Requests batched together per inference call.", min=0), 12, 8)
+    L.add(k.timeseries("Tokens/s by type", [target(
+        f"sum by ({BY}, gen_ai_token_type) ({rate(m(c.INFERENCE_TOKENS))})", LEGEND + " {{gen_ai_token_type}}")],
+        "suffix: tokens/s", "Input and output tokens per second.", min=0), 12, 8)
+
+    L.row("GPUs serving")
+    L.add(k.timeseries("GPU utilization", [target(f"{sel(c.UTILIZATION)} and {SERVING_NODES}",
+                                                  "{{node}} GPU {{gpu}}")], "percentunit",
+                       "Utilization of the GPUs on the nodes serving the selected models.", min=0, max=1,
+                       links=[TO_NODE_SERIES]), 8, 8)
+    L.add(k.timeseries("GPU memory used", [target(f"{sel(c.MEMORY_USED)} and {SERVING_NODES}",
+                                                  "{{node}} GPU {{gpu}}")], "bytes",
+                       "Device memory used on the serving nodes.", min=0), 8, 8)
+    L.add(k.timeseries("GPU power", [target(f"{sel(c.POWER_USAGE)} and {SERVING_NODES}", "{{node}} GPU {{gpu}}")],
+                       "watt", "Board power on the serving nodes.", min=0), 8, 8)
+
+    count = sel(c.REQUEST_DURATION, suffix="count")
+    variables = [
+        k.variable("model", f"label_values({count}, gen_ai_request_model)", "Model"),
+        k.variable("operation", f"label_values({sel(c.REQUEST_DURATION, MODEL, suffix='count')}, "
+                                f"gen_ai_operation_name)", "Operation"),
+    ]
+    links = [k.dashboard_link("Fleet overview", "fleet"), k.dashboard_link("Node", "node"),
+             k.dashboard_link("Training job", "training")]
+    return k.dashboard("gpuobs / Inference service", "inference",
+                       "Requests, errors, latency, time to first token, batch size, tokens and the serving GPUs, "
+                       "from the GenAI semantic-convention metrics.", L, variables, links, time_from="now-3h")

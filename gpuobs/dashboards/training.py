@@ -1,0 +1,136 @@
+"""Training job: step time by rank and the straggler, data waits, throughput, MFU, loss, gradient
+norm, learning rate, checkpoints, goodput, and the GPUs of the nodes the job runs on.
+
+The series come from gpuobs.instrument (OpenTelemetry, scraped from each rank's Prometheus
+endpoint or through a collector); every point carries `job_id` and `rank`.
+"""
+
+from __future__ import annotations
+
+from .. import catalog as c
+from . import common as k
+from .common import quantile, rate, sel, target
+
+JOB = 'job_id="$job_id"'
+RANK = 'rank=~"$rank"'
+J = (JOB, RANK)
+BY_RANK = "rank {{rank}}"
+TOKENS = "suffix: tokens/s"
+RANK_P50 = "job_id_rank:gpuobs_training_step_duration_seconds:p50"
+# the nodes the job's ranks run on (the scrape's cluster and node labels)
+JOB_NODES = f"on (cluster, node) group by (cluster, node) ({sel(c.STEPS, JOB)})"
+TO_NODE = k.data_link("Node dashboard: ${__data.fields.node}", "node", cluster="${__data.fields.cluster}",
+                      node="${__data.fields.node}")
+TO_NODE_SERIES = k.data_link("Node dashboard: ${__field.labels.node}", "node",
+                             cluster="${__field.labels.cluster}", node="${__field.labels.node}")
+
+
+def m(metric: c.Metric, *matchers: str, suffix: str = "") -> str:
+    return sel(metric, *J, *matchers, suffix=suffix)
+
+
+def build():
+    L = k.Layout()
+    relative = (f"{RANK_P50}{{{JOB},{RANK}}} / on (job_id) group_left "
+                f"quantile by (job_id) (0.5, {RANK_P50}{{{JOB}}})")
+    goodput = f"sum({rate(m(c.GOODPUT))})"
+    badput = f"sum({rate(m(c.BADPUT))})"
+
+    L.row("Progress")
+    L.add(k.stat("Steps/s", [target(f"avg({rate(m(c.STEPS))})")], "ops",
+                 "Optimizer steps per second, averaged over the ranks."), 4, 5)
+    L.add(k.stat("Tokens/s", [target(f"sum({rate(m(c.TOKENS_TRAINED))})")], TOKENS,
+                 "Tokens trained per second by the whole job."), 4, 5)
+    L.add(k.stat("MFU", [target(f"avg({m(c.MFU)})")], "percentunit",
+                 "Model FLOPs utilization of the last step, averaged over the ranks."), 4, 5)
+    L.add(k.stat("Goodput", [target(f"{goodput} / ({goodput} + {badput})")], "percentunit",
+                 "Share of the ranks' time spent computing steps; the rest is data wait, checkpoints, startup and "
+                 "idle time.", thresholds=[{"color": "red", "value": None}, {"color": "orange", "value": 0.5},
+                                           {"color": "green", "value": 0.8}]), 4, 5)
+    L.add(k.stat("Straggler rank", [target(f"topk(1, {relative})", BY_RANK)], "percentunit",
+                 "The slowest rank and its median step time as a share of the job's median rank.",
+                 text_mode="value_and_name", graph=False,
+                 thresholds=[{"color": "green", "value": None}, {"color": "orange", "value": 1.2}]), 4, 5)
+    L.add(k.stat("Since last step", [target(f"time() - max({m(c.LAST_STEP)})")], "s",
+                 "Seconds since the most recent step of any selected rank finished: a stalled job keeps growing.",
+                 thresholds=[{"color": "green", "value": None}, {"color": "red", "value": 600}]), 4, 5)
+
+    L.row("Step time")
+    L.add(k.timeseries("Step time p50 by rank", [target(quantile(0.5, c.STEP_DURATION, J, "rank"), BY_RANK)], "s",
+                       "Median duration of an optimizer step, data wait included.", min=0), 12, 8)
+    L.add(k.timeseries("Step time p99 by rank", [target(quantile(0.99, c.STEP_DURATION, J, "rank"), BY_RANK)], "s",
+                       "99th percentile step duration.", min=0), 12, 8)
+    L.add(k.bargauge("Rank step time vs job median", [target(relative, BY_RANK, instant=True)], "percentunit",
+                     "Each rank's median step time as a share of the job's median rank (recording rule): a "
+                     "straggler stands out above 100%.", min=0, max=2,
+                     thresholds=[{"color": "green", "value": None}, {"color": "orange", "value": 1.2},
+                                 {"color": "red", "value": 1.5}]), 12, 8)
+    L.add(k.heatmap("Step time distribution", [target(
+        f"sum by (le) ({rate(m(c.STEP_DURATION, suffix='bucket'), 'increase')})")], "s",
+        "Steps per step-time bucket over time, all selected ranks."), 12, 8)
+
+    L.row("Data loading and throughput")
+    L.add(k.timeseries("Data-wait share by rank", [target(m(c.DATA_WAIT_SHARE), BY_RANK)], "percentunit",
+                       "Share of the last step spent waiting for the data loader; over ~30% the job is input "
+                       "bound.", min=0, max=1), 8, 8)
+    L.add(k.timeseries("Data wait p99 by rank", [target(quantile(0.99, c.DATA_WAIT, J, "rank"), BY_RANK)], "s",
+                       "99th percentile wait for a batch inside the data loader.", min=0), 8, 8)
+    L.add(k.timeseries("Tokens/s by rank", [target(f"sum by (rank) ({rate(m(c.TOKENS_TRAINED))})", BY_RANK)],
+                       TOKENS, "Tokens trained per second per rank.", min=0, stack=True), 8, 8)
+    L.add(k.timeseries("Samples/s", [target(f"sum by (rank) ({rate(m(c.SAMPLES_TRAINED))})", BY_RANK)],
+                       "suffix: samples/s", "Samples trained per second per rank.", min=0, stack=True), 8, 8)
+    L.add(k.timeseries("MFU by rank", [target(m(c.MFU), BY_RANK)], "percentunit",
+                       "Model FLOPs utilization: FLOPs per step / step time / peak FLOPs.", min=0), 8, 8)
+    L.add(k.timeseries("Micro-steps per step", [target(
+        f"sum by (rank) ({rate(m(c.MICRO_STEPS))}) / sum by (rank) ({rate(m(c.STEPS))})", BY_RANK)], "short",
+        "Gradient-accumulation passes per optimizer step.", min=0), 8, 8)
+
+    L.row("Optimization")
+    L.add(k.timeseries("Loss", [target(m(c.LOSS), BY_RANK)], "short", "Last reported training loss."), 8, 8)
+    L.add(k.timeseries("Gradient norm", [target(m(c.GRAD_NORM), BY_RANK)], "short",
+                       "Last reported gradient norm: spikes precede divergence."), 8, 8)
+    L.add(k.timeseries("Learning rate", [target(m(c.LEARNING_RATE), BY_RANK)], "sci",
+                       "Learning rate, read at the reporting interval."), 8, 8)
+    L.add(k.timeseries("Non-finite values", [target(
+        f"sum by (rank, value) ({rate(m(c.NONFINITE), 'increase')})", BY_RANK + " {{value}}")], "short",
+        "Reported loss, gradient norm or learning rate that was NaN or infinite: the run is diverging.",
+        bars=True, min=0), 24, 6)
+
+    L.row("Checkpoints and goodput")
+    L.add(k.timeseries("Checkpoint duration", [target(
+        f"max by (rank) ({rate(m(c.CHECKPOINT_DURATION, suffix='sum'))} / "
+        f"{rate(m(c.CHECKPOINT_DURATION, suffix='count'))})", BY_RANK)], "s",
+        "Mean duration of the checkpoints saved in each interval.", min=0, bars=True), 8, 8)
+    L.add(k.timeseries("Checkpoints", [target(
+        f"sum by (rank) ({rate(m(c.CHECKPOINT_DURATION, suffix='count'), 'increase')})", BY_RANK)], "short",
+        "Checkpoints saved per interval.", min=0, bars=True), 8, 8)
+    L.add(k.timeseries("Goodput and badput", [
+        target(f"avg({rate(m(c.GOODPUT))})", "goodput (computing)"),
+        target(f"avg by (cause) ({rate(m(c.BADPUT))})", "badput: {{cause}}")], "percentunit",
+        "Share of each rank's time by what it was doing, averaged over the ranks.", min=0, max=1,
+        stack=True), 8, 8)
+
+    L.row("The job's GPUs")
+    L.add(k.table("GPUs of the job's nodes", [
+        target(f"{sel(c.UTILIZATION)} and {JOB_NODES}"), target(f"{sel(c.MEMORY_USED)} and {JOB_NODES}")],
+        "percentunit", "Every GPU on the nodes the job's ranks run on; click for the node's dashboard.",
+        merge=True, rename={"Value #A": "utilization", "Value #B": "memory used"}, links=[TO_NODE],
+        overrides=[{"matcher": {"id": "byName", "options": "memory used"},
+                    "properties": [{"id": "unit", "value": "bytes"}]}]), 24, 7)
+    L.add(k.timeseries("GPU utilization", [target(f"{sel(c.UTILIZATION)} and {JOB_NODES}", "{{node}} GPU {{gpu}}")],
+                       "percentunit", "Utilization of the GPUs on the job's nodes.", min=0, max=1,
+                       links=[TO_NODE_SERIES]), 8, 8)
+    L.add(k.timeseries("GPU memory used", [target(f"{sel(c.MEMORY_USED)} and {JOB_NODES}", "{{node}} GPU {{gpu}}")],
+                       "bytes", "Device memory used on the job's nodes.", min=0), 8, 8)
+    L.add(k.timeseries("GPU power", [target(f"{sel(c.POWER_USAGE)} and {JOB_NODES}", "{{node}} GPU {{gpu}}")],
+                       "watt", "Board power on the job's nodes.", min=0), 8, 8)
+
+    variables = [
+        k.variable("job_id", f"label_values({c.STEPS.exposed_name}, job_id)", "Job", multi=False),
+        k.variable("rank", f"label_values({sel(c.STEPS, JOB)}, rank)", "Rank"),
+    ]
+    links = [k.dashboard_link("Fleet overview", "fleet"), k.dashboard_link("Node", "node"),
+             k.dashboard_link("Inference service", "inference")]
+    return k.dashboard("gpuobs / Training job", "training",
+                       "Step time by rank and stragglers, data waits, throughput, MFU, loss, checkpoints, goodput "
+                       "and the job's GPUs.", L, variables, links, time_from="now-3h")

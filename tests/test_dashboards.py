@@ -1,0 +1,420 @@
+"""The Grafana dashboards: generated files match the code, every panel follows the conventions
+(lint), the dashboards cover the catalog, and every panel query, run against a real Prometheus
+scraping a realistic fleet (three simulated nodes, two training ranks, an inference server),
+parses and returns data."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+import pytest
+
+from conftest import REPO, free_port, require_tool, stop
+from gpuobs import catalog as c
+from gpuobs.dashboards import build as build_mod
+from gpuobs.dashboards.build import DASHBOARDS, build, outputs
+from gpuobs.dashboards.common import DATASOURCE, SCHEMA_VERSION, UIDS
+from gpuobs.sim import Simulator, scenario
+from gpuobs.sim.state import set_val
+
+GIB = 1024 ** 3
+PANEL_TYPES = {"timeseries", "stat", "table", "bargauge", "state-timeline", "heatmap"}
+ANGULAR = {"graph", "singlestat", "table-old", "heatmap-old", "grafana-piechart-panel", "grafana-worldmap-panel",
+           "natel-discrete-panel", "flant-statusmap-panel", "grafana-singlestat-panel", "text-old"}
+BUILTINS = {"__rate_interval", "__range", "__interval"}
+# samples rate()/increase() may read: counters (with _total) and histogram series, from the catalog's kinds
+COUNTERS = {m.exposed_name for m in c.ALL if m.kind == "counter"} | {
+    s for m in c.ALL if m.kind == "histogram" for s in m.prometheus_samples}
+GAUGES = {m.exposed_name for m in c.ALL if m.kind in ("gauge", "info")}
+RATE_CALL = re.compile(r"(?<![\w:])(rate|irate|increase)\s*\(")
+RATE_ARG = re.compile(r"(rate|irate|increase)\(\s*([a-zA-Z_:][\w:]*)\s*(\{[^{}]*\})?\s*\[([^\]]+)\]\s*\)")
+VARIABLE = re.compile(r"\$(?:\{(\w+)(?::\w+)?\}|(\w+))")
+
+
+def load() -> dict[str, dict]:
+    """The dashboards as generated now, by file name."""
+    return {name: json.loads(content) for name, content in
+            ((p.stem, t) for p, t in outputs(REPO).items() if p.suffix == ".json")}
+
+
+def panels(dashboard: dict) -> list[dict]:
+    """Every panel, those inside collapsed rows too."""
+    out = []
+    for p in dashboard["panels"]:
+        out.append(p)
+        out.extend(p.get("panels") or [])
+    return out
+
+
+def queries(dashboard: dict) -> list[tuple[dict, dict]]:
+    return [(p, t) for p in panels(dashboard) if p["type"] != "row" for t in p["targets"]]
+
+
+# ---------------------------------------------------------------------------------------- drift
+def test_committed_dashboards_match_the_code():
+    assert build(REPO, check=True) == [], "run `gpuobs dashboards build` and commit dashboards/"
+    assert set(DASHBOARDS) == {"fleet-overview", "node", "training-job", "inference-service", "exporter-health"}
+
+
+def test_build_writes_every_file(tmp_path):
+    written = build(tmp_path)
+    assert {p.relative_to(tmp_path).as_posix() for p in written} == {
+        *(f"dashboards/{n}.json" for n in DASHBOARDS), "dashboards/provisioning/dashboards.yaml",
+        "dashboards/provisioning/datasources.yaml"}
+    assert build(tmp_path, check=True) == []
+    (tmp_path / "dashboards" / "node.json").write_text("{}")
+    assert build(tmp_path, check=True) == [tmp_path / "dashboards" / "node.json"]
+
+
+def test_cli_check_reports_drift(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from gpuobs import cli
+
+    monkeypatch.setattr(build_mod, "ROOT", tmp_path)
+    monkeypatch.setattr(build_mod, "build", lambda check=False: build(tmp_path, check))
+    result = CliRunner().invoke(cli.main, ["dashboards", "build", "--check"])
+    assert result.exit_code == 1 and "differs: dashboards/node.json" in result.output, result.output
+    assert CliRunner().invoke(cli.main, ["dashboards", "build"]).exit_code == 0
+    result = CliRunner().invoke(cli.main, ["dashboards", "build", "--check"])
+    assert result.exit_code == 0 and result.output == ""
+
+
+def test_provisioning_files():
+    import yaml
+
+    provider = yaml.safe_load((REPO / "dashboards" / "provisioning" / "dashboards.yaml").read_text())
+    assert provider["providers"][0]["type"] == "file" and provider["providers"][0]["options"]["path"]
+    ds = yaml.safe_load((REPO / "dashboards" / "provisioning" / "datasources.yaml").read_text())["datasources"][0]
+    assert ds["type"] == "prometheus" and ds["uid"] == "prometheus" and ds["jsonData"]["timeInterval"]
+
+
+# ----------------------------------------------------------------------------------------- lint
+def rate_violations(expr: str) -> list[str]:
+    """rate/irate/increase calls that are not fn(counter{...}[$__rate_interval])."""
+    problems = []
+    calls = RATE_CALL.findall(expr)
+    args = RATE_ARG.findall(expr)
+    if len(args) != len(calls):
+        problems.append(f"a rate()/increase() whose argument is not a plain range selector: {expr}")
+    for fn, name, _, window in args:
+        if name in GAUGES:
+            problems.append(f"{fn}() over the gauge {name}")
+        elif name not in COUNTERS:
+            problems.append(f"{fn}() over {name}, which is not a catalog counter or histogram series")
+        if window != "$__rate_interval":
+            problems.append(f"{fn}({name}[{window}]) instead of [$__rate_interval]")
+    return problems
+
+
+def test_rate_lint_catches_mistakes():
+    assert rate_violations("sum(rate(gpuobs_gpu_pcie_replays_total{a=\"b\"}[$__rate_interval]))") == []
+    assert rate_violations("rate(gpuobs_gpu_temperature_celsius[$__rate_interval])")
+    assert rate_violations("increase(gpuobs_gpu_pcie_replays_total[5m])")
+    assert rate_violations("rate(job_id:gpuobs_training_tokens:rate[$__rate_interval])")
+    assert rate_violations("rate(sum(gpuobs_gpu_pcie_replays_total)[5m:])")
+    assert rate_violations("rate(gen_ai_server_request_duration_seconds_bucket[$__rate_interval])") == []
+
+
+def overlaps(a: dict, b: dict) -> bool:
+    return (a["x"] < b["x"] + b["w"] and b["x"] < a["x"] + a["w"]
+            and a["y"] < b["y"] + b["h"] and b["y"] < a["y"] + a["h"])
+
+
+@pytest.mark.parametrize("name", sorted(DASHBOARDS))
+def test_dashboard_lint(name):
+    d = load()[name]
+    problems = []
+    assert d["uid"] in UIDS.values() and d["schemaVersion"] >= SCHEMA_VERSION >= 39
+    variables = {v["name"]: v for v in d["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    for v in variables.values():
+        if v["type"] == "query":
+            if v["datasource"] != DATASOURCE or not v["query"].startswith("label_values("):
+                problems.append(f"variable {v['name']}: not label_values() on ${{datasource}}")
+    ids = [p["id"] for p in panels(d)]
+    if len(ids) != len(set(ids)):
+        problems.append(f"duplicate panel ids: {sorted(i for i in ids if ids.count(i) > 1)}")
+    every = panels(d)
+    for i, p in enumerate(every):
+        g = p["gridPos"]
+        if not (0 <= g["x"] and g["x"] + g["w"] <= 24 and g["h"] > 0 and g["y"] >= 0):
+            problems.append(f"{p['title']}: grid position {g} outside the 24 columns")
+        for q in every[i + 1:]:
+            if overlaps(g, q["gridPos"]):
+                problems.append(f"{p['title']} {g} overlaps {q['title']} {q['gridPos']}")
+        if p["type"] == "row":
+            continue
+        title = p["title"]
+        if p["type"] in ANGULAR or p["type"] not in PANEL_TYPES:
+            problems.append(f"{title}: panel type {p['type']} (Angular or not allowed)")
+        unit = p.get("fieldConfig", {}).get("defaults", {}).get("unit")
+        if not unit or unit == "none":
+            problems.append(f"{title}: no unit")
+        if p["type"] == "heatmap" and p["options"]["yAxis"].get("unit") != unit:
+            problems.append(f"{title}: heatmap y axis without the unit")
+        if p["datasource"] != DATASOURCE:
+            problems.append(f"{title}: datasource {p['datasource']} is not ${{datasource}}")
+        if not p["targets"]:
+            problems.append(f"{title}: no query")
+        refs = [t["refId"] for t in p["targets"]]
+        if len(refs) != len(set(refs)):
+            problems.append(f"{title}: duplicate refIds")
+        for t in p["targets"]:
+            if t["datasource"] != DATASOURCE:
+                problems.append(f"{title}: target {t['refId']} datasource is not ${{datasource}}")
+            problems += [f"{title}: {x}" for x in rate_violations(t["expr"])]
+            for var in (a or b for a, b in VARIABLE.findall(t["expr"])):
+                if var not in variables and var not in BUILTINS:
+                    problems.append(f"{title}: unknown variable ${var}")
+        for link in p.get("fieldConfig", {}).get("defaults", {}).get("links", []):
+            if not any(f"/d/{uid}/" in link["url"] for uid in UIDS.values()):
+                problems.append(f"{title}: link to an unknown dashboard: {link['url']}")
+    assert not problems, "\n".join(problems)
+
+
+def _data_links(d: dict) -> str:
+    return " ".join(link["url"] for p in panels(d) for link in p.get("fieldConfig", {}).get("defaults", {})
+                    .get("links", []))
+
+
+def test_links_fleet_to_node_to_job():
+    ds = load()
+    assert f"/d/{UIDS['node']}/" in _data_links(ds["fleet-overview"])
+    assert f"/d/{UIDS['training']}/" in _data_links(ds["node"]) and "var-job_id=" in _data_links(ds["node"])
+    assert f"/d/{UIDS['node']}/" in _data_links(ds["training-job"])
+    for d in ds.values():
+        assert {link["url"].split("/")[2] for link in d["links"]} <= set(UIDS.values())
+
+
+def _exprs(d: dict) -> str:
+    return "\n".join(t["expr"] for _, t in queries(d)) + "\n" + "\n".join(
+        v["query"] for v in d["templating"]["list"])
+
+
+@pytest.mark.parametrize("name, families", [
+    ("node", set(c.FAMILIES)), ("exporter-health", {"exporter"}), ("training-job", {"training"}),
+    ("inference-service", {"inference"})])
+def test_dashboards_cover_the_catalog(name, families):
+    """The node dashboard shows every per-GPU family, the others every metric of theirs."""
+    text = _exprs(load()[name])
+    missing = [m.name for m in c.ALL if m.family in families
+               if not any(re.search(rf"\b{re.escape(s)}\b", text) for s in m.prometheus_samples)]
+    assert not missing, f"{name} shows nothing of {missing}"
+
+
+def test_fleet_reads_the_recording_rules():
+    from gpuobs.alerts.rules import DEFAULT, recording_rules
+
+    text = _exprs(load()["fleet-overview"])
+    used = {r.record for r in recording_rules(DEFAULT) if r.record in text}
+    assert {"cluster:gpuobs_gpus_expected:sum", "cluster:gpuobs_gpus_present:sum", "cluster:gpuobs_gpus_lost:count",
+            "cluster:gpuobs_gpu_utilization_ratio:avg", "cluster:gpuobs_gpu_sm_active_ratio:avg",
+            "cluster:gpuobs_gpus_allocated_idle:count", "cluster_reason:gpuobs_gpu_clock_event_reason_active:sum",
+            "cluster:gpuobs_gpu_power_usage_watts:sum", "cluster:gpuobs_gpu_power_limit_watts:sum",
+            "cluster_xid:gpuobs_gpu_xid_errors:increase", "cluster:gpuobs_gpu_ecc_uncorrected:increase"} <= used
+    records = {r.record for r in recording_rules(DEFAULT)}
+    for d in load().values():  # a recording rule a dashboard names must exist
+        for name in re.findall(r"\b[a-z_]+:[a-z_0-9]+:[a-z_0-9]+\b", _exprs(d)):
+            assert name in records, f"{d['title']} reads {name}, which no recording rule defines"
+
+
+# -------------------------------------------------------------------------------- query against data
+# Values the template variables take in the scenario below (multi-valued ones as Grafana writes a
+# multi-selection: a regex alternation; All is .*).
+VALUES = {
+    "fleet-overview": {"cluster": "east", "node": "node-a", "model": "NVIDIA H200"},
+    "node": {"cluster": "east", "node": "node-a", "gpu": ".*"},
+    "training-job": {"job_id": "example-job", "rank": "(0|1)"},
+    "inference-service": {"model": "llama-3-8b", "operation": "chat"},
+    "exporter-health": {"job": "gpuobs", "cluster": "east", "node": "(node-a|node-c)"},
+}
+BUILTIN_VALUES = {"__rate_interval": "1m", "__range": "1m", "__interval": "15s"}
+# Targets that are legitimately empty in this scenario: (dashboard, panel title, refId) -> why.
+EXEMPT = {
+    ("training-job", "Non-finite values", "A"): "the example's loss stays finite: the counter is never created",
+}
+SERVER = """
+import random, time
+from gpuobs import instrument
+instrument.configure(service_name="gpuobs-test-serve")
+rng = random.Random(0)
+while True:
+    try:
+        with instrument.request(model="llama-3-8b", operation="chat", batch_size=rng.choice([1, 2, 4, 8])) as r:
+            time.sleep(0.004)
+            r.first_token()
+            time.sleep(0.01)
+            if rng.random() < 0.1:
+                raise TimeoutError("deadline exceeded")
+            r.tokens(input=512, output=64)
+    except TimeoutError:
+        pass
+"""
+
+
+def substitute(expr: str, values: dict[str, str]) -> str:
+    values = {**BUILTIN_VALUES, **values}
+
+    def one(match: re.Match) -> str:
+        name = match.group(1) or match.group(2)
+        if name not in values:
+            raise KeyError(f"no value for ${name} in {expr}")
+        return values[name]
+
+    return VARIABLE.sub(one, expr)
+
+
+class Prometheus:
+    """A real Prometheus with one scrape job per kind of target, each target labelled with its
+    cluster and node as a service-discovery relabelling would, evaluating the fast rule profile."""
+
+    def __init__(self, tmp_path, jobs: dict[str, list[tuple[str, str, str]]]):
+        binary = require_tool("prometheus")
+        self.port = free_port()
+        lines = ["global: {scrape_interval: 1s, evaluation_interval: 1s}",
+                 f"rule_files: ['{REPO / 'alerts' / 'gpuobs-fast.rules.yml'}']", "scrape_configs:"]
+        for job, targets in jobs.items():
+            lines += [f"  - job_name: {job}", "    static_configs:"]
+            lines += [f"      - {{targets: ['{t}'], labels: {{cluster: {cl}, node: {n}}}}}" for t, cl, n in targets]
+        config = tmp_path / "prometheus.yml"
+        config.write_text("\n".join(lines) + "\n")
+        self.proc = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'prom'}",
+                                      f"--web.listen-address=127.0.0.1:{self.port}"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    def query(self, promql: str) -> list[dict]:
+        """Instant query; raises AssertionError with Prometheus's message if it does not parse."""
+        url = f"http://127.0.0.1:{self.port}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                body = json.load(r)
+        except urllib.error.HTTPError as e:
+            body = json.load(e)
+            raise AssertionError(f"{body.get('errorType')}: {body.get('error')}\n  {promql}") from None
+        assert body["status"] == "success", body
+        return body["data"]["result"]
+
+    def ready(self, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"prometheus exited: {self.proc.stderr.read()[-2000:]}")
+            try:
+                if self.query('up{job="gpuobs"} == 1'):
+                    return
+            except OSError:
+                pass
+            time.sleep(0.3)
+        pytest.fail("prometheus never saw an exporter up")
+
+
+def variable_queries(d: dict, values: dict[str, str]) -> list[tuple[str, str, str]]:
+    """(variable, label, PromQL) for each label_values(selector, label) variable."""
+    out = []
+    for v in d["templating"]["list"]:
+        if v["type"] == "query":
+            selector, label = re.fullmatch(r"label_values\((.+),\s*(\w+)\)", v["query"]).groups()
+            out.append((v["name"], label, f"count by ({label}) ({substitute(selector, values)})"))
+    return out
+
+
+def test_every_panel_query_returns_data(exporter, tmp_path):
+    """Three simulated nodes (node-a: a mixed node with faults, in process; node-b: 8 busy H100s;
+    node-c: NVML down), two training ranks and an inference server, scraped by a real Prometheus
+    with the recording rules: every panel target of every dashboard parses and returns data."""
+    # node-a: H200 / H100 with MIG / A100 (with pre-Ampere style page retirement) / L40S / RTX, plus
+    # an A100 to lose; the exporter runs in this process on the simulator
+    spec = scenario.load(REPO / "examples" / "scenarios" / "mixed-faults.yaml")
+    spec["gpus"][2]["overrides"] = {"retired_pages": {"sbe": 2, "dbe": 0, "pending": 0}}
+    spec["gpus"].append({"profile": "a100-40gb"})
+    run = exporter(spec, interval=0.5)
+    st = run.sim.state
+    set_val(st.gpu(0).clock_events, 0x4)  # H200 held at its power cap
+    set_val(st.gpu(3).mem_used, 20 * GIB)  # L40S allocated but idle
+    set_val(st.gpu(3).util_gpu, 0)
+    set_val(st.gpu(2).util_enc, 150)  # an impossible value: dropped and counted
+    st.fail("nvmlDeviceGetEncoderUtilization", 999, gpu=3)  # a failing NVML call, counted by call and code
+    nodes = [Simulator(scenario.load(REPO / "examples" / "scenarios" / "8xh100.yaml"), base=REPO,
+                       directory=tmp_path / "node-b", node="node-b"),
+             Simulator({"gpus": [{"profile": "a100-40gb", "count": 2}]}, base=REPO, directory=tmp_path / "node-c",
+                       node="node-c")]
+    nodes[1].state.fail_init(9)  # node-c: NVML_ERROR_DRIVER_NOT_LOADED
+    procs = []
+    try:
+        exporters = {}
+        for name, sim, extra in (("node-b", nodes[0], []), ("node-c", nodes[1], ["--expected-gpus", "2"])):
+            exporters[name] = port = free_port()
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "gpuobs.cli", "exporter", "--listen-address", "127.0.0.1", "--port", str(port),
+                 "--interval", "1", *extra], env=sim.env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                text=True))
+        base = free_port()
+        for rank, compute_ms in enumerate((20, 45)):  # rank 1 is the straggler
+            env = {"PATH": "/usr/bin:/bin", "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
+                   "GPUOBS_JOB_ID": "example-job", "GPUOBS_PROMETHEUS_PORT": str(base)}
+            procs.append(subprocess.Popen(
+                [sys.executable, str(REPO / "examples" / "train.py"), "--steps", "100000", "--compute-ms",
+                 str(compute_ms), "--data-ms", "10", "--checkpoint-every", "30", "--eval-every", "10"],
+                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+        server = free_port()
+        procs.append(subprocess.Popen(
+            [sys.executable, "-c", SERVER], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            env={"PATH": "/usr/bin:/bin", "GPUOBS_PROMETHEUS_PORT": str(server), "GPUOBS_JOB_ID": "llm-serving"}))
+        prom = Prometheus(tmp_path, {
+            "gpuobs": [(f"127.0.0.1:{run.exp.http.port}", "east", "node-a"),
+                       (f"127.0.0.1:{exporters['node-b']}", "west", "node-b"),
+                       (f"127.0.0.1:{exporters['node-c']}", "east", "node-c")],
+            "training": [(f"127.0.0.1:{base}", "east", "node-a"), (f"127.0.0.1:{base + 1}", "east", "node-a")],
+            "inference": [(f"127.0.0.1:{server}", "west", "node-b")]})
+        procs.append(prom.proc)
+        prom.ready()
+        run.next_snapshot(2)
+        st.xid(0, 13)  # after the exporter registered for events
+        st.lose_gpu(5)  # the spare A100 falls off the bus after it was seen
+
+        checks = []  # (what, promql, label a result must have a value for)
+        for name, d in load().items():
+            for p, t in queries(d):
+                if (name, p["title"], t["refId"]) not in EXEMPT:
+                    checks.append((f"{name} / {p['title']} / {t['refId']}", substitute(t["expr"], VALUES[name]),
+                                   None))
+            for var, label, promql in variable_queries(d, VALUES[name]):
+                checks.append((f"{name} / variable {var}", promql, label))
+        for what, promql, _ in checks:  # every query parses, before any data is there
+            try:
+                prom.query(promql)
+            except AssertionError as e:
+                pytest.fail(f"{what} does not parse: {e}")
+
+        empty = checks
+        deadline = time.monotonic() + 45
+        while empty and time.monotonic() < deadline:
+            for proc in procs:
+                if proc.poll() is not None:
+                    pytest.fail(f"{proc.args[:4]} exited {proc.returncode}: {proc.stderr.read()[-2000:]}")
+            time.sleep(1)
+            empty = [(what, q, label) for what, q, label in empty
+                     if not any(label is None or r["metric"].get(label) for r in prom.query(q))]
+        assert not empty, "queries without data:\n" + "\n".join(f"{w}\n    {q}" for w, q, _ in empty)
+        for (name, title, ref), why in EXEMPT.items():  # the exemptions are still real, and still empty
+            d = load()[name]
+            expr = next(t["expr"] for p, t in queries(d) if p["title"] == title and t["refId"] == ref)
+            assert prom.query(substitute(expr, VALUES[name])) == [], f"{title} has data now: drop its exemption"
+        # the scenario is what the panels claim: a straggler, an allocated idle GPU, a lost GPU, NVML down
+        assert prom.query('topk(1, job_id_rank:gpuobs_training_step_duration_seconds:p50)')[0]["metric"]["rank"] == "1"
+        assert float(prom.query('sum(cluster:gpuobs_gpus_allocated_idle:count{cluster="east"})')[0]["value"][1]) >= 1
+        assert float(prom.query('sum(cluster:gpuobs_gpus_lost:count{cluster="east"})')[0]["value"][1]) == 1
+        assert prom.query('gpuobs_nvml_up{node="node-c"} == 0')
+    finally:
+        for proc in procs:
+            stop(proc)
+        for sim in nodes:
+            sim.close()
