@@ -92,13 +92,18 @@ def _families(value: str | None) -> set[str]:
 @click.option("--hostname", envvar=["GPUOBS_HOSTNAME", "NODE_NAME"], help="Hostname label for dcgm naming.")
 @click.option("--otlp-endpoint", envvar=["OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"],
               help="Also push the metrics over OTLP (gRPC, or HTTP for .../v1/metrics URLs).")
+@click.option("--kubelet-socket", envvar="GPUOBS_KUBELET_SOCKET",
+              help="Kubelet PodResources socket for pod attribution (default: "
+                   "/var/lib/kubelet/pod-resources/kubelet.sock when it exists; '' turns it off).")
+@click.option("--slurm-job-dir", envvar="GPUOBS_SLURM_JOB_DIR",
+              help="Slurm job-mapping directory (one file per GPU index holding job ids) for job attribution.")
 @click.option("--simulate", "scenario_file", envvar="GPUOBS_SIMULATE",
               help="Run on simulated GPUs from this scenario instead of the driver; 'auto': the driver if "
                    "one answers, else the 8xH100 example scenario.")
 @click.option("--log-level", envvar="GPUOBS_LOG_LEVEL", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 def exporter(listen_address, port, interval, families, processes, process_cap, naming, expected_gpus,
-             web_config, hostname, otlp_endpoint, scenario_file, log_level) -> None:
+             web_config, hostname, otlp_endpoint, kubelet_socket, slurm_job_dir, scenario_file, log_level) -> None:
     """Serve GPU metrics to Prometheus: /metrics, /healthz, /readyz."""
     import logging
     import threading
@@ -123,8 +128,13 @@ def exporter(listen_address, port, interval, families, processes, process_cap, n
     from .exporter import Exporter, ExporterConfig
     from .exporter.server import WebConfigError
 
+    if kubelet_socket is None:  # on a Kubernetes node by default, quietly off elsewhere
+        from .attribution import DEFAULT_SOCKET
+
+        kubelet_socket = DEFAULT_SOCKET if Path(DEFAULT_SOCKET).exists() else None
     config = ExporterConfig(listen_address, port, interval, chosen, naming, expected_gpus, process_cap,
-                            web_config, hostname, otlp_endpoint)
+                            web_config, hostname, otlp_endpoint, kubelet_socket=kubelet_socket or None,
+                            slurm_job_dir=slurm_job_dir or None)
     try:
         exp = Exporter(config).start()
     except (WebConfigError, OSError) as e:
@@ -139,6 +149,17 @@ def exporter(listen_address, port, interval, families, processes, process_cap, n
     exp.stop()
     if sim:
         sim.close()
+
+
+@main.command()
+@click.option("--duration", type=click.FloatRange(min=0), help="Exit after the scripted incident once this many "
+              "seconds have passed (default: run until Ctrl-C).")
+@click.option("--keep-logs", is_flag=True, help="Keep the components' logs and data after a clean run.")
+def demo(duration: float | None, keep_logs: bool) -> None:
+    """The whole stack on loopback with simulated GPUs, and a scripted incident."""
+    from . import demo as demo_mod
+
+    raise SystemExit(demo_mod.run(duration, keep_logs))
 
 
 @main.group()

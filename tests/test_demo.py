@@ -1,0 +1,46 @@
+"""`gpuobs demo` non-interactively: the scripted incident's alerts reach the webhook and resolve,
+the command exits 0, and no process it started is left behind."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import psutil
+
+from conftest import require_tool
+
+EXPECTED = ("GpuHwThermalSlowdown", "GpuAllocatedIdle", "GpuXidRebootRequired", "GpuLost", "GpuMissing")
+
+
+def test_demo_plays_the_incident_and_leaves_nothing_running():
+    require_tool("prometheus")
+    require_tool("prometheus-alertmanager")
+    out = subprocess.run([sys.executable, "-m", "gpuobs.cli", "demo", "--duration", "0"], capture_output=True,
+                         text=True, timeout=400)
+    print(out.stdout)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    assert "SIMULATED GPUs" in lines[0]
+    for name in EXPECTED:
+        assert any("FIRING" in line and name in line for line in lines), f"{name} never fired"
+        assert any("RESOLVED" in line and name in line for line in lines), f"{name} never resolved"
+    assert not any("FIRING" in line and "GpuTemperatureNearSlowdown" in line for line in lines), "inhibited alert paged"
+    assert any("GpuHwThermalSlowdown" in line and "GPU 0" in line and "[   pager]" in line for line in lines)
+    assert lines[-1].endswith("stopped")
+    assert not leftovers(), leftovers()
+
+
+def leftovers() -> list[dict]:
+    """Processes of a demo run: Prometheus and Alertmanager name its work folder in their arguments,
+    the exporter its state file and the trainers its job id in their environment."""
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            env = p.environ()
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+            env = {}
+        if (any("gpuobs-demo-" in part for part in (p.info["cmdline"] or []))
+                or "gpuobs-demo-" in env.get("GPUOBS_SIM_STATE", "") or env.get("GPUOBS_JOB_ID") == "demo-job"):
+            found.append(p.info)
+    return found
