@@ -67,7 +67,7 @@ def test_build_writes_every_file(tmp_path):
     written = build(tmp_path)
     assert {p.relative_to(tmp_path).as_posix() for p in written} == {
         *(f"dashboards/{n}.json" for n in DASHBOARDS), "dashboards/provisioning/dashboards.yaml",
-        "dashboards/provisioning/datasources.yaml"}
+        "dashboards/provisioning/datasources.yaml", "exporters/kubernetes/dashboards.yaml"}
     assert build(tmp_path, check=True) == []
     (tmp_path / "dashboards" / "node.json").write_text("{}")
     assert build(tmp_path, check=True) == [tmp_path / "dashboards" / "node.json"]

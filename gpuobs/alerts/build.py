@@ -1,7 +1,7 @@
 """Generate, from the definitions in rules.py, every committed alerting artefact:
 
 - alerts/gpuobs.rules.yml and alerts/gpuobs-fast.rules.yml: Prometheus rule files (default and fast profile)
-- alerts/prometheusrule.yaml: the prometheus-operator PrometheusRule
+- alerts/prometheusrule.yaml: the prometheus-operator PrometheusRule (also exporters/kubernetes/)
 - alerts/alertmanager.yml: an example Alertmanager configuration (routes and inhibitions)
 - alerts/grafana-alerting.json: Grafana-managed alert provisioning, built with grafanalib
 - docs/runbooks/<Alert>.md: one runbook per alert
@@ -16,6 +16,7 @@ from pathlib import Path
 
 import yaml
 
+from .. import generated
 from .rules import DEFAULT, FAST, Alert, Thresholds, alerts, recording_rules
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -150,6 +151,7 @@ def outputs(root: Path = ROOT) -> dict[Path, str]:
     out = {root / "alerts" / "gpuobs.rules.yml": rules_file(DEFAULT),
            root / "alerts" / "gpuobs-fast.rules.yml": rules_file(FAST),
            root / "alerts" / "prometheusrule.yaml": prometheus_rule(DEFAULT),
+           root / "exporters" / "kubernetes" / "prometheusrule.yaml": prometheus_rule(DEFAULT),
            root / "alerts" / "alertmanager.yml": alertmanager_file(),
            root / "alerts" / "grafana-alerting.json": grafana_alerting(DEFAULT)}
     for a in alerts(DEFAULT):
@@ -159,11 +161,4 @@ def outputs(root: Path = ROOT) -> dict[Path, str]:
 
 def build(root: Path = ROOT, check: bool = False) -> list[Path]:
     """Write the files (or, with check, only list those that differ). Returns the changed paths."""
-    changed = []
-    for path, content in outputs(root).items():
-        if not path.exists() or path.read_text() != content:
-            changed.append(path)
-            if not check:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(content)
-    return changed
+    return generated.write(outputs(root), check)

@@ -35,6 +35,10 @@ class ExporterConfig:
     web_config: str | None = None
     hostname: str | None = None
     otlp_endpoint: str | None = None
+    kubelet_socket: str | None = None     # pod attribution from the kubelet PodResources API; None: off
+    slurm_job_dir: str | None = None      # Slurm job attribution from a job-mapping directory; None: off
+    attribution_refresh: float = 10.0     # seconds between attribution refreshes (never per scrape)
+    attribution_timeout: float = 2.0      # deadline of one kubelet List() call
 
 
 class Exporter:
@@ -46,7 +50,17 @@ class Exporter:
         self.session = Session()
         self.watcher = XidWatcher(self.session) if "xid" in config.families else None
         families = build_families(config.families, self.watcher, config.process_cap)
-        self.renderer = Renderer(config.naming, config.hostname)
+        self.attribution = []
+        if config.kubelet_socket:
+            from ..attribution import PodResourcesWatcher
+
+            self.attribution.append(PodResourcesWatcher(config.kubelet_socket, config.attribution_refresh,
+                                                        config.attribution_timeout))
+        if config.slurm_job_dir:
+            from ..attribution import SlurmJobMap
+
+            self.attribution.append(SlurmJobMap(config.slurm_job_dir, config.attribution_refresh))
+        self.renderer = Renderer(config.naming, config.hostname, self.attribution)
         self.sampler = Sampler(self.session, families, config.interval, config.expected_gpus,
                                on_snapshot=self._on_snapshot)
         self.http = HttpServer(make_app(self.metrics, self.ready, self.web.users),
@@ -80,6 +94,8 @@ class Exporter:
     def start(self) -> "Exporter":
         if self.watcher:
             self.watcher.start()
+        for source in self.attribution:
+            source.start()
         self.sampler.start()
         self.http.start()
         if self.otlp:
@@ -95,4 +111,6 @@ class Exporter:
             self.watcher.stop()
         if self.otlp:
             self.otlp.stop()
+        for source in self.attribution:
+            source.stop()
         self.session.shutdown()

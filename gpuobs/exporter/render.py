@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 from collections import defaultdict
-from typing import Iterable
+from typing import Callable, Iterable, Sequence
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric as PromMetric
@@ -14,6 +14,14 @@ from ..collect.base import Sample, Snapshot
 
 NAMINGS = ("gpuobs", "dcgm")
 SELF_FAMILY = "exporter"
+# Attribution labels (gpuobs.attribution), by naming. Native names stay clear of the target labels
+# Prometheus's Kubernetes service discovery adds (pod, namespace, container); dcgm naming uses
+# dcgm-exporter's names, which its users scrape with honor_labels or relabel.
+ATTRIBUTION_LABELS = {
+    "gpuobs": {"pod": "k8s_pod", "namespace": "k8s_namespace", "container": "k8s_container", "hpc_job": "hpc_job"},
+    "dcgm": {"pod": "pod", "namespace": "namespace", "container": "container", "hpc_job": "hpc_job"},
+}
+Extra = Callable[[Sample], "dict[str, str] | None"]
 
 
 class _Collect:
@@ -32,8 +40,9 @@ def _to_text(families: Iterable[PromMetric]) -> bytes:
     return generate_latest(registry)
 
 
-def native_families(samples: Iterable[Sample]) -> list[PromMetric]:
-    """Metric families with gpuobs names (catalog order, so output is stable)."""
+def native_families(samples: Iterable[Sample], extra: Extra | None = None) -> list[PromMetric]:
+    """Metric families with gpuobs names (catalog order, so output is stable); `extra` gives labels
+    to add to a sample (attribution), after the catalog's."""
     by_metric: dict[c.Metric, list[Sample]] = defaultdict(list)
     for s in samples:
         by_metric[s.metric].append(s)
@@ -44,12 +53,15 @@ def native_families(samples: Iterable[Sample]) -> list[PromMetric]:
         else:
             fam = PromMetric(metric.name, metric.help, metric.kind)
         for s in by_metric[metric]:
-            fam.add_sample(metric.exposed_name, dict(zip(metric.labels, s.labels)), s.value)
+            labels = dict(zip(metric.labels, s.labels))
+            if extra and (more := extra(s)):
+                labels.update(more)
+            fam.add_sample(metric.exposed_name, labels, s.value)
         out.append(fam)
     return out
 
 
-def dcgm_families(samples: Iterable[Sample], hostname: str) -> list[PromMetric]:
+def dcgm_families(samples: Iterable[Sample], hostname: str, extra: Extra | None = None) -> list[PromMetric]:
     """dcgm-exporter names and labels (gpu, UUID, pci_bus_id, device, modelName, Hostname, and
     GPU_I_ID/GPU_I_PROFILE on MIG series) for every catalog metric that has a DCGM field."""
     samples = list(samples)
@@ -70,6 +82,8 @@ def dcgm_families(samples: Iterable[Sample], hostname: str) -> list[PromMetric]:
         if m.identity == c.MIG_LABELS:
             labels["GPU_I_ID"] = s.labels[2]
             labels["GPU_I_PROFILE"] = profiles.get((uuid, s.labels[2]), "")
+        if extra and (more := extra(s)):
+            labels.update(more)
         key = (field, tuple(sorted(labels.items())))
         if key in seen:  # DCGM has no compute-instance label: the first of a GPU instance's devices wins
             continue
@@ -87,10 +101,11 @@ class Renderer:
     """Renders each Snapshot once into two bodies: complete, and self-health only (served when
     the snapshot is stale, so that no stale GPU value is served as fresh)."""
 
-    def __init__(self, naming: str = "gpuobs", hostname: str | None = None):
+    def __init__(self, naming: str = "gpuobs", hostname: str | None = None, attribution: Sequence = ()):
         if naming not in NAMINGS:
             raise ValueError(f"naming must be one of {NAMINGS}, got {naming!r}")
         self.naming = naming
+        self.attribution = tuple(attribution)  # sources with lookup(uuid, index, gpu_instance)
         self.hostname = hostname or socket.gethostname()
         self.fresh = b""
         self.stale = self._self_only([], stale=True)
@@ -104,14 +119,44 @@ class Renderer:
     def _self_only(self, samples: list[Sample], stale: bool) -> bytes:
         return _to_text(native_families(samples) + [self._stale_flag(stale)])
 
+    def _attributor(self, samples: list[Sample]) -> Extra | None:
+        """Attribution labels of a per-GPU or MIG sample, looked up once per device per render. A MIG
+        sample is looked up by its MIG UUID (and GPU instance), else by its parent GPU."""
+        if not self.attribution:
+            return None
+        names = ATTRIBUTION_LABELS[self.naming]
+        n_mig = len(c.MIG_LABELS)
+        mig_uuids = {tuple(s.labels[:n_mig]): s.labels[n_mig] for s in samples if s.metric is c.MIG_INFO}
+        cache: dict[tuple, dict[str, str] | None] = {}
+
+        def extra(s: Sample) -> dict[str, str] | None:
+            key = tuple(s.labels[:len(s.metric.identity)])
+            if not key:
+                return None
+            if key not in cache:
+                gpu, uuid, labels = key[0], key[1], {}
+                for source in self.attribution:
+                    found = None
+                    if len(key) == n_mig:
+                        found = source.lookup(mig_uuids.get(key, ""), gpu, key[2])
+                    found = found or source.lookup(uuid, gpu)
+                    for k, v in (found or {}).items():
+                        if k in names and v:
+                            labels[names[k]] = v
+                cache[key] = labels or None
+            return cache[key]
+
+        return extra
+
     def render(self, snap: Snapshot) -> None:
         """Render a new snapshot (called on the sampling thread, once per snapshot)."""
         own = [s for s in snap.samples if s.metric.family == SELF_FAMILY]
         gpu = [s for s in snap.samples if s.metric.family != SELF_FAMILY]
+        extra = self._attributor(gpu)
         if self.naming == "dcgm":
-            families = dcgm_families(gpu, self.hostname)
+            families = dcgm_families(gpu, self.hostname, extra)
         else:
-            families = native_families(gpu)
+            families = native_families(gpu, extra)
         self.fresh = _to_text(families + native_families(own) + [self._stale_flag(False)])
         # Served when this snapshot is stale: NVML and GPU state then unknown, so left out.
         unknown = (c.NVML_UP, c.GPUS_PRESENT, c.NVML_INFO, c.NVML_INIT_ERROR)

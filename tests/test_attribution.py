@@ -1,0 +1,232 @@
+"""Pod and Slurm job attribution: a real gRPC server on a unix socket implements the kubelet's
+PodResourcesLister from the same generated code the exporter uses."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+import time
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+import pytest
+
+from gpuobs.attribution import PodResourcesWatcher, SlurmJobMap
+from gpuobs.attribution import podresources_v1_pb2 as pb
+from gpuobs.attribution import podresources_v1_pb2_grpc as pb_grpc
+from gpuobs.attribution.podresources import build_mapping
+
+H100 = "h100-sxm-80gb"
+FAST = dict(interval=0.1, attribution_refresh=0.2, attribution_timeout=0.3)
+POD_KEYS = ("k8s_pod", "k8s_namespace", "k8s_container")
+
+
+class Kubelet(pb_grpc.PodResourcesListerServicer):
+    """A PodResourcesLister whose answer, and delay, the test changes; counts List() calls."""
+
+    def __init__(self):
+        self.pods: list[tuple[str, str, str, str, list[str]]] = []  # (pod, ns, container, resource, ids)
+        self.delay = 0.0
+        self.calls = 0
+        self.released = threading.Event()  # set at teardown: stalled calls return at once
+
+    def List(self, request, context):
+        self.calls += 1
+        if self.delay:
+            self.released.wait(self.delay)
+        resp = pb.ListPodResourcesResponse()
+        for pod, ns, container, resource, ids in self.pods:
+            pr = resp.pod_resources.add(name=pod, namespace=ns)
+            c = pr.containers.add(name=container)
+            c.devices.add(resource_name=resource, device_ids=ids)
+            c.devices.add(resource_name="example.com/nic", device_ids=["GPU-not-a-gpu"])  # ignored
+        return resp
+
+
+@pytest.fixture
+def kubelet():
+    """(servicer, socket path, stop()) of a kubelet PodResources server on a short unix socket path."""
+    directory = tempfile.mkdtemp(prefix="kl", dir="/tmp")
+    path = str(Path(directory) / "kubelet.sock")
+    servicer = Kubelet()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    pb_grpc.add_PodResourcesListerServicer_to_server(servicer, server)
+    server.add_insecure_port(f"unix://{path}")
+    server.start()
+    stopped = []
+
+    def stop():
+        if not stopped:
+            servicer.released.set()
+            server.stop(grace=None)
+            Path(path).unlink(missing_ok=True)
+            stopped.append(1)
+
+    yield servicer, path, stop
+    stop()
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def uuids(run) -> list[str]:
+    info = [l for n, l, _ in run.scrape() if n == "gpuobs_gpu_info"]
+    return [l["uuid"] for l in sorted(info, key=lambda l: int(l["gpu"]))]
+
+
+def pod_of(scrape, uuid: str, name: str = "gpuobs_gpu_info", key: str = "uuid"):
+    """(k8s_pod, k8s_namespace, k8s_container) of one series, None values when absent."""
+    for n, l, _ in scrape:
+        if n == name and l.get(key) == uuid:
+            return tuple(l.get(k) for k in POD_KEYS)
+    raise AssertionError(f"no {name} for {uuid}")
+
+
+def per_gpu(scrape, uuid: str):
+    return [l for n, l, _ in scrape if l.get("uuid") == uuid]
+
+
+def test_labels_appear_follow_churn_and_vanish_with_no_rpc_per_scrape(exporter, kubelet):
+    server, path, stop = kubelet
+    run = exporter({"gpus": [{"profile": H100, "count": 2}]}, kubelet_socket=path, **FAST)
+    u0, u1 = uuids(run)
+    server.pods = [("train-0", "ml", "trainer", "nvidia.com/gpu", [u0])]
+    scrape = run.wait_for(lambda s: pod_of(s, u0) == ("train-0", "ml", "trainer"), 5, "pod labels")
+    series = per_gpu(scrape, u0)
+    assert len(series) > 10 and all(l["k8s_pod"] == "train-0" and l["k8s_namespace"] == "ml" for l in series)
+    assert not any("k8s_pod" in l for l in per_gpu(scrape, u1))
+    assert not any("pod" in l or "namespace" in l for _, l, _ in scrape)  # clear of Kubernetes SD target labels
+
+    # No RPC per scrape: List() follows the refresh period, not the scrape rate.
+    calls, t0 = server.calls, time.monotonic()
+    for _ in range(60):
+        run.get()
+    elapsed = time.monotonic() - t0
+    assert server.calls - calls <= elapsed / 0.2 + 2
+
+    # Churn: the pod moves, a second one arrives (time-slicing replica id), then both go.
+    server.pods = [("train-1", "ml", "trainer", "nvidia.com/gpu", [u1]),
+                   ("infer-7", "serve", "vllm", "nvidia.com/gpu", [f"{u0}::2"])]
+    run.wait_for(lambda s: pod_of(s, u1) == ("train-1", "ml", "trainer")
+                 and pod_of(s, u0) == ("infer-7", "serve", "vllm"), 3, "churn")
+    server.pods = [("infer-7", "serve", "vllm", "nvidia.com/gpu", [u0])]
+    run.wait_for(lambda s: pod_of(s, u1) == (None, None, None), 3, "removed pod's labels to vanish")
+
+    # The socket goes away (kubelet stopped): labels vanish, metrics keep flowing.
+    stop()
+    scrape = run.wait_for(lambda s: pod_of(s, u0) == (None, None, None), 3, "labels to vanish with the socket")
+    assert not any(k in l for _, l, _ in scrape for k in POD_KEYS)
+    assert {l["uuid"] for n, l, _ in scrape if n == "gpuobs_gpu_info"} == {u0, u1}
+
+
+def test_missing_socket_is_quiet_and_scrapes_stay_fast(exporter, tmp_path):
+    run = exporter({"gpus": [{"profile": H100, "count": 1}]}, kubelet_socket=str(tmp_path / "none.sock"), **FAST)
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    for _ in range(10):
+        scrape = run.scrape()
+    assert (time.monotonic() - t0) / 10 < 0.2
+    assert not any(k in l for _, l, _ in scrape for k in POD_KEYS)
+    watcher = run.exp.attribution[0]
+    assert watcher.calls == 0 and watcher.refreshes >= 2  # checked every refresh, never called
+    assert run.get("/readyz")[0] == 200
+
+
+def test_stalled_kubelet_times_out_keeps_then_drops_mapping(exporter, kubelet):
+    server, path, _ = kubelet
+    run = exporter({"gpus": [{"profile": H100, "count": 1}]}, kubelet_socket=path, **FAST)
+    (u0,) = uuids(run)
+    server.pods = [("train-0", "ml", "trainer", "nvidia.com/gpu", [u0])]
+    run.wait_for(lambda s: pod_of(s, u0)[0] == "train-0", 3, "pod labels")
+    server.delay = 5.0  # far beyond the 0.3 s deadline
+    watcher = run.exp.attribution[0]
+    errors = watcher.errors
+    slowest, t_stall = 0.0, time.monotonic()
+    dropped_after = None
+    while time.monotonic() - t_stall < 6:
+        t0 = time.monotonic()
+        scrape = run.scrape()
+        slowest = max(slowest, time.monotonic() - t0)
+        assert any(n == "gpuobs_gpu_info" for n, _, _ in scrape)
+        if pod_of(scrape, u0)[0] is None:
+            dropped_after = time.monotonic() - t_stall
+            break
+        time.sleep(0.05)
+    assert slowest < 0.5, f"a scrape took {slowest:.2f} s while the kubelet stalled"
+    assert watcher.errors > errors
+    # kept through the first timeouts (3 refreshes' grace), then dropped: never stale for long
+    assert dropped_after is not None and 0.4 < dropped_after < 5, dropped_after
+    assert run.get("/readyz")[0] == 200
+
+
+def test_mig_devices_are_attributed_by_mig_uuid(exporter, kubelet):
+    server, path, _ = kubelet
+    run = exporter({"gpus": [{"profile": H100, "mig": ["3g.40gb", "1g.10gb"]}]}, kubelet_socket=path, **FAST)
+    scrape = run.wait_for(lambda s: sum(n == "gpuobs_mig_info" for n, _, _ in s) == 2, 5, "MIG devices")
+    migs = {l["gpu_instance_id"]: l["mig_uuid"] for n, l, _ in scrape if n == "gpuobs_mig_info"}
+    (gi_a, mig_a), (gi_b, _) = sorted(migs.items())
+    server.pods = [("small-job", "research", "main", "nvidia.com/mig-3g.40gb", [mig_a])]
+    scrape = run.wait_for(lambda s: pod_of(s, gi_a, "gpuobs_mig_info", "gpu_instance_id")[0] == "small-job",
+                          5, "MIG pod labels")
+    assert pod_of(scrape, gi_b, "gpuobs_mig_info", "gpu_instance_id") == (None, None, None)
+    mig_series = [l for n, l, _ in scrape if n.startswith("gpuobs_mig_") and l["gpu_instance_id"] == gi_a]
+    assert len(mig_series) >= 2 and all(l.get("k8s_pod") == "small-job" for l in mig_series)
+    parent = [l for n, l, _ in scrape if n == "gpuobs_gpu_info"]
+    assert parent and all("k8s_pod" not in l for l in parent)  # the pod holds a MIG slice, not the GPU
+
+
+def test_dcgm_naming_uses_dcgm_exporter_label_names(exporter, kubelet):
+    server, path, _ = kubelet
+    run = exporter({"gpus": [{"profile": H100, "count": 2}]}, kubelet_socket=path, naming="dcgm", **FAST)
+    time.sleep(0.3)
+    u0 = next(l["UUID"] for n, l, _ in run.scrape() if n.startswith("DCGM_FI_") and l["gpu"] == "0")
+    server.pods = [("train-0", "ml", "trainer", "nvidia.com/gpu", [u0])]
+    scrape = run.wait_for(lambda s: any(l.get("pod") == "train-0" for _, l, _ in s), 5, "dcgm pod labels")
+    dcgm = [l for n, l, _ in scrape if n.startswith("DCGM_FI_")]
+    assert all((l.get("pod"), l.get("namespace"), l.get("container")) == ("train-0", "ml", "trainer")
+               for l in dcgm if l["UUID"] == u0)
+    assert all("pod" not in l for l in dcgm if l["UUID"] != u0)
+    assert not any("k8s_pod" in l for _, l, _ in scrape)
+
+
+def test_slurm_job_mapping_directory(exporter, tmp_path):
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    (jobs / "0").write_text("1234\n")
+    (jobs / "1").write_text("56\n55\n")
+    run = exporter({"gpus": [{"profile": H100, "count": 2}, {"profile": H100, "mig": ["3g.40gb", "2g.20gb"]}]},
+                   slurm_job_dir=str(jobs), **FAST)
+    scrape = run.wait_for(lambda s: sum(n == "gpuobs_mig_info" for n, _, _ in s) == 2, 5, "MIG devices")
+    gi = sorted(l["gpu_instance_id"] for n, l, _ in scrape if n == "gpuobs_mig_info")[0]
+    (jobs / f"2.{gi}").write_text("777\n")
+
+    def jobs_of(s):
+        gpu = {l["gpu"]: l.get("hpc_job") for n, l, _ in s if n == "gpuobs_gpu_info"}
+        mig = {l["gpu_instance_id"]: l.get("hpc_job") for n, l, _ in s if n == "gpuobs_mig_info"}
+        return gpu, mig
+
+    scrape = run.wait_for(lambda s: jobs_of(s)[1].get(gi) == "777", 5, "slurm labels")
+    gpu, mig = jobs_of(scrape)
+    assert gpu == {"0": "1234", "1": "55,56", "2": None}
+    assert sorted(mig.values(), key=str) == ["777", None], mig
+    (jobs / "0").unlink()  # the epilog removes the file when the job ends
+    run.wait_for(lambda s: jobs_of(s)[0]["0"] is None, 3, "ended job's label to vanish")
+    shutil.rmtree(jobs)
+    run.wait_for(lambda s: not any("hpc_job" in l for _, l, _ in s), 3, "no directory, no labels")
+
+
+def test_mapping_and_lookup_units(tmp_path):
+    resp = pb.ListPodResourcesResponse()
+    pod = resp.pod_resources.add(name="p", namespace="n")
+    for cname in ("b", "a"):
+        c = pod.containers.add(name=cname)
+        c.devices.add(resource_name="nvidia.com/gpu", device_ids=["GPU-1::0", "GPU-1::1", "weird"])
+    pod.containers.add(name="cpu-only")
+    assert build_mapping(resp) == {"GPU-1": {"pod": "p", "namespace": "n", "container": "a,b"}}
+    w = PodResourcesWatcher(str(tmp_path / "nothing"), refresh_s=1)
+    w.refresh()
+    assert w.lookup("GPU-1") is None and w.calls == 0
+    (tmp_path / "3").write_text("9\n")
+    s = SlurmJobMap(str(tmp_path))
+    s.refresh()
+    assert s.lookup("GPU-x", "3") == {"hpc_job": "9"} and s.lookup("GPU-x", "4") is None
