@@ -47,10 +47,13 @@ def _say(text: str) -> None:
 
 
 class OnCall:
-    """The webhook receiver: prints each notification, remembers the latest status per alert."""
+    """The webhook receiver Alertmanager notifies: records every notification as (receiver, alertname,
+    status, labels, monotonic time) and, with echo, prints it as on-call would see it."""
 
-    def __init__(self):
-        self.status: dict[str, str] = {}
+    def __init__(self, echo: bool = True):
+        self.echo = echo
+        self.events: list[tuple[str, str, str, dict, float]] = []
+        self.lock = threading.Lock()
         on_call = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -71,8 +74,9 @@ class OnCall:
     def notify(self, receiver: str, alert: dict) -> None:
         labels, status = alert.get("labels", {}), alert.get("status", "?")
         name = labels.get("alertname", "?")
-        self.status[name] = status
-        if name == "Watchdog":
+        with self.lock:
+            self.events.append((receiver, name, status, labels, time.monotonic()))
+        if not self.echo or name == "Watchdog":
             return
         where = labels.get("node", "")
         if labels.get("gpu"):
@@ -81,6 +85,24 @@ class OnCall:
             where += f" job {labels['job_id']} rank {labels.get('rank', '')}"
         summary = alert.get("annotations", {}).get("summary", "")
         _say(f"[{receiver:>8}] {status.upper():8} {labels.get('severity', ''):8} {name:22} {where}  {summary}")
+
+    @property
+    def status(self) -> dict[str, str]:
+        """Latest status per alert name: 'firing' or 'resolved'."""
+        return {name: status for _, name, status, _, _ in self.notifications()}
+
+    def notifications(self) -> list[tuple[str, str, str, dict, float]]:
+        """Every notification so far, oldest first."""
+        with self.lock:
+            return list(self.events)
+
+    def firing(self) -> dict[tuple[str, str], str]:
+        """Latest status per (alertname, GPU UUID or '')."""
+        return {(name, labels.get("uuid", "")): status for _, name, status, labels, _ in self.notifications()}
+
+    def first(self, name: str, status: str = "firing") -> float | None:
+        """Monotonic time of the first notification of that alert in that status."""
+        return next((t for _, n, s, _, t in self.notifications() if n == name and s == status), None)
 
 
 class Demo:
@@ -162,8 +184,8 @@ class Demo:
     def incident(self) -> bool:
         """Play the incident; True when every expected alert fired and then resolved."""
         assert self.sim and self.on_call
-        st, status = self.sim.state, self.on_call.status
-        if not self._wait(lambda: "Watchdog" in status, 60):
+        st, on_call = self.sim.state, self.on_call
+        if not self._wait(lambda: "Watchdog" in on_call.status, 60):
             raise DemoError(f"no Watchdog notification: the alert pipeline is not up (see {self.workdir})")
         _say("pipeline up (Watchdog received); letting the exporter learn the node for a few seconds")
         time.sleep(5)
@@ -175,14 +197,14 @@ class Demo:
         st.xid(1, 79)
         time.sleep(3)  # the XID is counted before the GPU disappears
         st.lose_gpu(1)
-        fired = self._wait(lambda: all(status.get(n) == "firing" for n in EXPECTED), 90)
+        fired = self._wait(lambda: all(on_call.status.get(n) == "firing" for n in EXPECTED), 90)
         _say("all expected alerts fired" if fired else "not every expected alert fired in 90 s")
         _say("FIX: GPU 0 cooled, GPU 1 back after a reset, GPU 2 busy again")
         set_val(st.gpu(0).clock_events, 0)
         set_val(st.gpu(0).temp_gpu, 60)
         st.lose_gpu(1, False)
         set_val(st.gpu(2).util_gpu, 80)
-        resolved = self._wait(lambda: all(status.get(n) == "resolved" for n in EXPECTED), 90)
+        resolved = self._wait(lambda: all(on_call.status.get(n) == "resolved" for n in EXPECTED), 90)
         _say("all alerts resolved" if resolved else "not every alert resolved in 90 s")
         return fired and resolved
 

@@ -4,66 +4,25 @@ not, and each resolves after its fault is cleared."""
 
 from __future__ import annotations
 
-import json
 import subprocess
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import yaml
 
 from conftest import REPO, free_port, require_tool, stop
 from gpuobs.alerts.build import alertmanager_config
+from gpuobs.demo import OnCall
 from gpuobs.sim.state import set_val
 
 GIB = 1024 ** 3
 NODE = {"gpus": [{"profile": "h100-sxm-80gb", "count": 4}]}
 
 
-class Webhook:
-    """Records Alertmanager webhook notifications: (receiver path, alertname, status, labels, time)."""
-
-    def __init__(self):
-        self.events: list[tuple[str, str, str, dict, float]] = []
-        self.lock = threading.Lock()
-        hook = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                now = time.monotonic()
-                with hook.lock:
-                    for alert in body["alerts"]:
-                        hook.events.append((self.path.strip("/"), alert["labels"]["alertname"], alert["status"],
-                                            alert["labels"], now))
-                self.send_response(200)
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def firing(self) -> dict[tuple[str, str], str]:
-        """Latest status per (alertname, uuid or '') -> 'firing'/'resolved'."""
-        state = {}
-        with self.lock:
-            for _, name, status, labels, _ in self.events:
-                state[(name, labels.get("uuid", ""))] = status
-        return state
-
-    def first(self, name: str, status: str = "firing") -> float | None:
-        with self.lock:
-            return next((t for _, n, s, _, t in self.events if n == name and s == status), None)
-
-
 @pytest.fixture
 def alertmanager(tmp_path):
     binary = require_tool("prometheus-alertmanager")
-    hook = Webhook()
+    hook = OnCall(echo=False)
     config = tmp_path / "alertmanager.yml"
     urls = {name: f"{hook.url}/{name}" for name in ("pager", "ticket", "watchdog")}
     config.write_text(yaml.safe_dump(alertmanager_config(urls, fast=True)))
@@ -121,10 +80,10 @@ def test_faults_page_the_right_alerts_and_resolve(exporter, prometheus, alertman
     time.sleep(3)  # give Alertmanager time to (not) send it
     arrived = {k for k, v in hook.firing().items() if v == "firing"}
     assert arrived == expected | {("Watchdog", "")}, arrived
-    routes = {(name, path) for path, name, status, _, _ in hook.events if status == "firing"}
+    routes = {(name, path) for path, name, status, _, _ in hook.notifications() if status == "firing"}
     assert ("GpuHwThermalSlowdown", "pager") in routes and ("GpuAllocatedIdle", "ticket") in routes
     assert ("Watchdog", "watchdog") in routes
-    labels = next(l for _, n, _, l, _ in hook.events if n == "GpuHwThermalSlowdown")
+    labels = next(l for _, n, _, l, _ in hook.notifications() if n == "GpuHwThermalSlowdown")
     assert labels["severity"] == "critical" and labels["node"] == "sim-node" and labels["cluster"] == "test"
     assert labels["gpu"] == "0" and labels["scope"] == "gpu" and labels["family"] == "thermal"
 
