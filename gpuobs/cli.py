@@ -162,6 +162,14 @@ def demo(duration: float | None, keep_logs: bool) -> None:
     raise SystemExit(demo_mod.run(duration, keep_logs))
 
 
+def _report_generated(changed: list[Path], root: Path, check: bool) -> None:
+    """Print the generated files written (or, with check, differing); exit 1 on drift."""
+    for path in changed:
+        click.echo(f"{'differs' if check else 'wrote'}: {path.relative_to(root)}")
+    if check and changed:
+        raise SystemExit(1)
+
+
 @main.group()
 def alerts() -> None:
     """Alert and recording rules, Alertmanager routing, Grafana alerting and runbooks."""
@@ -173,11 +181,7 @@ def alerts_build(check: bool) -> None:
     """Regenerate alerts/ and docs/runbooks/ from gpuobs/alerts."""
     from .alerts.build import ROOT, build
 
-    changed = build(check=check)
-    for path in changed:
-        click.echo(f"{'differs' if check else 'wrote'}: {path.relative_to(ROOT)}")
-    if check and changed:
-        raise SystemExit(1)
+    _report_generated(build(check=check), ROOT, check)
 
 
 @main.group()
@@ -302,11 +306,7 @@ def dashboards_build(check: bool) -> None:
     """Regenerate dashboards/ from gpuobs/dashboards."""
     from .dashboards.build import ROOT, build
 
-    changed = build(check=check)
-    for path in changed:
-        click.echo(f"{'differs' if check else 'wrote'}: {path.relative_to(ROOT)}")
-    if check and changed:
-        raise SystemExit(1)
+    _report_generated(build(check=check), ROOT, check)
 
 
 if __name__ == "__main__":

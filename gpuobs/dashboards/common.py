@@ -80,6 +80,13 @@ def data_link(title: str, dashboard: str, **variables: str) -> dict:
     return {"title": title, "url": url(dashboard, **variables), "targetBlank": False}
 
 
+# Links to the Node dashboard: from a table row (its cluster and node fields) and from a series.
+TO_NODE = data_link("Node dashboard: ${__data.fields.node}", "node", cluster="${__data.fields.cluster}",
+                    node="${__data.fields.node}")
+TO_NODE_SERIES = data_link("Node dashboard: ${__field.labels.node}", "node",
+                           cluster="${__field.labels.cluster}", node="${__field.labels.node}")
+
+
 def dashboard_link(title: str, dashboard: str, tooltip: str = "") -> DashboardLink:
     return DashboardLink(title=title, type="link", uri=f"/d/{UIDS[dashboard]}/{SLUGS[dashboard]}",
                          includeVars=True, keepTime=True, tooltip=tooltip, icon="dashboard")

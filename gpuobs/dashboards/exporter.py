@@ -13,10 +13,6 @@ JOB = 'job=~"$job"'
 E = (JOB, C, N)
 NODE = "{{node}}"
 BAD = [{"color": "green", "value": None}, {"color": "red", "value": 1}]
-TO_NODE = k.data_link("Node dashboard: ${__data.fields.node}", "node", cluster="${__data.fields.cluster}",
-                      node="${__data.fields.node}")
-TO_NODE_SERIES = k.data_link("Node dashboard: ${__field.labels.node}", "node",
-                             cluster="${__field.labels.cluster}", node="${__field.labels.node}")
 UP_MAP = [{"type": "value", "options": {"0": {"text": "down", "color": "red", "index": 0},
                                         "1": {"text": "up", "color": "green", "index": 1}}}]
 
@@ -47,15 +43,15 @@ def build():
     L.add(k.state_timeline("Scrape up by node", [target(up, NODE)], "short",
                            "Whether Prometheus can scrape each exporter.", mappings=UP_MAP,
                            thresholds=[{"color": "red", "value": None}, {"color": "green", "value": 1}],
-                           links=[TO_NODE_SERIES]), 12, 6)
+                           links=[k.TO_NODE_SERIES]), 12, 6)
     L.add(k.state_timeline("NVML up by node", [target(m(c.NVML_UP), NODE)], "short",
                            "Whether each exporter's NVML answers.", mappings=UP_MAP,
                            thresholds=[{"color": "red", "value": None}, {"color": "green", "value": 1}],
-                           links=[TO_NODE_SERIES]), 12, 6)
+                           links=[k.TO_NODE_SERIES]), 12, 6)
     L.add(k.table("NVML init errors", [target(f"{m(c.NVML_INIT_ERROR)} == 1")], "short",
-                  "The NVML error that keeps NVML down, per exporter.", hide=("Value",), links=[TO_NODE]), 12, 5)
+                  "The NVML error that keeps NVML down, per exporter.", hide=("Value",), links=[k.TO_NODE]), 12, 5)
     L.add(k.table("Driver and NVML versions", [target(m(c.NVML_INFO))], "short",
-                  "Driver, NVML and CUDA driver versions per node.", hide=("Value",), links=[TO_NODE]), 12, 5)
+                  "Driver, NVML and CUDA driver versions per node.", hide=("Value",), links=[k.TO_NODE]), 12, 5)
 
     L.row("Sampling")
     L.add(k.timeseries("Collection duration", [target(m(c.COLLECTION_DURATION), NODE)], "s",

@@ -16,10 +16,6 @@ N = 'node=~"$node"'
 M = 'name=~"$model"'
 NOT_IDLE = 'reason!="gpu_idle"'
 MODEL = f"and on ({k.GPU_BY}) {sel(c.GPU_INFO, C, N, M)}"
-TO_NODE = k.data_link("Node dashboard: ${__data.fields.node}", "node", cluster="${__data.fields.cluster}",
-                      node="${__data.fields.node}")
-TO_NODE_SERIES = k.data_link("Node dashboard: ${__field.labels.node}", "node",
-                             cluster="${__field.labels.cluster}", node="${__field.labels.node}")
 BAD = [{"color": "green", "value": None}, {"color": "red", "value": 1}]
 
 
@@ -59,7 +55,7 @@ def build():
     L.add(k.bargauge("Utilization by node",
                      [target(f"cluster_node:gpuobs_gpu_utilization_ratio:avg{{{C},{N}}}", "{{node}}", instant=True)],
                      "percentunit", "Average GPU utilization per node; click a bar for the node's dashboard.",
-                     min=0, max=1, links=[TO_NODE_SERIES],
+                     min=0, max=1, links=[k.TO_NODE_SERIES],
                      thresholds=[{"color": "red", "value": None}, {"color": "orange", "value": 0.2},
                                  {"color": "green", "value": 0.6}]), 12, 8)
     L.add(k.timeseries("Allocated but idle GPUs", [
@@ -70,7 +66,7 @@ def build():
     L.add(k.table("Most idle GPUs",
                   [target(f"bottomk(10, (avg_over_time({sel(c.UTILIZATION, C, N)}[$__range]) {MODEL}))")],
                   "percentunit", "The ten GPUs with the lowest average utilization over the dashboard's range.",
-                  rename={"Value": "avg utilization"}, links=[TO_NODE]), 12, 8)
+                  rename={"Value": "avg utilization"}, links=[k.TO_NODE]), 12, 8)
 
     L.row("Throttling, power and temperature")
     L.add(k.timeseries("Throttled GPUs by reason", [
@@ -79,7 +75,7 @@ def build():
         "slowdowns need attention; sw_power_cap is the power limit at work.", stack=True, bars=True, min=0), 12, 8)
     L.add(k.table("Throttled GPUs now",
                   [target(f"{gpus(c.CLOCK_EVENT_ACTIVE, NOT_IDLE)} == 1")], "short",
-                  "Every GPU with a throttle reason active (idle excluded).", hide=("Value",), links=[TO_NODE]),
+                  "Every GPU with a throttle reason active (idle excluded).", hide=("Value",), links=[k.TO_NODE]),
           12, 8)
     L.add(k.timeseries("Power draw vs limit", [
         target(f"sum(cluster:gpuobs_gpu_power_usage_watts:sum{{{C}}})", "draw"),
@@ -91,7 +87,7 @@ def build():
         target(f"cluster:gpuobs_gpu_temperature_celsius:max{{{C}}}", "{{cluster}}")], "celsius",
         "The highest GPU core temperature in each cluster."), 12, 8)
     L.add(k.table("Hottest GPUs", [target(f"topk(10, {gpus(c.TEMPERATURE)})")], "celsius",
-                  "The ten hottest GPUs now.", rename={"Value": "temperature"}, links=[TO_NODE]), 12, 8)
+                  "The ten hottest GPUs now.", rename={"Value": "temperature"}, links=[k.TO_NODE]), 12, 8)
 
     L.row("Errors and events")
     L.add(k.timeseries("XID errors by code", [
@@ -99,7 +95,7 @@ def build():
         "XID errors over the recording rule's long window, per code. 79: fell off the bus; 48/63/64/95: memory "
         "errors; 13/31/43/45: application faults; 74: NVLink.", bars=True, stack=True, min=0), 12, 8)
     L.add(k.table("Last XID per GPU", [target(f"{gpus(c.XID_LAST_SEEN)} * 1000")], "dateTimeAsIso",
-                  "When each GPU last reported each XID code.", rename={"Value": "last seen"}, links=[TO_NODE]),
+                  "When each GPU last reported each XID code.", rename={"Value": "last seen"}, links=[k.TO_NODE]),
           12, 8)
     L.add(k.timeseries("Uncorrectable ECC errors", [
         target(f"cluster:gpuobs_gpu_ecc_uncorrected:increase{{{C}}}", "{{cluster}}")], "short",
@@ -112,7 +108,7 @@ def build():
     L.add(k.table("Most remapped rows",
                   [target(f"topk(10, sum by ({k.GPU_BY}) {gpus(c.REMAPPED_ROWS)})")], "short",
                   "GPUs with the most DRAM rows remapped after ECC errors (both error types).",
-                  rename={"Value": "remapped rows"}, links=[TO_NODE]), 8, 8)
+                  rename={"Value": "remapped rows"}, links=[k.TO_NODE]), 8, 8)
 
     L.row("Interconnects")
     L.add(k.stat("NVLink links down", [target(f"count({sel(c.NVLINK_UP, C, N)} == 0) or vector(0)")], "short",
@@ -128,7 +124,7 @@ def build():
         "cps", "NVLink data-link errors per second (CRC, replay, recovery).", min=0), 8, 6)
     L.add(k.timeseries("PCIe replays", [
         target(f"sum by (cluster, node) ({rate(sel(c.PCIE_REPLAYS, C, N))})", "{{node}}")], "cps",
-        "PCIe link-level retransmissions per second, per node.", min=0, links=[TO_NODE_SERIES]), 8, 6)
+        "PCIe link-level retransmissions per second, per node.", min=0, links=[k.TO_NODE_SERIES]), 8, 6)
     L.add(k.timeseries("NVLink traffic", [
         target(f"sum by (cluster) ({rate(sel(c.NVLINK_TX, C, N))})", "{{cluster}} transmit"),
         target(f"sum by (cluster) ({rate(sel(c.NVLINK_RX, C, N))})", "{{cluster}} receive")], "Bps",

@@ -16,8 +16,6 @@ BY = "gen_ai_request_model"
 LEGEND = "{{gen_ai_request_model}}"
 SERVING_NODES = (f"on (cluster, node) group by (cluster, node) "
                  f"({sel(c.REQUEST_DURATION, MODEL, OPERATION, suffix='count')})")
-TO_NODE_SERIES = k.data_link("Node dashboard: ${__field.labels.node}", "node",
-                             cluster="${__field.labels.cluster}", node="${__field.labels.node}")
 
 
 def m(metric: c.Metric, *matchers: str, suffix: str = "") -> str:
@@ -77,7 +75,7 @@ def build():
     L.add(k.timeseries("GPU utilization", [target(f"{sel(c.UTILIZATION)} and {SERVING_NODES}",
                                                   "{{node}} GPU {{gpu}}")], "percentunit",
                        "Utilization of the GPUs on the nodes serving the selected models.", min=0, max=1,
-                       links=[TO_NODE_SERIES]), 8, 8)
+                       links=[k.TO_NODE_SERIES]), 8, 8)
     L.add(k.timeseries("GPU memory used", [target(f"{sel(c.MEMORY_USED)} and {SERVING_NODES}",
                                                   "{{node}} GPU {{gpu}}")], "bytes",
                        "Device memory used on the serving nodes.", min=0), 8, 8)

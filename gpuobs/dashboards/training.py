@@ -19,10 +19,6 @@ TOKENS = "suffix: tokens/s"
 RANK_P50 = "job_id_rank:gpuobs_training_step_duration_seconds:p50"
 # the nodes the job's ranks run on (the scrape's cluster and node labels)
 JOB_NODES = f"on (cluster, node) group by (cluster, node) ({sel(c.STEPS, JOB)})"
-TO_NODE = k.data_link("Node dashboard: ${__data.fields.node}", "node", cluster="${__data.fields.cluster}",
-                      node="${__data.fields.node}")
-TO_NODE_SERIES = k.data_link("Node dashboard: ${__field.labels.node}", "node",
-                             cluster="${__field.labels.cluster}", node="${__field.labels.node}")
 
 
 def m(metric: c.Metric, *matchers: str, suffix: str = "") -> str:
@@ -114,12 +110,12 @@ def build():
     L.add(k.table("GPUs of the job's nodes", [
         target(f"{sel(c.UTILIZATION)} and {JOB_NODES}"), target(f"{sel(c.MEMORY_USED)} and {JOB_NODES}")],
         "percentunit", "Every GPU on the nodes the job's ranks run on; click for the node's dashboard.",
-        merge=True, rename={"Value #A": "utilization", "Value #B": "memory used"}, links=[TO_NODE],
+        merge=True, rename={"Value #A": "utilization", "Value #B": "memory used"}, links=[k.TO_NODE],
         overrides=[{"matcher": {"id": "byName", "options": "memory used"},
                     "properties": [{"id": "unit", "value": "bytes"}]}]), 24, 7)
     L.add(k.timeseries("GPU utilization", [target(f"{sel(c.UTILIZATION)} and {JOB_NODES}", "{{node}} GPU {{gpu}}")],
                        "percentunit", "Utilization of the GPUs on the job's nodes.", min=0, max=1,
-                       links=[TO_NODE_SERIES]), 8, 8)
+                       links=[k.TO_NODE_SERIES]), 8, 8)
     L.add(k.timeseries("GPU memory used", [target(f"{sel(c.MEMORY_USED)} and {JOB_NODES}", "{{node}} GPU {{gpu}}")],
                        "bytes", "Device memory used on the job's nodes.", min=0), 8, 8)
     L.add(k.timeseries("GPU power", [target(f"{sel(c.POWER_USAGE)} and {JOB_NODES}", "{{node}} GPU {{gpu}}")],
