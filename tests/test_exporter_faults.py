@@ -53,10 +53,11 @@ def value(scrape, name: str, **match) -> float | None:
 
 
 def force_reinit(run: RunningExporter) -> None:
-    """Make the session re-initialise NVML through its own path: driver-level errors in a row."""
+    """Make the session re-initialise NVML through its own path: driver-level errors in a row
+    (every call fails, as when the driver goes away)."""
     before = run.exp.session.reinits
     run.exp.session.reinit_after = 3
-    idx = run.sim.state.fail("nvmlDeviceGetCount_v2", 999)
+    idx = run.sim.state.fail(None, 999)
     try:
         run.wait_for(lambda s: value(s, REINITS) > before, 5, "a re-initialisation")
     finally:
@@ -223,7 +224,7 @@ def test_unknown_errors_reinitialise_nvml_then_gpus_return(exporter):
     try:
         scrape = run.wait_for(lambda s: value(s, REINITS) >= 1, 10, "a re-initialisation")
         unknown = {l["call"]: v for n, l, v in scrape if n == ERRORS and l["code"] == "UNKNOWN"}
-        assert unknown.get("nvmlDeviceGetCount_v2", 0) >= 1
+        assert len(unknown) >= 3, f"errors counted per call: {unknown}"
         assert sum(unknown.values()) >= run.exp.session.reinit_after == 20
         # while the driver still fails, nvmlInit fails too: NVML reported down, with the reason
         scrape = run.wait_for(lambda s: value(s, "gpuobs_nvml_init_error", reason="UNKNOWN") == 1, 5,

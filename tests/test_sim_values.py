@@ -235,3 +235,29 @@ def test_tlimit_fields_are_relative_to_the_max_operating_temperature(h100x2):
                                                 N.NVML_FI_DEV_TEMPERATURE_SHUTDOWN_TLIMIT,
                                                 N.NVML_FI_DEV_TEMPERATURE_GPU_MAX_TLIMIT])
     assert [f.value.siVal for f in fv] == [-2, -8, 0]  # as nvidia-smi prints "Slowdown T.Limit Temp: -2 C"
+
+
+def test_field_values_reader_decodes_as_pynvml_does(h100x2):
+    """gpuobs.nvml.fields.FieldValues (reused array, struct decoding) gives what pynvml's wrapper
+    gives, per value type, for the values it supports and the ones it does not, call after call."""
+    from gpuobs.nvml.fields import FieldValues
+
+    g = h100x2.state.gpu(0)
+    set_val(g.temp_mem, 61)
+    set_val(g.energy_mj, 5_000_000)
+    set_val(g.links[3].rx_bytes, 1024 * 777)
+    ids = [(N.NVML_FI_DEV_MEMORY_TEMP, 0), (N.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, 0),
+           (N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, 3), (N.NVML_FI_DEV_NVLINK_LINK_COUNT, 0),
+           (N.NVML_FI_DEV_POWER_INSTANT, 0), (9999, 0)]  # 9999: no such field
+    members = {N.NVML_VALUE_TYPE_DOUBLE: "dVal", N.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
+               N.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal", N.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
+               N.NVML_VALUE_TYPE_SIGNED_INT: "siVal"}
+    reader = FieldValues(ids)
+    for round_ in range(2):
+        set_val(g.temp_mem, 61 + round_)
+        expected = [(f.nvmlReturn, getattr(f.value, members[f.valueType]) if f.nvmlReturn == 0 else None)
+                    for f in N.nvmlDeviceGetFieldValues(handle(0), ids)]
+        got = reader.read(handle(0))
+        assert got == expected
+        assert got[0] == (N.NVML_SUCCESS, 61 + round_) and got[2] == (N.NVML_SUCCESS, 777)
+        assert got[-1][0] != N.NVML_SUCCESS and got[-1][1] is None

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import pynvml
 
@@ -18,9 +19,11 @@ class GpuLost(Exception):
     """The GPU answered NVML_ERROR_GPU_IS_LOST: stop collecting it for this sample."""
 
 
-@dataclass(frozen=True, slots=True)
-class Sample:
-    """One value of one series: metric, label values in metric.labels order, value in base units."""
+class Sample(NamedTuple):
+    """One value of one series: metric, label values in metric.labels order, value in base units.
+
+    A tuple, so that comparing two snapshots' samples (the renderer reuses the text of unchanged
+    metrics) runs in C; Metric compares by identity."""
     metric: Metric
     labels: tuple[str, ...]
     value: float
@@ -117,14 +120,10 @@ class GpuCtx:
         if raw is None:
             return
         value = raw * scale
-        reason = None
-        if isinstance(raw, int) and raw in SENTINELS and metric.kind != "counter":
-            reason = "sentinel"
-        elif not math.isfinite(value):
-            reason = "not_finite"
-        elif value < 0 or (metric.max_value is not None and value > metric.max_value):
-            reason = "out_of_range"
-        if reason:
-            self.dropped(metric, reason)
+        upper = metric.max_value if metric.max_value is not None else sys.float_info.max
+        sentinel = isinstance(raw, int) and raw in SENTINELS and metric.kind != "counter"
+        if 0 <= value <= upper and not sentinel:  # one comparison also rules out NaN and infinity
+            self.out.append(Sample(metric, (labels or self.labels) + extra, float(value)))
             return
-        self.out.append(Sample(metric, (labels or self.labels) + extra, float(value)))
+        reason = "sentinel" if sentinel else "not_finite" if not math.isfinite(value) else "out_of_range"
+        self.dropped(metric, reason)

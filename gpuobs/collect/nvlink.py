@@ -27,5 +27,7 @@ class Nvlink(Family):
                          [N.NVML_FI_DEV_NVLINK_LINK_COUNT], variant="link_count")
             ok = fv is not None and fv[0].nvmlReturn == N.NVML_SUCCESS
             links = gpu.cache["links"] = fv[0].value.uiVal if ok else 0
-        return [FieldSpec(fid, metric, scale, (str(link), *extra), scope=link)
-                for link in range(links) for fid, metric, scale, extra in PER_LINK]
+        if gpu.cache.get("link_fields", (None,))[0] != links:  # built once: the sampler reuses its batch
+            gpu.cache["link_fields"] = (links, [FieldSpec(fid, metric, scale, (str(link), *extra), scope=link)
+                                                for link in range(links) for fid, metric, scale, extra in PER_LINK])
+        return gpu.cache["link_fields"][1]

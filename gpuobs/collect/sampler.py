@@ -16,21 +16,10 @@ import pynvml as N
 
 from .. import catalog as c
 from ..nvml import Session, code_name
+from ..nvml.fields import FieldValues
 from .base import Family, FieldSpec, GpuCtx, GpuLost, Sample, Snapshot
 
 log = logging.getLogger("gpuobs.sampler")
-
-
-# nvmlValueType_t -> member of the c_nvmlValue_t union holding the value
-_VALUE_MEMBERS = {N.NVML_VALUE_TYPE_DOUBLE: "dVal", N.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
-                  N.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal", N.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
-                  N.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal", N.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
-                  N.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal"}
-
-
-def _field_value(f) -> float:
-    """The value of one c_nvmlFieldValue_t, read by its valueType."""
-    return getattr(f.value, _VALUE_MEMBERS.get(f.valueType, "uiVal"))
 
 
 class Sampler:
@@ -136,16 +125,22 @@ class Sampler:
                 log.exception("release failed")
 
     def _sample_gpus(self, out: list[Sample]) -> int:
-        try:
-            count = self.session.call("nvmlDeviceGetCount_v2", N.nvmlDeviceGetCount)
-        except N.NVMLError:
-            return 0
-        seen: dict[str, int] = {}
-        for index, handle, uuid in self._devices(count):
-            if self._sample_gpu(handle, index, uuid, out):
-                seen[uuid] = index
-            else:
-                self._enumerated = None  # a GPU was lost: enumerate afresh next time
+        for attempt in range(2):
+            devices = self._devices()
+            if devices is None:
+                return 0
+            seen: dict[str, int] = {}
+            gpus: list[Sample] = []
+            for index, handle, uuid in devices:
+                if self._sample_gpu(handle, index, uuid, gpus):
+                    seen[uuid] = index
+                else:
+                    self._enumerated = None  # a GPU was lost: enumerate afresh
+            if self._enumerated is not None or attempt:
+                break
+            # A GPU was lost in this pass, and the others' NVML indices may have shifted with it:
+            # sample once more with a fresh enumeration rather than serve the old indices.
+        out.extend(gpus)
         for uuid, index in list(self._known.items()):
             if uuid not in seen:
                 out.append(Sample(c.GPU_UP, (str(index), uuid), 0.0))
@@ -156,14 +151,19 @@ class Sampler:
         self._known.update(seen)
         return len(seen)
 
-    def _devices(self, count: int) -> list[tuple[int, object, str]]:
-        """[(index, handle, UUID)] of the answering GPUs. Handles are looked up again only when the
-        count changes, a GPU was lost, NVML re-initialised, or on slow samples: two calls per GPU
-        saved on every other pass."""
+    def _devices(self) -> list[tuple[int, object, str]] | None:
+        """[(index, handle, UUID)] of the answering GPUs; None if NVML cannot count them. The GPUs
+        are counted and looked up again only on slow samples, after a GPU was lost or missing, or
+        after NVML re-initialised: 2 calls per GPU and 1 per node saved on the other passes. A GPU
+        that vanishes answers GPU_IS_LOST at once; one that appears shows within slow_every samples."""
         slow = self.samples % Family.slow_every == 0
-        if self._enumerated is not None and len(self._enumerated[1]) == count and not slow \
+        if self._enumerated is not None and not slow \
                 and self._enumerated[0] == self.session.generation and not self._enumerated[2]:
             return self._enumerated[1]
+        try:
+            count = self.session.call("nvmlDeviceGetCount_v2", N.nvmlDeviceGetCount)
+        except N.NVMLError:
+            return None
         devices, missing = [], False
         for index in range(count):
             try:
@@ -198,27 +198,36 @@ class Sampler:
         return True
 
     def _read_fields(self, gpu: GpuCtx) -> None:
-        specs: list[FieldSpec] = []
-        for fam in self.families:
-            specs.extend(s for s in fam.fields(gpu)
-                         if (gpu.uuid, f"field:{s.field_id}:{s.scope}") not in self.session.unsupported)
-        if not specs:
+        batch = self._field_batch(gpu)
+        if batch is None:
             return
-        ids = [(s.field_id, s.scope) for s in specs]
-        values = gpu.get("nvmlDeviceGetFieldValues", N.nvmlDeviceGetFieldValues, ids)
+        specs, reader = batch
+        values = gpu.get("nvmlDeviceGetFieldValues", reader.read)
         if values is None:
             return
-        for spec, fv in zip(specs, values):
-            if fv.nvmlReturn == N.NVML_SUCCESS:
-                raw = _field_value(fv)
+        for spec, (ret, raw) in zip(specs, values):
+            if ret == N.NVML_SUCCESS:
                 gpu.fields[(spec.field_id, spec.scope)] = raw
                 if spec.metric is not None:
                     gpu.emit(spec.metric, raw, *spec.extra, scale=spec.scale)
-            elif fv.nvmlReturn == N.NVML_ERROR_NOT_SUPPORTED:
+            elif ret == N.NVML_ERROR_NOT_SUPPORTED:
                 self.session.unsupported.add((gpu.uuid, f"field:{spec.field_id}:{spec.scope}"))
             else:
-                self.session.errors[(f"nvmlDeviceGetFieldValues:{spec.field_id}",
-                                     code_name(N.NVMLError(fv.nvmlReturn)))] += 1
+                self.session.errors[(f"nvmlDeviceGetFieldValues:{spec.field_id}", code_name(N.NVMLError(ret)))] += 1
+
+    def _field_batch(self, gpu: GpuCtx) -> tuple[list[FieldSpec], FieldValues] | None:
+        """The fields the families want from this GPU now, less those it does not support, and
+        their reusable reader; rebuilt only when the wanted fields or the unsupported set change
+        (the set only grows between re-initialisations, which clear the GPU caches)."""
+        wanted = tuple(s for fam in self.families for s in fam.fields(gpu))
+        key = (wanted, len(self.session.unsupported))
+        cached = gpu.cache.get("field_batch")
+        if cached is not None and cached[0] == key:  # same FieldSpec objects: compared by identity, in C
+            return cached[1]
+        specs = [s for s in wanted if (gpu.uuid, f"field:{s.field_id}:{s.scope}") not in self.session.unsupported]
+        batch = (specs, FieldValues([(s.field_id, s.scope) for s in specs])) if specs else None
+        gpu.cache["field_batch"] = (key, batch)
+        return batch
 
     def _drop(self, metric: c.Metric, reason: str) -> None:
         self.dropped[(metric.name, reason)] += 1

@@ -110,6 +110,7 @@ class Renderer:
         self.fresh = b""
         self.stale = self._self_only([], stale=True)
         self.snapshot: Snapshot | None = None
+        self._texts: dict[c.Metric, tuple[tuple, bytes]] = {}  # metric -> (its samples, their text)
 
     def _stale_flag(self, stale: bool) -> PromMetric:
         fam = PromMetric(c.SNAPSHOT_STALE.name, c.SNAPSHOT_STALE.help, "gauge")
@@ -148,16 +149,34 @@ class Renderer:
 
         return extra
 
+    def _native_text(self, samples: list[Sample], extra: Extra | None) -> bytes:
+        """gpuobs-named text of the GPU samples, metric by metric in name order. A metric whose
+        samples (and attribution labels) equal the previous snapshot's keeps its text: most series
+        (limits, error counters, info) change rarely, and formatting is most of a render's cost."""
+        by_metric: dict[c.Metric, list[Sample]] = defaultdict(list)
+        for s in samples:
+            by_metric[s.metric].append(s)
+        previous, self._texts = self._texts, {}
+        parts = []
+        for metric in sorted(by_metric, key=lambda m: m.name):
+            group = tuple(by_metric[metric])
+            key = (group, tuple(map(extra, group)) if extra else None)
+            old = previous.get(metric)
+            text = old[1] if old is not None and old[0] == key else _to_text(native_families(group, extra))
+            self._texts[metric] = (key, text)
+            parts.append(text)
+        return b"".join(parts)
+
     def render(self, snap: Snapshot) -> None:
         """Render a new snapshot (called on the sampling thread, once per snapshot)."""
         own = [s for s in snap.samples if s.metric.family == SELF_FAMILY]
         gpu = [s for s in snap.samples if s.metric.family != SELF_FAMILY]
         extra = self._attributor(gpu)
         if self.naming == "dcgm":
-            families = dcgm_families(gpu, self.hostname, extra)
+            body = _to_text(dcgm_families(gpu, self.hostname, extra))
         else:
-            families = native_families(gpu, extra)
-        self.fresh = _to_text(families + native_families(own) + [self._stale_flag(False)])
+            body = self._native_text(gpu, extra)
+        self.fresh = body + _to_text(native_families(own) + [self._stale_flag(False)])
         # Served when this snapshot is stale: NVML and GPU state then unknown, so left out.
         unknown = (c.NVML_UP, c.GPUS_PRESENT, c.NVML_INFO, c.NVML_INIT_ERROR)
         self.stale = self._self_only([s for s in own if s.metric not in unknown], stale=True)
