@@ -1,12 +1,24 @@
-"""Generate docs/metrics.md from the catalog (`python -m gpuobs.docs` rewrites it)."""
+"""Generate docs/metrics.md from the catalog and docs/cardinality.md from the exporter run on the
+simulator (`python -m gpuobs.docs` rewrites both; `--check` only reports differences)."""
 
 from __future__ import annotations
 
+import collections
+import logging
+import os
 from pathlib import Path
 
 from . import catalog as c
 
-METRICS_MD = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+METRICS_MD = DOCS / "metrics.md"
+CARDINALITY_MD = DOCS / "cardinality.md"
+# (label, simulator profile, MIG layout): the GPUs the cardinality budget is measured on
+CARDINALITY_CASES = (("H100 SXM", "h100-sxm-80gb", None), ("H100, MIG 7 × 1g.10gb", "h100-sxm-80gb", ["1g.10gb"] * 7),
+                     ("H200", "h200", None), ("A100 40GB", "a100-40gb", None), ("L40S", "l40s-pcie", None),
+                     ("RTX 4080 SUPER", "rtx-4080-super", None))
+MULTIPLIER_PROCESSES = 3  # compute processes placed on the GPU to measure series per process
+MULTIPLIER_XIDS = (79, 48)  # XID codes injected to measure series per code seen
 
 
 def metrics_markdown() -> str:
@@ -30,9 +42,170 @@ def metrics_markdown() -> str:
     return "\n".join(out)
 
 
-def main() -> None:
-    METRICS_MD.write_text(metrics_markdown())
-    print(METRICS_MD)
+def _family_of() -> dict[str, str]:
+    """Exposed sample name -> catalog family, for every exporter metric."""
+    return {name: m.family for m in c.ALL for name in m.prometheus_samples}
+
+
+def count_series(body: str) -> collections.Counter[str]:
+    """Series per catalog family in a /metrics body (gpuobs naming): one per sample line."""
+    family = _family_of()
+    out: collections.Counter[str] = collections.Counter()
+    for line in body.splitlines():
+        if line and not line.startswith("#"):
+            out[family[line.split("{", 1)[0].split(" ", 1)[0]]] += 1
+    return out
+
+
+def render_node(spec: dict, xids: tuple[int, ...] = ()) -> str:
+    """The /metrics body after the second sampling pass (GPM needs two) of an exporter with every
+    family on a simulated node; `xids` are queued on GPU slot 0 after the first pass."""
+    import time
+
+    from .collect import Sampler, Session, XidWatcher, build_families
+    from .exporter.render import Renderer
+    from .sim import Simulator
+
+    saved = os.environ.get("GPUOBS_SIM_STATE")
+    quiet = logging.getLogger("gpuobs")
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)  # the injected XIDs are logged as errors: not news here
+    sim = Simulator(spec).activate()
+    session = Session()
+    watcher = XidWatcher(session, wait_ms=20)
+    sampler = Sampler(session, build_families(set(c.FAMILIES), watcher), interval=1.0)
+    renderer = Renderer(hostname="node")
+    try:
+        sampler.sample_once()
+        if xids:
+            watcher.start()
+            for code in xids:
+                sim.state.xid(0, code)
+            deadline = time.monotonic() + 10
+            while len(watcher.totals()) < len(xids) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        renderer.render(sampler.sample_once())
+        return renderer.fresh.decode()
+    finally:
+        if xids:
+            watcher.stop()
+        session.shutdown()
+        sim.close()
+        quiet.setLevel(level)
+        if saved is None:
+            os.environ.pop("GPUOBS_SIM_STATE", None)
+        else:
+            os.environ["GPUOBS_SIM_STATE"] = saved
+
+
+def _gpu_spec(profile: str, mig: list[str] | None) -> dict:
+    g: dict = {"profile": profile, "count": 1}
+    if mig:
+        g["mig"] = mig
+    return {"gpus": [g]}
+
+
+def measure_cardinality() -> dict:
+    """Series counts: per family for one GPU of each case, and the multipliers (per process, per XID
+    code, per NVLink link, per MIG instance), all from rendered /metrics bodies."""
+    from .sim import profiles
+
+    cases = {label: count_series(render_node(_gpu_spec(profile, mig))) for label, profile, mig in CARDINALITY_CASES}
+    procs = [{"gpu": 0, "pid": 4000 + i, "name": f"python worker{i}.py", "used_mib": 1024 * (i + 1),
+              "sm_util": 50} for i in range(MULTIPLIER_PROCESSES)]
+    busy = count_series(render_node({**_gpu_spec("h100-sxm-80gb", None), "processes": procs}, MULTIPLIER_XIDS))
+    h100, mig = cases[CARDINALITY_CASES[0][0]], cases[CARDINALITY_CASES[1][0]]
+    links = profiles.get("h100-sxm-80gb")["nvlink"]["links"]
+    from .exporter import ExporterConfig
+
+    return {"cases": cases, "links": links, "process_cap": ExporterConfig().process_cap,
+            "per_process": busy["processes"] / MULTIPLIER_PROCESSES,
+            "per_xid": busy["xid"] / len(MULTIPLIER_XIDS),
+            "per_link": h100["nvlink"] / links,
+            "per_mig": (mig["mig"] - h100["mig"]) / len(CARDINALITY_CASES[1][2])}
+
+
+def _n(x: float) -> str:
+    return f"{x:g}"
+
+
+def _family_table(cases: dict) -> list[str]:
+    """One row per exporter family (default-on, then opt-in), one column per case."""
+    labels = list(cases)
+    out = ["| family | " + " | ".join(labels) + " |", "| --- |" + " ---: |" * len(labels)]
+    default = [f for f in c.FAMILIES if f not in c.DEFAULT_OFF]
+    for fam in default:
+        out.append(f"| {fam} | " + " | ".join(str(cases[k][fam]) for k in labels) + " |")
+    total = {k: sum(cases[k][f] for f in default) for k in labels}
+    out.append("| **per GPU, default families** | " + " | ".join(f"**{total[k]}**" for k in labels) + " |")
+    return out
+
+
+def cardinality_markdown(measured: dict | None = None) -> str:
+    """docs/cardinality.md: the series budget per GPU and per node, measured on the simulator."""
+    m = measured or measure_cardinality()
+    cases, h100 = m["cases"], m["cases"][CARDINALITY_CASES[0][0]]
+    node = h100["exporter"]
+    profiles = ", ".join(f"{label} = `{p}`" + (f" with MIG {len(mig)} × {mig[0]}" if mig else "")
+                         for label, p, mig in CARDINALITY_CASES)
+    out = ["# Cardinality budget", "",
+           "Generated by `python -m gpuobs.docs` from the exporter itself: for each GPU below, a simulated node "
+           "with that one GPU (`gpuobs.sim`, idle, no processes, no XIDs) is sampled twice by the exporter's "
+           "sampler with every family on, and the second pass is rendered as `/metrics` (gpuobs naming). A series "
+           "is one sample line. A test fails when this file differs from what the code measures.", "",
+           f"Simulator profiles: {profiles}.", "",
+           "## Series per GPU, by family", ""]
+    out += _family_table(cases)
+    out += ["", f"Per node, on top: **{node}** exporter self-health series (`gpuobs_nvml_up`, `gpuobs_gpus_*`, "
+            "`gpuobs_exporter_*`, `gpuobs_nvml_info`), plus one per NVML error seen (by call and code) and one "
+            "per kind of dropped value (by metric and reason).", "",
+            "A node of N such GPUs serves N × (per GPU) + per node; for example 8 × H100 SXM with the default "
+            f"families: 8 × {sum(h100[f] for f in c.FAMILIES if f not in c.DEFAULT_OFF)} + {node} = "
+            f"{8 * sum(h100[f] for f in c.FAMILIES if f not in c.DEFAULT_OFF) + node} series.", "",
+            "## What multiplies", ""]
+    out += [f"- **NVLink links**: {_n(m['per_link'])} series per link ({m['links']} links on an H100 SXM); a GPU "
+            "without NVLink, or in MIG mode, has none.",
+            f"- **MIG instances**: {_n(m['per_mig'])} series per MIG device (identity, memory and GPM activity per "
+            "GPU instance), on top of the physical GPU's own series (the MIG column shows the net effect).",
+            f"- **XID codes**: {_n(m['per_xid'])} series per distinct XID code a GPU has reported since the "
+            f"exporter started (measured with {len(MULTIPLIER_XIDS)} codes); none until the first XID.",
+            f"- **Clock-event reasons**: one 0/1 series for each of the {len(c.CLOCK_EVENT_REASONS)} known reasons, "
+            f"plus one per unknown bit NVML sets (`bit_N`), and {len(c.CLOCK_EVENT_COUNTER_FIELDS)} duration "
+            "counters where the GPU supports them.",
+            "- **Unsupported values** are left out, which is why consumer and older cards have fewer series.",
+            "- **Attribution** (`k8s_pod`, `k8s_namespace`, `k8s_container`, `hpc_job`) adds labels, not series "
+            "on a scrape, but every new pod or job starts new series in the TSDB.", "",
+            "## Opt-in families", "",
+            f"- **processes** (`--processes`): {_n(m['per_process'])} series per compute process (measured with "
+            f"{MULTIPLIER_PROCESSES} on an H100 SXM), for at most `--process-cap` processes per GPU (default "
+            f"{m['process_cap']}, the largest memory users): up to {_n(m['per_process'] * m['process_cap'])} series "
+            "per GPU. Graphics-only processes have "
+            "no SM utilization sample. Every new PID is a new series in the TSDB, so expect churn on shared nodes.",
+            ""]
+    return "\n".join(out)
+
+
+def generated() -> dict[Path, str]:
+    """Every generated doc and its expected content."""
+    return {METRICS_MD: metrics_markdown(), CARDINALITY_MD: cardinality_markdown()}
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m gpuobs.docs", description=__doc__)
+    ap.add_argument("--check", action="store_true", help="only report files that differ; exit 1 if any")
+    args = ap.parse_args(argv)
+    differ = []
+    for path, text in generated().items():
+        if path.exists() and path.read_text() == text:
+            continue
+        differ.append(path)
+        if not args.check:
+            path.write_text(text)
+        print(f"{'differs' if args.check else 'wrote'}: {path.relative_to(DOCS.parent)}")
+    if args.check and differ:
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """The exporter on an 8xH100 simulated node serves every family for every GPU; the catalog and
-docs/metrics.md agree."""
+docs/metrics.md agree, and docs/cardinality.md matches what the exporter serves."""
 
 from __future__ import annotations
 
@@ -15,6 +15,17 @@ EIGHT = scenario.load(REPO / "examples" / "scenarios" / "8xh100.yaml")
 
 def test_docs_metrics_md_is_generated_from_the_catalog():
     assert METRICS_MD.read_text() == metrics_markdown(), "run: python -m gpuobs.docs"
+
+
+def test_docs_cardinality_md_is_measured_from_the_exporter():
+    # In a child process: the measurement initialises NVML on simulators of its own, which must
+    # not meet NVML state left by other tests in this process.
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "gpuobs.docs", "--check"], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, f"run: python -m gpuobs.docs\n{done.stdout}{done.stderr}"
 
 
 def test_catalog_names_follow_prometheus_conventions():
