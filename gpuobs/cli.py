@@ -135,6 +135,9 @@ def exporter(listen_address, port, interval, families, processes, process_cap, n
     config = ExporterConfig(listen_address, port, interval, chosen, naming, expected_gpus, process_cap,
                             web_config, hostname, otlp_endpoint, kubelet_socket=kubelet_socket or None,
                             slurm_job_dir=slurm_job_dir or None)
+    # The sampling pass is pure Python for tens of ms on a big node; a scrape needs the GIL a few
+    # times, and at the default 5 ms switch interval it waited up to ~60 ms behind a pass.
+    sys.setswitchinterval(0.0005)
     try:
         exp = Exporter(config).start()
     except (WebConfigError, OSError) as e:

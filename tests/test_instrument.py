@@ -38,7 +38,7 @@ RUN_ENV_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID", "GPUO
                 "KUBERNETES_SERVICE_HOST", "POD_NAME", "POD_NAMESPACE", "NODE_NAME",
                 "OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES", "OTEL_EXPORTER_OTLP_ENDPOINT",
                 "OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_METRIC_EXPORT_INTERVAL", "OTEL_SDK_DISABLED",
-                "GPUOBS_PROMETHEUS_PORT")
+                "GPUOBS_PROMETHEUS_PORT", "OTEL_METRICS_EXEMPLAR_FILTER")
 TRAIN_LABELS = dict(zip(c.RUN_LABELS, ("3", "job-7")))  # what RunEnv(rank=3, job_id="job-7") puts on points
 
 
@@ -102,6 +102,22 @@ def sleepy_loader(n: int, seconds: float):
 # ------------------------------------------------------------------------------------------ spans
 
 
+@pytest.mark.parametrize("setting, stored", [(None, False), ("trace_based", True), ("bogus", False)])
+def test_step_exemplars_follow_the_standard_variable_and_are_off_by_default(monkeypatch, setting, stored):
+    """Exemplars on the step-duration histogram cost more than the point itself: off unless
+    OTEL_METRICS_EXEMPLAR_FILTER asks for them; with trace_based they carry the step span's ids."""
+    if setting:
+        monkeypatch.setenv("OTEL_METRICS_EXEMPLAR_FILTER", setting)
+    m = Mem(service_name="test-train")
+    run = instrument.TrainingRun(m.tel, timer=WallTimer())
+    with run.step(samples=1):
+        pass
+    exemplars = m.point(c.STEP_DURATION).exemplars
+    assert bool(exemplars) == stored
+    if stored:
+        assert exemplars[0].span_id == m.spans("train.step")[0].context.span_id
+
+
 def test_step_spans_link_parent_and_children(mem):
     run = instrument.TrainingRun(mem.tel, timer=WallTimer())
     for i in run.data(sleepy_loader(2, 0.02)):
@@ -121,7 +137,9 @@ def test_step_spans_link_parent_and_children(mem):
     assert [s.attributes["gpuobs.step"] for s in steps] == [1, 2]
     for s in steps:
         assert s.parent is None
-        assert s.attributes["rank"] == "3" and s.attributes[c.RUN_LABELS[1]] == "job-7"
+        # the run's rank and job are on the resource, once, not on every span
+        assert s.resource.attributes["gpuobs.rank"] == 3 and s.resource.attributes["gpuobs.job.id"] == "job-7"
+        assert "rank" not in s.attributes
     by_parent = {}
     for s in mem.spans():
         if s.parent is not None:
@@ -143,7 +161,7 @@ def test_step_spans_link_parent_and_children(mem):
     ckpts = mem.spans("train.checkpoint")
     inner = next(s for s in ckpts if s.parent is not None)
     assert inner.parent.span_id == steps[1].context.span_id
-    assert inner.attributes["gpuobs.checkpoint.tag"] == "mid" and inner.attributes["rank"] == "3"
+    assert inner.attributes["gpuobs.checkpoint.tag"] == "mid"
     assert sum(s.parent is None for s in ckpts) == 1
     assert mem.value(c.MICRO_STEPS) == 4
 

@@ -110,6 +110,20 @@ class Telemetry:
             log.warning("telemetry shutdown timed out; unsent data dropped", extra={"timeout_s": timeout_s})
 
 
+class Attrs(dict):
+    """Metric attributes fixed for a run (never mutated), with their LocalValues key built once:
+    building it per update was a fifth of a metrics-only step."""
+    __slots__ = ("key",)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.key = tuple(self.items())
+
+
+def _key(attrs: dict) -> tuple:
+    return attrs.key if type(attrs) is Attrs else tuple(attrs.items())
+
+
 class LocalValues:
     """Counter or gauge values kept by the training thread (a dict update per step, about 1 µs)
     and handed to OTel by an observable instrument when metrics are collected: a synchronous
@@ -120,11 +134,11 @@ class LocalValues:
         self.values: dict[tuple, float] = {}
 
     def add(self, value: float, attrs: dict) -> None:
-        key = tuple(attrs.items())
+        key = _key(attrs)
         self.values[key] = self.values.get(key, 0) + value  # ints stay ints (step counts)
 
     def set(self, value: float, attrs: dict) -> None:
-        self.values[tuple(attrs.items())] = value
+        self.values[_key(attrs)] = value
 
 
 class _NoValues:
@@ -193,6 +207,21 @@ def _span_processor(exporter, queue: int):
                                       max_export_batch_size=512, export_timeout_millis=5000)
 
 
+def _exemplar_filter():
+    """OTEL_METRICS_EXEMPLAR_FILTER (always_on, always_off, trace_based), else always_off: with the
+    SDK's trace_based default, every step-duration point inside a step span stored an exemplar, which
+    cost more than the point itself (about 11 µs a step), and the step span already has the duration."""
+    from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, AlwaysOnExemplarFilter, TraceBasedExemplarFilter
+
+    choice = os.environ.get("OTEL_METRICS_EXEMPLAR_FILTER", "always_off").strip().lower()
+    filters = {"always_on": AlwaysOnExemplarFilter, "always_off": AlwaysOffExemplarFilter,
+               "trace_based": TraceBasedExemplarFilter}
+    if choice not in filters:
+        log.warning("OTEL_METRICS_EXEMPLAR_FILTER is not always_on, always_off or trace_based; exemplars off",
+                    extra={"value": choice})
+    return filters.get(choice, AlwaysOffExemplarFilter)()
+
+
 def _otlp_exporters(endpoint: str, protocol: str, timeout_s: float):
     """(span exporter, metric exporter) for an OTLP endpoint over http/protobuf (default) or grpc."""
     if protocol == "grpc":
@@ -221,7 +250,8 @@ def configure(service_name: str | None = None, endpoint: str | None = None, prot
 
     Defaults come from the standard variables: OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES,
     OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_PROTOCOL (http/protobuf or grpc),
-    OTEL_METRIC_EXPORT_INTERVAL (ms) and OTEL_SDK_DISABLED; GPUOBS_PROMETHEUS_PORT serves the
+    OTEL_METRIC_EXPORT_INTERVAL (ms), OTEL_METRICS_EXEMPLAR_FILTER (default here: always_off) and
+    OTEL_SDK_DISABLED; GPUOBS_PROMETHEUS_PORT serves the
     metrics for scraping. With nothing to export to (no endpoint, port, exporter or reader), or
     OTEL_SDK_DISABLED=true, everything stays a no-op. spans=False records metrics only.
     """
@@ -290,7 +320,7 @@ def configure(service_name: str | None = None, endpoint: str | None = None, prot
     else:
         tracer = otel_trace.NoOpTracer()
     meter_provider = MeterProvider(resource=resource, metric_readers=readers, views=_views(),
-                                   shutdown_on_exit=False)
+                                   shutdown_on_exit=False, exemplar_filter=_exemplar_filter())
     meter = meter_provider.get_meter("gpuobs.instrument", __version__)
     tel = Telemetry(True, tracer, meter, run_env, {}, tracer_provider, meter_provider, processor, http_server,
                     readers)

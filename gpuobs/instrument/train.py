@@ -30,7 +30,7 @@ from opentelemetry import trace as otel_trace
 from opentelemetry.trace import Status, StatusCode
 
 from .. import catalog as c
-from .telemetry import Telemetry, current
+from .telemetry import Attrs, Telemetry, current
 from .timing import CudaEventTimer, WallTimer, default_timer
 
 log = logging.getLogger("gpuobs.instrument")
@@ -102,8 +102,8 @@ class TrainingRun:
         self.peak_flops = peak_flops
         self.timer = timer or default_timer(sync)
         self.report_interval_s = report_interval_s
-        self.attrs = self.tel.env.metric_attributes()
-        self._cause = {cause: {**self.attrs, "cause": cause} for cause in CAUSES}
+        self.attrs = Attrs(self.tel.env.metric_attributes())
+        self._cause = {cause: Attrs(self.attrs, cause=cause) for cause in CAUSES}
         i = self.tel.instrument
         self._h_step, self._h_wait, self._h_ckpt = i(c.STEP_DURATION), i(c.DATA_WAIT), i(c.CHECKPOINT_DURATION)
         self._steps, self._micro = i(c.STEPS), i(c.MICRO_STEPS)
@@ -175,8 +175,9 @@ class TrainingRun:
         s.span = s.token = None
         if self.tracing:
             start_ns = s.wait_start_ns if s.wait_start_ns is not None else time.time_ns()
+            # rank and job are resource attributes (gpuobs.rank, gpuobs.job.id): not repeated per span
             s.span = self.tracer.start_span("train.step", start_time=start_ns,
-                                            attributes={"gpuobs.step": self.step_number, **self.attrs})
+                                            attributes={"gpuobs.step": self.step_number})
             s.token = otel_context.attach(otel_trace.set_span_in_context(s.span))
             if s.wait:
                 wait_span = self.tracer.start_span("train.data_wait", start_time=start_ns)
@@ -237,7 +238,7 @@ class TrainingRun:
         self._micro.add(1, self.attrs)
         if not self.tracing:
             return nullcontext()
-        return _Span(self.tracer, "train.micro_step", self.attrs)
+        return _Span(self.tracer, "train.micro_step", {})
 
     def phase(self, name: str) -> Any:
         """Context manager: a child span (forward, backward, optimizer, ...) of the current step."""
@@ -247,7 +248,7 @@ class TrainingRun:
 
     def checkpoint(self, **attributes: Any) -> Any:
         """Context manager around a checkpoint save: a span, its duration, and checkpoint badput."""
-        attrs = {**self.attrs, **{f"gpuobs.checkpoint.{k}": str(v) for k, v in attributes.items()}}
+        attrs = {f"gpuobs.checkpoint.{k}": str(v) for k, v in attributes.items()}
         return _Span(self.tracer, "train.checkpoint", attrs, on_exit=self._checkpoint_done)
 
     def _checkpoint_done(self, seconds: float) -> None:
@@ -264,7 +265,7 @@ class TrainingRun:
         seconds = max(0.0, seconds)
         self._checkpoint_done(seconds)
         if self.tracing:
-            attrs = {**self.attrs, **{f"gpuobs.checkpoint.{k}": str(v) for k, v in attributes.items()}}
+            attrs = {f"gpuobs.checkpoint.{k}": str(v) for k, v in attributes.items()}
             span = self.tracer.start_span("train.checkpoint", start_time=start_ns, attributes=attrs)
             span.end(end_time=start_ns + int(seconds * 1e9))
 
