@@ -449,6 +449,21 @@ def test_process_memory_counted_once_and_unavailable_memory_dropped(exporter):
     assert ("gpuobs_gpu_process_memory_used_bytes", "not_available") in dropped
 
 
+def test_graphics_only_gpu_is_not_an_nvml_error(exporter):
+    """nvmlDeviceGetProcessUtilization answers NOT_FOUND when no compute process left samples:
+    that is an answer (no values), not an error for the alerts on gpuobs_exporter_nvml_errors_total."""
+    run = exporter({"gpus": [{"profile": "h100-sxm-80gb"}],
+                    "processes": [{"gpu": 0, "pid": 7101, "type": "G", "used_mib": 300, "name": "Xorg"}]},
+                   families={"processes"})
+    run.next_snapshot(3)
+    scrape = run.scrape()
+    assert {l["pid"] for n, l, _ in scrape if n == PROC_MEM} == {"7101"}
+    assert not [l for n, l, _ in scrape if n == PROC_SM]
+    assert run.sim.state.calls().get("nvmlDeviceGetProcessUtilization", 0) >= 1  # asked, and it said NOT_FOUND
+    errors = [l for n, l, _ in scrape if n == "gpuobs_exporter_nvml_errors_total"]
+    assert not errors, errors
+
+
 # ---------------------------------------------------------------------------------------- 12
 
 

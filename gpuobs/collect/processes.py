@@ -33,8 +33,9 @@ class Processes(Family):
         top = sorted(procs.items(), key=lambda kv: -(kv[1] or 0))[: self.cap]  # the biggest users over the cap
         for pid, used in top:
             if pid not in names:
-                try:
-                    names[pid] = gpu.session.call("nvmlSystemGetProcessName", N.nvmlSystemGetProcessName, pid)
+                try:  # NOT_FOUND: the process ended since the list was read, an answer, not an error
+                    names[pid] = gpu.session.call("nvmlSystemGetProcessName", N.nvmlSystemGetProcessName, pid,
+                                                  expected=(N.NVML_ERROR_NOT_FOUND,))
                 except (N.NVMLError, UnicodeDecodeError):
                     names[pid] = ""
             if used is None:
@@ -42,7 +43,9 @@ class Processes(Family):
             gpu.emit(c.PROCESS_MEMORY, used, str(pid), str(names[pid])[:128])
         if top:
             since = int((time.time() - 10) * 1e6)
-            samples = gpu.get("nvmlDeviceGetProcessUtilization", N.nvmlDeviceGetProcessUtilization, since)
+            # NOT_FOUND: no utilization samples in the window (e.g. only graphics processes): no values
+            samples = gpu.get("nvmlDeviceGetProcessUtilization", N.nvmlDeviceGetProcessUtilization, since,
+                              expected=(N.NVML_ERROR_NOT_FOUND,))
             kept = {pid for pid, _ in top}
             for s in samples or []:
                 if s.pid in kept:
