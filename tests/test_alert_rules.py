@@ -496,3 +496,51 @@ def test_every_alert_has_a_firing_and_a_quiet_case():
                 f"{name}: no case where it must not fire"
     assert {c.alert for c in CASES} == set(ALERTS)
     assert sum(c.kind == "flap" for c in CASES) >= 30 and sum(c.kind == "gone" for c in CASES) >= 30
+
+
+def test_per_node_fleet_recording_rules(rule_dir):
+    """The per-node aggregates the fleet dashboard reads instead of per-link and per-GPU series:
+    rates summed per node (and error type), links down and degraded PCIe links counted per node."""
+    n2 = {**NODE, "node": "n2", "instance": "n2:9445"}
+    gpu2 = {**n2, "gpu": "0", "uuid": "GPU-c"}
+    link = lambda gpu, i, **kw: {**gpu, "link": str(i), **kw}  # noqa: E731
+    series = [
+        # NVLink replay errors: 60/min on GPU0 link 0, 120/min on GPU1 link 3, 30/min CRC on n2
+        s("gpuobs_gpu_nvlink_errors_total", link(GPU0, 0, error_type="replay"), "0+60x10"),
+        s("gpuobs_gpu_nvlink_errors_total", link(GPU1, 3, error_type="replay"), "0+120x10"),
+        s("gpuobs_gpu_nvlink_errors_total", link(gpu2, 1, error_type="crc_flit"), "0+30x10"),
+        s("gpuobs_gpu_nvlink_transmit_bytes_total", link(GPU0, 0), "0+6000x10"),
+        s("gpuobs_gpu_nvlink_transmit_bytes_total", link(GPU0, 1), "0+600x10"),
+        s("gpuobs_gpu_nvlink_link_up", link(GPU0, 0), "1x10"),
+        s("gpuobs_gpu_nvlink_link_up", link(GPU0, 1), "0x10"),
+        s("gpuobs_gpu_nvlink_link_up", link(GPU1, 0), "0x10"),
+        s("gpuobs_gpu_pcie_link_generation", GPU0, "4x10"), s("gpuobs_gpu_pcie_link_generation_max", GPU0, "5x10"),
+        s("gpuobs_gpu_pcie_link_width", GPU0, "16x10"), s("gpuobs_gpu_pcie_link_width_max", GPU0, "16x10"),
+        s("gpuobs_gpu_pcie_link_generation", GPU1, "5x10"), s("gpuobs_gpu_pcie_link_generation_max", GPU1, "5x10"),
+        s("gpuobs_gpu_pcie_link_width", GPU1, "16x10"), s("gpuobs_gpu_pcie_link_width_max", GPU1, "16x10"),
+        s("gpuobs_gpu_temperature_celsius", GPU0, "60x10"), s("gpuobs_gpu_temperature_celsius", GPU1, "71x10"),
+        s("gpuobs_gpu_temperature_celsius", gpu2, "55x10"),
+    ]
+    at = "8m"
+    node = {"cluster": "c1", "node": "n1"}
+    checks = [
+        ('cluster_node_error_type:gpuobs_gpu_nvlink_errors:rate{node="n1"}', [({**node, "error_type": "replay"}, 3)]),
+        ('cluster_node_error_type:gpuobs_gpu_nvlink_errors:rate{node="n2"}',
+         [({"cluster": "c1", "node": "n2", "error_type": "crc_flit"}, 0.5)]),
+        ("cluster_node:gpuobs_gpu_nvlink_transmit_bytes:rate", [(node, 110)]),
+        ("cluster_node:gpuobs_gpu_nvlink_links_down:count", [(node, 2)]),
+        ("cluster_node:gpuobs_gpus_pcie_degraded:count", [(node, 1)]),
+        ("cluster_node:gpuobs_gpu_temperature_celsius:max",
+         [(node, 71), ({"cluster": "c1", "node": "n2"}, 55)]),
+    ]
+    test = {"rule_files": ["gpuobs.rules.yml"], "evaluation_interval": "1m",
+            "group_eval_order": [g["name"] for g in rule_groups(DEFAULT)],
+            "tests": [{"interval": "1m", "input_series": series, "promql_expr_test": [
+                {"expr": expr, "eval_time": at, "exp_samples": [
+                    {"labels": expr.split("{")[0] + "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}",
+                     "value": value}
+                    for labels, value in want]}
+                for expr, want in checks]}]}
+    (rule_dir / "fleet_records_test.yml").write_text(yaml.safe_dump(test, sort_keys=False))
+    out = promtool("test", "rules", "fleet_records_test.yml", cwd=rule_dir)
+    assert out.returncode == 0, out.stdout + out.stderr

@@ -99,6 +99,19 @@ def recording_rules(t: Thresholds) -> list[Record]:
         Record("cluster_reason:gpuobs_gpu_clock_event_reason_active:sum",
                f"sum by (cluster, reason) ({reason}{{reason!=\"gpu_idle\"}})"),
         Record("cluster:gpuobs_gpu_temperature_celsius:max", f"max by (cluster) ({c.TEMPERATURE.name})"),
+        Record("cluster_node:gpuobs_gpu_temperature_celsius:max", f"max by (cluster, node) ({c.TEMPERATURE.name})"),
+        # Per node, so the fleet dashboard's node filter still applies: per-link NVLink series are
+        # 108 per H100, and over 6 h on thousands of GPUs their raw rates take seconds to query.
+        *[Record(f"cluster_node:{m.exposed_name.removesuffix('_total')}:rate",
+                 f"sum by (cluster, node) (rate({m.exposed_name}[{w}]))")
+          for m in (c.NVLINK_TX, c.NVLINK_RX, c.PCIE_TX, c.PCIE_RX, c.PCIE_REPLAYS)],
+        Record("cluster_node_error_type:gpuobs_gpu_nvlink_errors:rate",
+               f"sum by (cluster, node, error_type) (rate({c.NVLINK_ERRORS.exposed_name}[{w}]))"),
+        Record("cluster_node:gpuobs_gpu_nvlink_links_down:count",
+               f"count by (cluster, node) ({c.NVLINK_UP.name} == 0)"),
+        Record("cluster_node:gpuobs_gpus_pcie_degraded:count",
+               f"count by (cluster, node) ({c.PCIE_GENERATION.name} < on ({GPU_BY}) {c.PCIE_MAX_GENERATION.name}"
+               f" or {c.PCIE_WIDTH.name} < on ({GPU_BY}) {c.PCIE_MAX_WIDTH.name})"),
         Record("uuid:gpuobs_gpu_allocated:bool",
                f"{c.MEMORY_USED.name} > bool {t.allocated_memory_bytes:g}"),
         Record("cluster:gpuobs_gpus_idle:count",

@@ -1,15 +1,15 @@
 """Fleet overview: how many GPUs, how busy, how healthy, across clusters.
 
 Fleet-wide numbers read the recording rules of gpuobs/alerts/rules.py (`level:metric:operations`),
-so they stay cheap on thousands of GPUs; those rules aggregate by cluster (some by node), so the
-node and model filters apply to the per-GPU panels (distributions, top-N, tables) only.
+so they stay cheap on thousands of GPUs; those rules aggregate by cluster or by node, so the node
+filter applies to the per-node ones and the model filter to the per-GPU panels (top-N, tables) only.
 """
 
 from __future__ import annotations
 
 from .. import catalog as c
 from . import common as k
-from .common import rate, sel, target
+from .common import sel, target
 
 C = 'cluster=~"$cluster"'
 N = 'node=~"$node"'
@@ -22,6 +22,11 @@ BAD = [{"color": "green", "value": None}, {"color": "red", "value": 1}]
 def gpus(m: c.Metric, *matchers: str) -> str:
     """A per-GPU catalog metric filtered by cluster, node and GPU model."""
     return f"({sel(m, C, N, *matchers)} {MODEL})"
+
+
+def per_cluster(counter: str) -> str:
+    """Per-second rate of a counter summed per cluster, from its per-node recording rule."""
+    return f"sum by (cluster) (cluster_node:gpuobs_{counter}:rate{{{C},{N}}})"
 
 
 def build():
@@ -81,8 +86,9 @@ def build():
         target(f"sum(cluster:gpuobs_gpu_power_usage_watts:sum{{{C}}})", "draw"),
         target(f"sum(cluster:gpuobs_gpu_power_limit_watts:sum{{{C}}})", "enforced limit")], "watt",
         "Board power of all GPUs against the sum of their enforced limits.", min=0), 12, 8)
-    L.add(k.heatmap("GPU temperature distribution", [target(gpus(c.TEMPERATURE), "{{node}} {{gpu}}")], "celsius",
-                    "How many GPUs sit at each temperature over time.", calculate=True), 12, 8)
+    L.add(k.heatmap("Node temperature distribution",
+                    [target(f"cluster_node:gpuobs_gpu_temperature_celsius:max{{{C},{N}}}", "{{node}}")], "celsius",
+                    "How many nodes have their hottest GPU at each temperature over time.", calculate=True), 12, 8)
     L.add(k.timeseries("Hottest GPU by cluster", [
         target(f"cluster:gpuobs_gpu_temperature_celsius:max{{{C}}}", "{{cluster}}")], "celsius",
         "The highest GPU core temperature in each cluster."), 12, 8)
@@ -111,27 +117,28 @@ def build():
                   rename={"Value": "remapped rows"}, links=[k.TO_NODE]), 8, 8)
 
     L.row("Interconnects")
-    L.add(k.stat("NVLink links down", [target(f"count({sel(c.NVLINK_UP, C, N)} == 0) or vector(0)")], "short",
+    L.add(k.stat("NVLink links down",
+                 [target(f"sum(cluster_node:gpuobs_gpu_nvlink_links_down:count{{{C},{N}}}) or vector(0)")], "short",
                  "Inactive NVLink links on GPUs that have NVLink.", thresholds=BAD), 4, 6)
-    pcie_degraded = (f"count(({sel(c.PCIE_GENERATION, C, N)} < on ({k.GPU_BY}) {sel(c.PCIE_MAX_GENERATION, C, N)})"
-                     f" or ({sel(c.PCIE_WIDTH, C, N)} < on ({k.GPU_BY}) {sel(c.PCIE_MAX_WIDTH, C, N)})) or vector(0)")
-    L.add(k.stat("PCIe links below max", [target(pcie_degraded)], "short",
+    L.add(k.stat("PCIe links below max",
+                 [target(f"sum(cluster_node:gpuobs_gpus_pcie_degraded:count{{{C},{N}}}) or vector(0)")], "short",
                  "GPUs whose PCIe link runs below its maximum generation or width. Idle GPUs downshift to save "
                  "power: only a busy GPU below its maximum is a fault.",
                  thresholds=[{"color": "green", "value": None}, {"color": "orange", "value": 1}]), 4, 6)
     L.add(k.timeseries("NVLink errors by type", [
-        target(f"sum by (cluster, error_type) ({rate(sel(c.NVLINK_ERRORS, C, N))})", "{{cluster}} {{error_type}}")],
+        target(f"sum by (cluster, error_type) (cluster_node_error_type:gpuobs_gpu_nvlink_errors:rate{{{C},{N}}})",
+               "{{cluster}} {{error_type}}")],
         "cps", "NVLink data-link errors per second (CRC, replay, recovery).", min=0), 8, 6)
     L.add(k.timeseries("PCIe replays", [
-        target(f"sum by (cluster, node) ({rate(sel(c.PCIE_REPLAYS, C, N))})", "{{node}}")], "cps",
+        target(f"cluster_node:gpuobs_gpu_pcie_replays:rate{{{C},{N}}}", "{{node}}")], "cps",
         "PCIe link-level retransmissions per second, per node.", min=0, links=[k.TO_NODE_SERIES]), 8, 6)
     L.add(k.timeseries("NVLink traffic", [
-        target(f"sum by (cluster) ({rate(sel(c.NVLINK_TX, C, N))})", "{{cluster}} transmit"),
-        target(f"sum by (cluster) ({rate(sel(c.NVLINK_RX, C, N))})", "{{cluster}} receive")], "Bps",
+        target(per_cluster("gpu_nvlink_transmit_bytes"), "{{cluster}} transmit"),
+        target(per_cluster("gpu_nvlink_receive_bytes"), "{{cluster}} receive")], "Bps",
         "NVLink data bytes per second over all links.", min=0), 12, 7)
     L.add(k.timeseries("PCIe traffic", [
-        target(f"sum by (cluster) ({rate(sel(c.PCIE_TX, C, N))})", "{{cluster}} transmit"),
-        target(f"sum by (cluster) ({rate(sel(c.PCIE_RX, C, N))})", "{{cluster}} receive")], "Bps",
+        target(per_cluster("gpu_pcie_transmit_bytes"), "{{cluster}} transmit"),
+        target(per_cluster("gpu_pcie_receive_bytes"), "{{cluster}} receive")], "Bps",
         "PCIe bytes per second between the GPUs and their hosts.", min=0), 12, 7)
 
     variables = [
