@@ -33,7 +33,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -49,6 +48,10 @@ import numpy as np
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.common import cpu_seconds, free_port  # noqa: E402
+from gpuobs.dashboards.common import interpolate  # noqa: E402
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -62,12 +65,6 @@ T0 = 1_700_000_000.0        # counters count from here (seconds), so they are po
 XID_PERIOD = 5400.0         # an XID GPU reports one more XID 79 every 90 minutes
 
 # ----------------------------------------------------------------------------------------- helpers
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def need(tool: str) -> str:
@@ -177,11 +174,6 @@ def rss_bytes(pid: int) -> int:
     except OSError:
         pass
     return 0
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return sum(int(x) for x in fields[11:13]) / os.sysconf("SC_CLK_TCK")
 
 
 def version(cmd: list[str], package: str) -> str:
@@ -489,7 +481,7 @@ def live_bench(workdir: Path, template_path: Path, nodes: int, interval: int, wi
         # steady window: one full cycle in, the series exist; count appends and CPU over the window
         time.sleep(interval)
         m0, v0, a0 = metrics(f"{prom}/metrics"), metrics(f"{vm}/metrics"), metrics(f"{vma}/metrics")
-        c0 = {k: cpu_seconds(p) for k, p in pids.items()}
+        c0 = {k: cpu_seconds(p, children=False) for k, p in pids.items()}
         w0 = time.monotonic()
         while time.monotonic() - w0 < window:
             procs.check()
@@ -498,7 +490,7 @@ def live_bench(workdir: Path, template_path: Path, nodes: int, interval: int, wi
         w = time.monotonic() - w0
         m1, v1, a1 = metrics(f"{prom}/metrics"), metrics(f"{vm}/metrics"), metrics(f"{vma}/metrics")
         res["window_s"] = w
-        res["cpu_cores"] = {k: (cpu_seconds(p) - c0[k]) / w for k, p in pids.items()}
+        res["cpu_cores"] = {k: (cpu_seconds(p, children=False) - c0[k]) / w for k, p in pids.items()}
         res["peak_rss_gib"] = {k: v / 2**30 for k, v in peak.items()}
         res["prom_head_series"] = total(m1, "prometheus_tsdb_head_series")
         res["prom_rss_gib"] = total(m1, "process_resident_memory_bytes") / 2**30
@@ -590,20 +582,6 @@ def expand(expr: str, pairs: list[tuple[str, str]]) -> str:
         if not hit:
             return expr
     raise ValueError(f"recording rules nest too deep: {expr}")
-
-
-VARIABLE = re.compile(r"\$(?:\{(\w+)(?::\w+)?\}|(\w+))")   # as tests/test_dashboards.py
-
-
-def substitute(expr: str, values: dict[str, str]) -> str:
-    """Grafana's variable interpolation for one query (the same rule as tests/test_dashboards.py)."""
-    def one(m: re.Match) -> str:
-        name = m.group(1) or m.group(2)
-        if name not in values:
-            raise KeyError(f"no value for ${name} in {expr}")
-        return values[name]
-
-    return VARIABLE.sub(one, expr)
 
 
 def dashboard_queries(name: str) -> list[dict]:
@@ -744,7 +722,7 @@ def history_bench(workdir: Path, template: str, hnodes: int, step: int, scrape: 
         for d in FLEET_DASHBOARDS:
             rows = []
             for q in dashboard_queries(d):
-                raw = substitute(q["expr"], values)
+                raw = interpolate(q["expr"], values)
                 rows.append({**q, "with": raw, "without": expand(raw, pairs),
                              "uses_rules": expand(raw, pairs) != raw, "t_with": [], "t_without": []})
             dashes[d] = rows

@@ -15,7 +15,6 @@ import multiprocessing as mp
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,7 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-TICK = os.sysconf("SC_CLK_TCK")
+from bench.common import cpu_seconds, free_port, pct, rss_mib  # noqa: E402
+
 SCRAPERS = 50  # concurrent scrapers (deliverable 3)
 CLIENT_PROCS = 10  # scrapers are spread over processes so one client GIL does not cap the load
 SCRAPE_GPUS = 8  # simulated 8x H100 node for the scraper test
@@ -39,35 +39,6 @@ FLAT_MIB, FLAT_PCT = 2.0, 5.0  # RSS is "flat" when growth from 10 % to 100 % is
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-
-
-def free_port() -> int:
-    """An unused TCP port on loopback."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime (+ children) of a process, in seconds, from /proc/<pid>/stat."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return sum(int(x) for x in fields[11:15]) / TICK  # after ")": utime is field 14, i.e. index 11
-
-
-def rss_mib(pid: int) -> float:
-    """VmRSS of a process in MiB, from /proc/<pid>/status."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def pct(values, q: float) -> float:
-    """The q-quantile (0..1) by nearest rank; NaN for no values."""
-    v = sorted(values)
-    if not v:
-        return float("nan")
-    return v[min(len(v) - 1, max(0, round(q * (len(v) - 1))))]
 
 
 def get(port: int, path: str = "/metrics", timeout: float = 10.0) -> tuple[int, bytes]:

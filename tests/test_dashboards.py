@@ -20,7 +20,7 @@ from conftest import REPO, free_port, require_tool, stop
 from gpuobs import catalog as c
 from gpuobs.dashboards import build as build_mod
 from gpuobs.dashboards.build import DASHBOARDS, build, outputs
-from gpuobs.dashboards.common import DATASOURCE, SCHEMA_VERSION, UIDS
+from gpuobs.dashboards.common import DATASOURCE, SCHEMA_VERSION, UIDS, VARIABLE, interpolate
 from gpuobs.sim import Simulator, scenario
 from gpuobs.sim.state import set_val
 
@@ -35,7 +35,6 @@ COUNTERS = {m.exposed_name for m in c.ALL if m.kind == "counter"} | {
 GAUGES = {m.exposed_name for m in c.ALL if m.kind in ("gauge", "info")}
 RATE_CALL = re.compile(r"(?<![\w:])(rate|irate|increase)\s*\(")
 RATE_ARG = re.compile(r"(rate|irate|increase)\(\s*([a-zA-Z_:][\w:]*)\s*(\{[^{}]*\})?\s*\[([^\]]+)\]\s*\)")
-VARIABLE = re.compile(r"\$(?:\{(\w+)(?::\w+)?\}|(\w+))")
 
 
 def load() -> dict[str, dict]:
@@ -261,15 +260,7 @@ while True:
 
 
 def substitute(expr: str, values: dict[str, str]) -> str:
-    values = {**BUILTIN_VALUES, **values}
-
-    def one(match: re.Match) -> str:
-        name = match.group(1) or match.group(2)
-        if name not in values:
-            raise KeyError(f"no value for ${name} in {expr}")
-        return values[name]
-
-    return VARIABLE.sub(one, expr)
+    return interpolate(expr, {**BUILTIN_VALUES, **values})
 
 
 class Prometheus:

@@ -12,6 +12,8 @@ Conventions every dashboard follows (and tests/test_dashboards.py checks):
 
 from __future__ import annotations
 
+import re
+
 import attr
 from grafanalib.core import (REFRESH_ON_TIME_RANGE_CHANGE, BarGauge, Dashboard, DashboardLink, GridPos, Heatmap,
                              RowPanel, Stat, StateTimeline, Table, Target, Template, Templating, Time, TimeSeries)
@@ -277,3 +279,18 @@ def dashboard(title: str, key: str, description: str, layout: Layout, variables:
                      templating=Templating([datasource_variable(), *variables]), links=links,
                      schemaVersion=SCHEMA_VERSION, graphTooltip=1, refresh="30s", timezone="browser",
                      time=Time(time_from, "now"), editable=True)
+
+
+VARIABLE = re.compile(r"\$(?:\{(\w+)(?::\w+)?\}|(\w+))")  # $name, ${name}, ${name:format}
+
+
+def interpolate(expr: str, values: dict[str, str]) -> str:
+    """A panel query with its Grafana variables ($name, ${name}, ${name:fmt}) replaced by `values`,
+    as Grafana sends it to Prometheus. Raises KeyError naming a variable without a value."""
+    def one(m: re.Match) -> str:
+        name = m.group(1) or m.group(2)
+        if name not in values:
+            raise KeyError(f"no value for ${name} in {expr}")
+        return values[name]
+
+    return VARIABLE.sub(one, expr)
