@@ -30,7 +30,7 @@ from opentelemetry import trace as otel_trace
 from opentelemetry.trace import Status, StatusCode
 
 from .. import catalog as c
-from .telemetry import Attrs, Telemetry, current
+from .telemetry import Telemetry, current
 from .timing import CudaEventTimer, WallTimer, default_timer
 
 log = logging.getLogger("gpuobs.instrument")
@@ -102,14 +102,19 @@ class TrainingRun:
         self.peak_flops = peak_flops
         self.timer = timer or default_timer(sync)
         self.report_interval_s = report_interval_s
-        self.attrs = Attrs(self.tel.env.metric_attributes())
-        self._cause = {cause: Attrs(self.attrs, cause=cause) for cause in CAUSES}
+        self.attrs = self.tel.env.metric_attributes()
         i = self.tel.instrument
         self._h_step, self._h_wait, self._h_ckpt = i(c.STEP_DURATION), i(c.DATA_WAIT), i(c.CHECKPOINT_DURATION)
         self._steps, self._micro = i(c.STEPS), i(c.MICRO_STEPS)
         self._samples, self._tokens = i(c.SAMPLES_TRAINED), i(c.TOKENS_TRAINED)
         self._share, self._last, self._mfu = i(c.DATA_WAIT_SHARE), i(c.LAST_STEP), i(c.MFU)
         self._good, self._bad = i(c.GOODPUT), i(c.BADPUT)
+        # the cells each step updates, bound to this run's attributes once
+        a = self.attrs
+        self._n_steps, self._n_good = self._steps.cell(a), self._good.cell(a)
+        self._n_samples, self._n_tokens = self._samples.cell(a), self._tokens.cell(a)
+        self._v_share, self._v_last, self._v_mfu = self._share.cell(a), self._last.cell(a), self._mfu.cell(a)
+        self._n_bad = {cause: self._bad.cell({**a, "cause": cause}) for cause in CAUSES}
         self._gauges = {"loss": i(c.LOSS), "grad_norm": i(c.GRAD_NORM), "lr": i(c.LEARNING_RATE)}
         self._nonfinite = i(c.NONFINITE)
         self._reported: dict[str, Any] = {}
@@ -169,7 +174,7 @@ class TrainingRun:
         gap = started - (self._created if self._last_end is None else self._last_end) - self._ckpt_between
         self._ckpt_between = 0.0
         if gap > 0:
-            self._bad.add(gap, self._cause["startup" if self._last_end is None else "idle"])
+            self._n_bad["startup" if self._last_end is None else "idle"].add(gap)
         self.step_number += 1
         self._in_step, self._ckpt_in_step, self._wait_in_step = True, 0.0, 0.0
         s.span = s.token = None
@@ -218,20 +223,20 @@ class TrainingRun:
         total = s.wait + compute  # compute includes waits and checkpoints inside the step
         waited = s.wait + s.inner_wait
         self._h_step.record(total, a)
-        self._steps.add(1, a)
-        self._good.add(max(0.0, compute - s.ckpt - s.inner_wait), a)
+        self._n_steps.add(1)
+        self._n_good.add(max(0.0, compute - s.ckpt - s.inner_wait))
         if waited:
             self._h_wait.record(waited, a)
-            self._bad.add(waited, self._cause["data_wait"])
-        self._share.set(min(1.0, waited / total) if total > 0 else 0.0, a)
-        self._last.set(time.time(), a)
+            self._n_bad["data_wait"].add(waited)
+        self._v_share.set(min(1.0, waited / total) if total > 0 else 0.0)
+        self._v_last.set(time.time())
         if s.samples:
-            self._samples.add(s.samples, a)
+            self._n_samples.add(s.samples)
         if s.tokens:
-            self._tokens.add(s.tokens, a)
+            self._n_tokens.add(s.tokens)
         flops = s.flops or self.flops_per_step
         if flops and self.peak_flops and total > 0:
-            self._mfu.set(min(1.0, flops / total / self.peak_flops), a)
+            self._v_mfu.set(min(1.0, flops / total / self.peak_flops))
 
     def micro_step(self) -> Any:
         """Context manager around one gradient-accumulation pass inside a step."""
@@ -253,7 +258,7 @@ class TrainingRun:
 
     def _checkpoint_done(self, seconds: float) -> None:
         self._h_ckpt.record(seconds, self.attrs)
-        self._bad.add(seconds, self._cause["checkpoint"])
+        self._n_bad["checkpoint"].add(seconds)
         if self._in_step:
             self._ckpt_in_step += seconds  # not goodput, though inside the step
         else:
