@@ -500,7 +500,8 @@ def test_every_alert_has_a_firing_and_a_quiet_case():
 
 def test_per_node_fleet_recording_rules(rule_dir):
     """The per-node aggregates the fleet dashboard reads instead of per-link and per-GPU series:
-    rates summed per node (and error type), links down and degraded PCIe links counted per node."""
+    rates summed per node (and error type), links down, degraded PCIe links and pending row remaps
+    per node; the per-link ones in a group of their own."""
     n2 = {**NODE, "node": "n2", "instance": "n2:9445"}
     gpu2 = {**n2, "gpu": "0", "uuid": "GPU-c"}
     link = lambda gpu, i, **kw: {**gpu, "link": str(i), **kw}  # noqa: E731
@@ -520,6 +521,8 @@ def test_per_node_fleet_recording_rules(rule_dir):
         s("gpuobs_gpu_pcie_link_width", GPU1, "16x10"), s("gpuobs_gpu_pcie_link_width_max", GPU1, "16x10"),
         s("gpuobs_gpu_temperature_celsius", GPU0, "60x10"), s("gpuobs_gpu_temperature_celsius", GPU1, "71x10"),
         s("gpuobs_gpu_temperature_celsius", gpu2, "55x10"),
+        s("gpuobs_gpu_row_remap_pending", GPU0, "1x10"), s("gpuobs_gpu_row_remap_pending", GPU1, "1x10"),
+        s("gpuobs_gpu_row_remap_pending", gpu2, "0x10"),
     ]
     at = "8m"
     node = {"cluster": "c1", "node": "n1"}
@@ -530,6 +533,7 @@ def test_per_node_fleet_recording_rules(rule_dir):
         ("cluster_node:gpuobs_gpu_nvlink_transmit_bytes:rate", [(node, 110)]),
         ("cluster_node:gpuobs_gpu_nvlink_links_down:count", [(node, 2)]),
         ("cluster_node:gpuobs_gpus_pcie_degraded:count", [(node, 1)]),
+        ("cluster_node:gpuobs_gpu_row_remap_pending:sum", [(node, 2), ({"cluster": "c1", "node": "n2"}, 0)]),
         ("cluster_node:gpuobs_gpu_temperature_celsius:max",
          [(node, 71), ({"cluster": "c1", "node": "n2"}, 55)]),
     ]
@@ -541,6 +545,9 @@ def test_per_node_fleet_recording_rules(rule_dir):
                      "value": value}
                     for labels, value in want]}
                 for expr, want in checks]}]}
+    groups = {g["name"]: [r["record"] for r in g["rules"] if "record" in r] for g in rule_groups(DEFAULT)}
+    assert "cluster_node_error_type:gpuobs_gpu_nvlink_errors:rate" in groups["gpuobs-recording-links"]
+    assert not any("nvlink" in r for r in groups["gpuobs-recording"])
     (rule_dir / "fleet_records_test.yml").write_text(yaml.safe_dump(test, sort_keys=False))
     out = promtool("test", "rules", "fleet_records_test.yml", cwd=rule_dir)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import gzip
 import http.client
 import http.server
 import json
@@ -27,7 +26,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import REPO
+from conftest import REPO, OTLPReceiver
 from gpuobs import catalog as c
 from gpuobs.exporter import Exporter, ExporterConfig
 from gpuobs.exporter.server import WebConfig, WebConfigError
@@ -340,35 +339,12 @@ def grpc_collector():
 
 @contextlib.contextmanager
 def http_collector():
-    from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as pb
-
     rec = _Collector()
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self):
-            body = self.rfile.read(int(self.headers["Content-Length"]))
-            if self.headers.get("Content-Encoding") == "gzip":
-                body = gzip.decompress(body)
-            if self.path == "/v1/metrics":
-                rec.add(pb.ExportMetricsServiceRequest.FromString(body))
-            reply = pb.ExportMetricsServiceResponse().SerializeToString()
-            self.send_response(200 if self.path == "/v1/metrics" else 404)
-            self.send_header("Content-Type", "application/x-protobuf")
-            self.send_header("Content-Length", str(len(reply)))
-            self.end_headers()
-            self.wfile.write(reply)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    receiver = OTLPReceiver(on_metrics=rec.add)
     try:
-        yield rec, f"http://127.0.0.1:{server.server_address[1]}/v1/metrics"
+        yield rec, f"{receiver.url}/v1/metrics"
     finally:
-        server.shutdown()
-        server.server_close()
+        receiver.close()
 
 
 @pytest.mark.parametrize("collector", [grpc_collector, http_collector], ids=["grpc", "http"])

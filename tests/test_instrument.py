@@ -5,18 +5,15 @@ environment, a real OTLP/HTTP receiver, and the Prometheus path against the cata
 from __future__ import annotations
 
 import bisect
-import gzip
 import json
 import os
 import socket
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 import timeit
 import types
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -25,6 +22,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
+from conftest import OTLPReceiver
 from gpuobs import catalog as c
 from gpuobs import instrument
 from gpuobs.instrument import inference, telemetry, train
@@ -641,53 +639,6 @@ def test_trace_request_decorator(mem):
 
 
 # ------------------------------------------------------------------------------- over the wire
-
-
-class OTLPReceiver:
-    """A minimal OTLP/HTTP receiver: POST /v1/traces and /v1/metrics, protobuf bodies."""
-
-    def __init__(self):
-        from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
-        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
-
-        self.traces, self.metrics, self.paths = [], [], []
-        kinds = {"/v1/traces": (trace_service_pb2.ExportTraceServiceRequest,
-                                trace_service_pb2.ExportTraceServiceResponse, self.traces),
-                 "/v1/metrics": (metrics_service_pb2.ExportMetricsServiceRequest,
-                                 metrics_service_pb2.ExportMetricsServiceResponse, self.metrics)}
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                if self.headers.get("Content-Encoding") == "gzip":
-                    body = gzip.decompress(body)
-                receiver.paths.append(self.path)
-                if self.path not in kinds:
-                    self.send_response(404)
-                    self.end_headers()
-                    return
-                request_type, response_type, sink = kinds[self.path]
-                message = request_type()
-                message.ParseFromString(body)
-                sink.append(message)
-                reply = response_type().SerializeToString()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", str(len(reply)))
-                self.end_headers()
-                self.wfile.write(reply)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def _any_value(v):

@@ -20,7 +20,7 @@ from .. import generated
 from .rules import DEFAULT, FAST, Alert, Thresholds, alerts, recording_rules
 
 ROOT = Path(__file__).resolve().parents[2]
-GROUP_ORDER = ("gpu", "node", "job", "service", "meta")
+GROUP_ORDER = ("gpu", "links", "node", "job", "service", "meta")  # links: alerts on per-link NVLink series
 
 
 def _group_name(group: str) -> str:
@@ -29,8 +29,10 @@ def _group_name(group: str) -> str:
 
 def rule_groups(t: Thresholds) -> list[dict]:
     """Prometheus rule groups: the recording rules, then alerts by group."""
-    groups = [{"name": "gpuobs-recording", "interval": t.eval_interval,
-               "rules": [{"record": r.record, "expr": r.expr} for r in recording_rules(t)]}]
+    records = recording_rules(t)
+    groups = [{"name": _group_name(group), "interval": t.eval_interval,
+               "rules": [{"record": r.record, "expr": r.expr} for r in records if r.group == group]}
+              for group in dict.fromkeys(r.group for r in records)]
     pack = alerts(t)
     for group in GROUP_ORDER:
         rules = [alert_rule(a, t) for a in pack if a.group == group]

@@ -29,6 +29,11 @@ def per_cluster(counter: str) -> str:
     return f"sum by (cluster) (cluster_node:gpuobs_{counter}:rate{{{C},{N}}})"
 
 
+def per_node_sum(m: c.Metric) -> str:
+    """A per-GPU gauge summed over the selected nodes, from its per-node recording rule."""
+    return f"sum(cluster_node:{m.name}:sum{{{C},{N}}})"
+
+
 def build():
     L = k.Layout()
     L.row("Inventory")
@@ -107,9 +112,9 @@ def build():
         target(f"cluster:gpuobs_gpu_ecc_uncorrected:increase{{{C}}}", "{{cluster}}")], "short",
         "Uncorrectable (double-bit) volatile ECC errors over the recording rule's long window.",
         bars=True, min=0), 8, 8)
-    L.add(k.stat("Row remaps pending", [target(f"sum({gpus(c.REMAP_PENDING)})")], "short",
+    L.add(k.stat("Row remaps pending", [target(per_node_sum(c.REMAP_PENDING))], "short",
                  "GPUs with a DRAM row remap waiting for a GPU reset.", thresholds=BAD, graph=False), 4, 4)
-    L.add(k.stat("Row remap failures", [target(f"sum({gpus(c.REMAP_FAILURE)})")], "short",
+    L.add(k.stat("Row remap failures", [target(per_node_sum(c.REMAP_FAILURE))], "short",
                  "GPUs that could not remap a failing row: they need service.", thresholds=BAD, graph=False), 4, 4)
     L.add(k.table("Most remapped rows",
                   [target(f"topk(10, sum by ({k.GPU_BY}) {gpus(c.REMAPPED_ROWS)})")], "short",
