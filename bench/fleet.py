@@ -51,11 +51,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.common import cpu_seconds, free_port  # noqa: E402
+from gpuobs.alerts.rules import DEFAULT, _seconds  # noqa: E402
 from gpuobs.dashboards.common import interpolate  # noqa: E402
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 RULES = ROOT / "alerts" / "gpuobs.rules.yml"
+RULE_INTERVAL_S = _seconds(DEFAULT.eval_interval)  # of every group in alerts/gpuobs.rules.yml
 FLEET_DASHBOARDS = ("fleet-overview", "exporter-health")   # the fleet-wide ones; node, job and model ones are not
 CLUSTERS = 5
 GPUS = 8
@@ -893,13 +895,15 @@ def fleet_report(result: dict) -> str:
                      "; ".join(f"`{e}`" for e in live["vmalert_rule_errors"]))
         else:
             L.append(f"vmalert: every rule of every group evaluated without an error ({live['vmalert_rules']} rules).")
-        slow = {g: x for g, x in pr.items() if x > live["scrape_interval_s"]}
+        slow = {g: x for g, x in pr.items() if x > RULE_INTERVAL_S}
         if slow or live["prom_rule_missed"]:
-            L.append("Prometheus rule groups slower than their 30 s interval on this machine: " +
+            L.append(f"Prometheus rule groups slower than their {RULE_INTERVAL_S:g} s interval on this machine: " +
                      (", ".join(f"{g} {fmt(x, 1)} s" for g, x in sorted(slow.items())) or "none at the end") +
                      f"; {live['prom_rule_missed']:.0f} iteration(s) missed. The two cores are shared by Prometheus, "
-                     "VictoriaMetrics, vmalert and the exporter, and the per-GPU alert group scans every per-link NVLink "
-                     "series; a production Prometheus would have more cores (rule groups evaluate concurrently).")
+                     "VictoriaMetrics, vmalert and the exporter. gpuobs-links and gpuobs-recording-links read every "
+                     "per-link NVLink series (72 per GPU here); they are groups of their own so that the others, "
+                     "which Prometheus evaluates concurrently, keep their interval. A production Prometheus for "
+                     "10,000 GPUs would have more cores.")
         L.append(f"vmalert 1.79 refuses `keep_firing_for` (an unknown field to it), so it loads a copy of the rule "
                  f"file without that key ({live['vmalert_dropped_keep_firing_for']} alerts carry it); everything "
                  "else is the committed file. Prometheus loads the committed file as is.")
