@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import socket
+import subprocess
 from pathlib import Path
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -52,3 +53,16 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
+
+
+def version(cmd: list[str], package: str) -> str:
+    """The binary's own version line, else the Debian package's (Debian's VictoriaMetrics prints none)."""
+    for c in (cmd, ["dpkg-query", "-W", "-f", "${Version}", package]):
+        try:
+            out = subprocess.run(c, capture_output=True, text=True, timeout=20)
+            text = (out.stdout + out.stderr).strip().splitlines()
+            if out.returncode == 0 and text:
+                return text[0] if c is cmd else f"{package} {text[0]}"
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+    return f"{package} ?"

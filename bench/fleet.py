@@ -50,7 +50,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import cpu_seconds, free_port  # noqa: E402
+from bench.common import cpu_seconds, free_port, version  # noqa: E402
 from gpuobs.alerts.rules import DEFAULT, _seconds  # noqa: E402
 from gpuobs.dashboards.common import interpolate  # noqa: E402
 if str(ROOT) not in sys.path:
@@ -176,19 +176,6 @@ def rss_bytes(pid: int) -> int:
     except OSError:
         pass
     return 0
-
-
-def version(cmd: list[str], package: str) -> str:
-    """The binary's own version line, else the Debian package's (Debian's VictoriaMetrics prints none)."""
-    for c in (cmd, ["dpkg-query", "-W", "-f", "${Version}", package]):
-        try:
-            out = subprocess.run(c, capture_output=True, text=True, timeout=20)
-            text = (out.stdout + out.stderr).strip().splitlines()
-            if out.returncode == 0 and text:
-                return text[0] if c is cmd else f"{package} {text[0]}"
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-    return f"{package} ?"
 
 
 # ------------------------------------------------------------------------------------ the template

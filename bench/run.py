@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import cpu_model, cpu_seconds, free_port, pct, rss_mib  # noqa: E402
+from bench.common import cpu_model, cpu_seconds, free_port, pct, rss_mib, version  # noqa: E402
 
 PAGE_INTERVAL = 1.0  # both exporters sample every second
 
@@ -307,25 +307,18 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def _tool_version(cmd: list[str]) -> str:
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=10)
-        return (out.stdout or out.stderr).strip().splitlines()[0]
-    except (OSError, IndexError, subprocess.TimeoutExpired):
-        return "not installed"
-
-
 def machine_facts() -> dict:
     """What the report's Machine section says, gathered when the run starts."""
     return {"cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
             "os": f"{platform.system()} {platform.release()}", "versions": _versions(),
-            "prometheus": _tool_version(["prometheus", "--version"]),
-            "victoria-metrics": _tool_version(["victoria-metrics", "-version"]),
+            "prometheus": version(["prometheus", "--version"], "prometheus"),
+            "victoria-metrics": version(["victoria-metrics", "-version"], "victoria-metrics"),
             "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
 
 
 def header_section(run: dict, cmd: str) -> list[str]:
     m, v = run["machine"], run["machine"]["versions"]
+    tools = {**{k: m[k] for k in ("prometheus", "victoria-metrics")}, **run.get("fleet", {}).get("versions", {})}
     quick = " **Quick mode**: fewer sizes, shorter periods, a smaller fleet." if run["quick"] else ""
     return [
         "# Benchmarks", "",
@@ -336,15 +329,16 @@ def header_section(run: dict, cmd: str) -> list[str]:
         f"- Python {m['python']} on {m['os']}",
         f"- gpuobs {v['gpuobs']}, nvitop-exporter {v['nvitop-exporter']}, nvitop {v['nvitop']}, "
         f"opentelemetry-sdk {v['opentelemetry-sdk']}, prometheus-client {v['prometheus-client']}",
-        f"- {m['prometheus']}; VictoriaMetrics {m['victoria-metrics']} (Debian packages)",
+        f"- {tools['prometheus']}; {tools['victoria-metrics']} (Debian packages)",
         "- GPUs: none real; the exporters read the gpuobs NVML simulator (`gpuobs.sim`), which pynvml loads as "
         "libnvidia-ml.so.1.", "",
         "## How to reproduce", "",
         "```",
-        "apt-get install -y prometheus victoria-metrics   # once; the rest is in the venv from the README",
-        ".venv/bin/pip install -q nvitop-exporter           # the peer, in the same venv",
+        "apt-get install -y prometheus prometheus-alertmanager victoria-metrics",
+        ".venv/bin/pip install -q -e '.[test,bench]'   # in the README's venv: nvitop-exporter, numpy",
         ".venv/bin/python bench/run.py           # full",
-        ".venv/bin/python bench/run.py --quick   # fewer sizes, shorter periods, 125 nodes",
+        ".venv/bin/python bench/run.py --quick   # fewer sizes, shorter periods, a 125-node fleet",
+        ".venv/bin/python bench/run.py --render bench/last_run.json   # this report again from its numbers",
         "```", "",
     ]
 
