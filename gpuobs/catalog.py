@@ -299,6 +299,10 @@ DROPPED = _m("exporter_dropped_values", "counter", "", "Values dropped as imposs
 NVML_REINITS = _m("exporter_nvml_reinits", "counter", "", "NVML re-initialisations after repeated driver-level errors.",
                   "exporter", "nvmlShutdown + nvmlInit_v2", labels=())
 SAMPLES = _m("exporter_samples", "counter", "", "Sampling passes completed.", "exporter", "sampler", labels=())
+ATTRIBUTION_UP = _m("exporter_attribution_up", "gauge", "",
+                    "1 if the attribution source answered at its last refresh; only with attribution on.", "exporter",
+                    "kubelet PodResources List() (podresources); the job-mapping directory is there (slurm)",
+                    labels=("source",))
 
 # ------------------------------------------------------------- training and inference (OpenTelemetry)
 # Recorded by gpuobs.instrument through the OTel SDK; `name` is what OTel's Prometheus conversion

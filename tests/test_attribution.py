@@ -86,12 +86,17 @@ def per_gpu(scrape, uuid: str):
     return [l for n, l, _ in scrape if l.get("uuid") == uuid]
 
 
+def attribution_up(scrape) -> dict[str, float]:
+    return {l["source"]: v for n, l, v in scrape if n == "gpuobs_exporter_attribution_up"}
+
+
 def test_labels_appear_follow_churn_and_vanish_with_no_rpc_per_scrape(exporter, kubelet):
     server, path, stop = kubelet
     run = exporter({"gpus": [{"profile": H100, "count": 2}]}, kubelet_socket=path, **FAST)
     u0, u1 = uuids(run)
     server.pods = [("train-0", "ml", "trainer", "nvidia.com/gpu", [u0])]
     scrape = run.wait_for(lambda s: pod_of(s, u0) == ("train-0", "ml", "trainer"), 5, "pod labels")
+    assert attribution_up(scrape) == {"podresources": 1.0}
     series = per_gpu(scrape, u0)
     assert len(series) > 10 and all(l["k8s_pod"] == "train-0" and l["k8s_namespace"] == "ml" for l in series)
     assert not any("k8s_pod" in l for l in per_gpu(scrape, u1))
@@ -116,6 +121,8 @@ def test_labels_appear_follow_churn_and_vanish_with_no_rpc_per_scrape(exporter, 
     stop()
     scrape = run.wait_for(lambda s: pod_of(s, u0) == (None, None, None), 3, "labels to vanish with the socket")
     assert not any(k in l for _, l, _ in scrape for k in POD_KEYS)
+    assert attribution_up(run.wait_for(lambda s: attribution_up(s) == {"podresources": 0.0}, 3,
+                                       "attribution_up 0 without the socket")) == {"podresources": 0.0}
     assert {l["uuid"] for n, l, _ in scrape if n == "gpuobs_gpu_info"} == {u0, u1}
 
 
@@ -127,6 +134,7 @@ def test_missing_socket_is_quiet_and_scrapes_stay_fast(exporter, tmp_path):
         scrape = run.scrape()
     assert (time.monotonic() - t0) / 10 < 0.2
     assert not any(k in l for _, l, _ in scrape for k in POD_KEYS)
+    assert attribution_up(scrape) == {"podresources": 0.0}  # said, not silent
     watcher = run.exp.attribution[0]
     assert watcher.calls == 0 and watcher.refreshes >= 2  # checked every refresh, never called
     assert run.get("/readyz")[0] == 200
@@ -154,6 +162,7 @@ def test_stalled_kubelet_times_out_keeps_then_drops_mapping(exporter, kubelet):
         time.sleep(0.05)
     assert slowest < 0.5, f"a scrape took {slowest:.2f} s while the kubelet stalled"
     assert watcher.errors > errors
+    assert attribution_up(run.scrape()) == {"podresources": 0.0}  # the kubelet did not answer
     # kept through the first timeouts (3 refreshes' grace), then dropped: never stale for long
     assert dropped_after is not None and 0.4 < dropped_after < 5, dropped_after
     assert run.get("/readyz")[0] == 200
@@ -206,13 +215,15 @@ def test_slurm_job_mapping_directory(exporter, tmp_path):
         return gpu, mig
 
     scrape = run.wait_for(lambda s: jobs_of(s)[1].get(gi) == "777", 5, "slurm labels")
+    assert attribution_up(scrape) == {"slurm": 1.0}
     gpu, mig = jobs_of(scrape)
     assert gpu == {"0": "1234", "1": "55,56", "2": None}
     assert sorted(mig.values(), key=str) == ["777", None], mig
     (jobs / "0").unlink()  # the epilog removes the file when the job ends
     run.wait_for(lambda s: jobs_of(s)[0]["0"] is None, 3, "ended job's label to vanish")
     shutil.rmtree(jobs)
-    run.wait_for(lambda s: not any("hpc_job" in l for _, l, _ in s), 3, "no directory, no labels")
+    scrape = run.wait_for(lambda s: not any("hpc_job" in l for _, l, _ in s), 3, "no directory, no labels")
+    assert attribution_up(scrape) == {"slurm": 0.0}
 
 
 def test_mapping_and_lookup_units(tmp_path):

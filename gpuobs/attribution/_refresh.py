@@ -16,6 +16,7 @@ class Refresher:
     def __init__(self, refresh_s: float):
         self.refresh_s = refresh_s
         self.refreshes = 0
+        self.up = False  # the last refresh got an answer (gpuobs_exporter_attribution_up)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -27,6 +28,7 @@ class Refresher:
             try:
                 self.refresh()
             except Exception:  # never let the thread die: the next refresh tries again
+                self.up = False
                 log.exception("attribution refresh failed", extra={"source": self.name})
             self.refreshes += 1
             self._stop.wait(self.refresh_s)

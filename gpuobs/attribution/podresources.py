@@ -107,12 +107,13 @@ class PodResourcesWatcher(Refresher):
     def refresh(self) -> None:
         if not _is_socket(self.socket_path):
             self._set_state("missing", "no kubelet pod-resources socket: no pod attribution")
-            self._mapping, self._mapping_time = {}, 0.0
+            self._mapping, self._mapping_time, self.up = {}, 0.0, False
             return
         try:
             response = self.list()
         except Exception as e:  # grpc.RpcError (UNAVAILABLE, DEADLINE_EXCEEDED, ...) or a bad answer
             self.errors += 1
+            self.up = False
             code = getattr(e, "code", lambda: None)()
             self._set_state("error", "kubelet pod-resources List() failed; keeping the last mapping a while",
                             logging.WARNING, error=str(code or e))
@@ -121,7 +122,7 @@ class PodResourcesWatcher(Refresher):
                             extra={"socket": self.socket_path, "age_s": round(time.monotonic() - self._mapping_time, 1)})
                 self._mapping = {}
             return
-        self._mapping, self._mapping_time = build_mapping(response), time.monotonic()
+        self._mapping, self._mapping_time, self.up = build_mapping(response), time.monotonic(), True
         self._set_state("ok", "pod attribution from the kubelet", devices=len(self._mapping))
 
     def stop(self, timeout: float | None = None) -> None:

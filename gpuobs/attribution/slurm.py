@@ -57,6 +57,7 @@ class SlurmJobMap(Refresher):
                      extra={"directory": self.directory})
             self._present = present
         self._mapping = read_mapping(self.directory) if present else {}
+        self.up = present
 
     def lookup(self, uuid: str, index: int | str | None = None, gpu_instance: str | None = None) -> dict | None:
         """{"hpc_job": ids} of the device: by `<index>.<gpu_instance>` for a MIG device, else `<index>`,

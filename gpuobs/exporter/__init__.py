@@ -7,13 +7,14 @@ fresh: only self-health metrics are, with gpuobs_exporter_snapshot_stale 1, and 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
 
 from .. import catalog
 from ..collect import Sampler, Session, XidWatcher, build_families
-from ..collect.base import Snapshot
+from ..collect.base import Sample, Snapshot
 from .render import Renderer
 from .server import HttpServer, WebConfig, make_app
 
@@ -72,6 +73,10 @@ class Exporter:
             self.otlp = OtlpPush(config.otlp_endpoint, lambda: self.renderer.snapshot, config.interval)
 
     def _on_snapshot(self, snap: Snapshot) -> None:
+        if self.attribution:  # the sources' health, as of this pass, with the exporter's own
+            health = tuple(Sample(catalog.ATTRIBUTION_UP, (source.name,), float(source.up))
+                           for source in self.attribution)
+            snap = dataclasses.replace(snap, samples=snap.samples + health)
         self.renderer.render(snap)
 
     def fresh(self) -> bool:
