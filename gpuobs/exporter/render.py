@@ -98,8 +98,9 @@ def dcgm_families(samples: Iterable[Sample], hostname: str, extra: Extra | None 
 
 
 class Renderer:
-    """Renders each Snapshot once into two bodies: complete, and self-health only (served when
-    the snapshot is stale, so that no stale GPU value is served as fresh)."""
+    """Renders each Snapshot once into `fresh`, the complete body; `stale`, the self-health-only body
+    served when the snapshot is stale (so that no stale GPU value is served as fresh), is rendered
+    when first asked for, since it is rarely served."""
 
     def __init__(self, naming: str = "gpuobs", hostname: str | None = None, attribution: Sequence = ()):
         if naming not in NAMINGS:
@@ -108,8 +109,9 @@ class Renderer:
         self.attribution = tuple(attribution)  # sources with lookup(uuid, index, gpu_instance)
         self.hostname = hostname or socket.gethostname()
         self.fresh = b""
-        self.stale = self._self_only([], stale=True)
         self.snapshot: Snapshot | None = None
+        self._own: list[Sample] = []  # the snapshot's self-health samples
+        self._stale: tuple[Snapshot | None, bytes] | None = None  # (for which snapshot, body)
         self._texts: dict[c.Metric, tuple[tuple, bytes]] = {}  # metric -> (its samples, their text)
 
     def _stale_flag(self, stale: bool) -> PromMetric:
@@ -177,7 +179,16 @@ class Renderer:
         else:
             body = self._native_text(gpu, extra)
         self.fresh = body + _to_text(native_families(own) + [self._stale_flag(False)])
-        # Served when this snapshot is stale: NVML and GPU state then unknown, so left out.
-        unknown = (c.NVML_UP, c.GPUS_PRESENT, c.NVML_INFO, c.NVML_INIT_ERROR)
-        self.stale = self._self_only([s for s in own if s.metric not in unknown], stale=True)
-        self.snapshot = snap
+        self._own, self.snapshot = own, snap
+
+    @property
+    def stale(self) -> bytes:
+        """The body served when the latest snapshot is stale: its self-health, less what is then
+        unknown (NVML and GPU state), with gpuobs_exporter_snapshot_stale 1. Safe from any thread:
+        a race renders the same bytes twice."""
+        snap, own = self.snapshot, self._own
+        cached = self._stale
+        if cached is None or cached[0] is not snap:
+            unknown = (c.NVML_UP, c.GPUS_PRESENT, c.NVML_INFO, c.NVML_INIT_ERROR)
+            cached = self._stale = (snap, self._self_only([s for s in own if s.metric not in unknown], stale=True))
+        return cached[1]
