@@ -326,7 +326,10 @@ def test_every_panel_query_returns_data(exporter, tmp_path):
     spec = scenario.load(REPO / "examples" / "scenarios" / "mixed-faults.yaml")
     spec["gpus"][2]["overrides"] = {"retired_pages": {"sbe": 2, "dbe": 0, "pending": 0}}
     spec["gpus"].append({"profile": "a100-40gb"})
-    run = exporter(spec, interval=0.5)
+    jobs = tmp_path / "slurm-jobs"  # Slurm job attribution on node-a, for the attribution panels
+    jobs.mkdir()
+    (jobs / "0").write_text("4242\n")
+    run = exporter(spec, interval=0.5, slurm_job_dir=str(jobs))
     st = run.sim.state
     set_val(st.gpu(0).clock_events, 0x4)  # H200 held at its power cap
     set_val(st.gpu(3).mem_used, 20 * GIB)  # L40S allocated but idle
