@@ -294,3 +294,6 @@ def interpolate(expr: str, values: dict[str, str]) -> str:
         return values[name]
 
     return VARIABLE.sub(one, expr)
+
+
+UP_THRESHOLDS = [{"color": "red", "value": None}, {"color": "green", "value": 1}]  # 0 bad, 1 good

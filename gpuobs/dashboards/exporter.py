@@ -42,17 +42,17 @@ def build():
                  thresholds=[{"color": "green", "value": None}, {"color": "orange", "value": 0.1}]), 4, 4)
     L.add(k.state_timeline("Scrape up by node", [target(up, NODE)], "short",
                            "Whether Prometheus can scrape each exporter.", mappings=UP_MAP,
-                           thresholds=[{"color": "red", "value": None}, {"color": "green", "value": 1}],
+                           thresholds=k.UP_THRESHOLDS,
                            links=[k.TO_NODE_SERIES]), 12, 6)
     L.add(k.state_timeline("NVML up by node", [target(m(c.NVML_UP), NODE)], "short",
                            "Whether each exporter's NVML answers.", mappings=UP_MAP,
-                           thresholds=[{"color": "red", "value": None}, {"color": "green", "value": 1}],
+                           thresholds=k.UP_THRESHOLDS,
                            links=[k.TO_NODE_SERIES]), 12, 6)
     L.add(k.state_timeline("Attribution up by node", [target(m(c.ATTRIBUTION_UP), "{{node}} {{source}}")], "short",
                            "Whether each exporter's pod (kubelet PodResources) or Slurm job attribution answered at "
                            "its last refresh; no row where attribution is off. Down: GPU series lack their pod or "
                            "job labels.", mappings=UP_MAP,
-                           thresholds=[{"color": "red", "value": None}, {"color": "green", "value": 1}],
+                           thresholds=k.UP_THRESHOLDS,
                            links=[k.TO_NODE_SERIES]), 24, 5)
     L.add(k.table("NVML init errors", [target(f"{m(c.NVML_INIT_ERROR)} == 1")], "short",
                   "The NVML error that keeps NVML down, per exporter.", hide=("Value",), links=[k.TO_NODE]), 12, 5)

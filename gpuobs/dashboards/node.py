@@ -39,12 +39,12 @@ def build():
     L.add(k.stat("GPUs expected", [target(f"sum({sel(c.GPUS_EXPECTED, C, N)})")], "short",
                  "GPUs this node should have."), 3, 4)
     L.add(k.stat("NVML up", [target(f"min({sel(c.NVML_UP, C, N)})")], "short", "1 if NVML answers.",
-                 thresholds=[{"color": "red", "value": None}, {"color": "green", "value": 1}], graph=False), 3, 4)
+                 thresholds=k.UP_THRESHOLDS, graph=False), 3, 4)
     L.add(k.stat("Power draw", [target(f"sum({m(c.POWER_USAGE)})")], "watt", "Board power of the node's GPUs."),
           3, 4)
     L.add(k.state_timeline("GPU up", [target(m(c.GPU_UP), GPU)], "short",
                            "Up: answering NVML. Lost: GPU_IS_LOST (its other series stop).",
-                           thresholds=[{"color": "red", "value": None}, {"color": "green", "value": 1}],
+                           thresholds=k.UP_THRESHOLDS,
                            mappings=UP_MAP), 12, 4)
     L.add(k.table("GPU identity", [target(m(c.GPU_INFO))], "short",
                   "Name, UUID, PCI bus, serial, VBIOS, driver, CUDA and architecture of each GPU.",
