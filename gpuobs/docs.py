@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 from . import catalog as c
+from .generated import write
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 METRICS_MD = DOCS / "metrics.md"
@@ -156,12 +157,12 @@ def cardinality_markdown(measured: dict | None = None) -> str:
            f"Simulator profiles: {profiles}.", "",
            "## Series per GPU, by family", ""]
     out += _family_table(cases)
+    per_gpu = sum(h100[f] for f in c.FAMILIES if f not in c.DEFAULT_OFF)
     out += ["", f"Per node, on top: **{node}** exporter self-health series (`gpuobs_nvml_up`, `gpuobs_gpus_*`, "
             "`gpuobs_exporter_*`, `gpuobs_nvml_info`), plus one per NVML error seen (by call and code) and one "
             "per kind of dropped value (by metric and reason).", "",
             "A node of N such GPUs serves N × (per GPU) + per node; for example 8 × H100 SXM with the default "
-            f"families: 8 × {sum(h100[f] for f in c.FAMILIES if f not in c.DEFAULT_OFF)} + {node} = "
-            f"{8 * sum(h100[f] for f in c.FAMILIES if f not in c.DEFAULT_OFF) + node} series.", "",
+            f"families: 8 × {per_gpu} + {node} = {8 * per_gpu + node} series.", "",
             "## What multiplies", ""]
     out += [f"- **NVLink links**: {_n(m['per_link'])} series per link ({m['links']} links on an H100 SXM); a GPU "
             "without NVLink, or in MIG mode, has none.",
@@ -196,15 +197,10 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m gpuobs.docs", description=__doc__)
     ap.add_argument("--check", action="store_true", help="only report files that differ; exit 1 if any")
     args = ap.parse_args(argv)
-    differ = []
-    for path, text in generated().items():
-        if path.exists() and path.read_text() == text:
-            continue
-        differ.append(path)
-        if not args.check:
-            path.write_text(text)
+    changed = write(generated(), check=args.check)
+    for path in changed:
         print(f"{'differs' if args.check else 'wrote'}: {path.relative_to(DOCS.parent)}")
-    if args.check and differ:
+    if args.check and changed:
         raise SystemExit(1)
 
 
