@@ -1,12 +1,17 @@
-"""Helpers the benchmark sections share: ports, and process CPU and memory from /proc."""
+"""Helpers the benchmark sections share: ports, child processes, and process CPU and memory from /proc."""
 
 from __future__ import annotations
 
 import os
 import platform
+import signal
 import socket
 import subprocess
+import time
 from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parent.parent
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -66,3 +71,47 @@ def version(cmd: list[str], package: str) -> str:
         except (OSError, subprocess.TimeoutExpired):
             continue
     return f"{package} ?"
+
+
+class Running:
+    """A child process (an exporter) in its own process group, logging to a file; on exit the
+    group gets SIGTERM, then SIGKILL after 10 s."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str], log_path: Path):
+        self.log_path = log_path
+        self._log = open(log_path, "w+")
+        self.proc = subprocess.Popen(cmd, env=env, cwd=str(ROOT), stdout=self._log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+
+    def wait_until(self, ready: Callable[[], bool], timeout: float = 60.0, what: str = "ready") -> None:
+        """Poll `ready()` (OSError counts as not yet) until true; RuntimeError with the log tail if the
+        process exits first or `timeout` seconds pass."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.proc.args[0]} exited with {self.proc.returncode}: {self.log_tail()}")
+            try:
+                if ready():
+                    return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"not {what} within {timeout:.0f} s: {self.log_tail()}")
+
+    def log_tail(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text()[-2000:]
+
+    def __enter__(self) -> "Running":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=10)
+        except ProcessLookupError:
+            pass
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self._log.close()

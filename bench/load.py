@@ -15,7 +15,6 @@ import multiprocessing as mp
 import os
 import random
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -26,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import cpu_seconds, free_port, pct, rss_mib  # noqa: E402
+from bench.common import Running, cpu_seconds, free_port, pct, rss_mib  # noqa: E402
 
 SCRAPERS = 50  # concurrent scrapers (deliverable 3)
 CLIENT_PROCS = 10  # scrapers are spread over processes so one client GIL does not cap the load
@@ -65,47 +64,10 @@ def series(body: bytes, prefix: bytes = b"") -> int:
     return sum(1 for line in body.splitlines() if line and not line.startswith(b"#") and line.startswith(prefix))
 
 
-class Running:
-    """An exporter child process on a simulated node; stopped (process group) on exit."""
-
-    def __init__(self, cmd: list[str], env: dict[str, str], log_path: Path):
-        self.log_path = log_path
-        self._log = open(log_path, "w+")
-        self.proc = subprocess.Popen(cmd, env=env, cwd=str(ROOT), stdout=self._log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-
-    def wait_ready(self, port: int, timeout: float = 60.0) -> None:
-        """Wait until /metrics serves a fresh body; RuntimeError with the log tail otherwise."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"exporter exited with {self.proc.returncode}: {self.log_tail()}")
-            try:
-                status, body = get(port, timeout=2)
-                if status == 200 and body.endswith(FINAL_LINE) and b"gpuobs_gpu_up{" in body:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"exporter not ready within {timeout:.0f} s: {self.log_tail()}")
-
-    def log_tail(self) -> str:
-        self._log.flush()
-        return self.log_path.read_text()[-2000:]
-
-    def __enter__(self) -> "Running":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=10)
-        except ProcessLookupError:
-            pass
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        self._log.close()
+def serving_fresh(port: int) -> bool:
+    """True when /metrics serves a fresh gpuobs body with its GPUs."""
+    status, body = get(port, timeout=2)
+    return status == 200 and body.endswith(FINAL_LINE) and b"gpuobs_gpu_up{" in body
 
 
 # ---------------------------------------------------------------------------------- concurrent scrapers
@@ -161,7 +123,7 @@ def scrape_bench(seconds: float, scrapers: int = SCRAPERS, procs: int = CLIENT_P
                "--interval", "1", "--kubelet-socket", ""]
         try:
             with Running(cmd, sim.env(), Path(tmp) / "exporter.log") as exp:
-                exp.wait_ready(port)
+                exp.wait_until(lambda: serving_fresh(port), what="a fresh /metrics body")
                 time.sleep(2)  # past start-up: GPM baselines taken, caches warm
                 pid = exp.proc.pid
                 res = _drive_scrapers(port, pid, seconds, scrapers, procs)
@@ -275,7 +237,7 @@ def churn_bench(target: int, interval: float = CHURN_INTERVAL, process_cap: int 
         churn = Churn(sim.state, CHURN_GPUS, interval)
         try:
             with Running(cmd, sim.env(), Path(tmp) / "exporter.log") as exp:
-                exp.wait_ready(port)
+                exp.wait_until(lambda: serving_fresh(port), what="a fresh /metrics body")
                 churn.start()
                 res = _watch(port, exp.proc.pid, target, interval, process_cap)
                 churn.stop.set()

@@ -16,7 +16,6 @@ import datetime as dt
 import os
 import platform
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -28,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import cpu_model, cpu_seconds, free_port, pct, rss_mib, version  # noqa: E402
+from bench.common import Running, cpu_model, cpu_seconds, free_port, pct, rss_mib, version  # noqa: E402
 
 PAGE_INTERVAL = 1.0  # both exporters sample every second
 
@@ -61,74 +60,54 @@ def measure_exporter(name: str, spec: dict, gpus: int, period: float, warmup: fl
         sim = Simulator(spec, directory=tmp)
         port = free_port()
         url = f"http://127.0.0.1:{port}/metrics"
-        log = open(Path(tmp) / "exporter.log", "w+")
-        proc = subprocess.Popen(exporter_cmd(name, port), env=sim.env(), cwd=str(ROOT), stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            deadline = time.monotonic() + 60
-            while True:
-                if proc.poll() is not None:
-                    log.seek(0)
-                    raise RuntimeError(f"{name} exited with {proc.returncode}: {log.read()[-2000:]}")
-                try:
-                    _, body = scrape(url)
-                    if body.strip():
-                        break
-                except OSError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{name} did not answer within 60 s")
-                time.sleep(0.2)
-            time.sleep(warmup)
-            scrape(url)
-            # measured period: one scrape a second
-            sim.state.reset_calls()
-            cpu0, t0 = cpu_seconds(proc.pid), time.monotonic()
-            lat, n = [], 0
-            next_t = t0
-            while True:
-                now = time.monotonic()
-                if now - t0 >= period:
-                    break
-                if now < next_t:
-                    time.sleep(next_t - now)
-                    continue
-                d, body = scrape(url)
-                lat.append(d)
-                n += 1
-                next_t += 1.0
-            cpu1, t1 = cpu_seconds(proc.pid), time.monotonic()
-            by_call = sim.state.calls()
-            # XID event waits block in the driver between events (the simulator polls at 20 Hz): not sampling
-            waits = sum(n for name, n in by_call.items() if name.startswith("nvmlEventSetWait"))
-            calls = sum(by_call.values()) - waits
-            elapsed = t1 - t0
-            series = sum(1 for line in body.splitlines() if line.strip() and not line.startswith("#"))
-            rss = rss_mib(proc.pid)
-            # latency burst: back-to-back scrapes, for a p99 with more than a handful of samples
-            burst_lat = [scrape(url)[0] for _ in range(burst)]
-            samples = elapsed / PAGE_INTERVAL
-            cpu = cpu1 - cpu0
-            return {
-                "name": name, "gpus": gpus, "elapsed": elapsed, "scrapes": n, "cpu_s": cpu,
-                "cpu_per_s": cpu / elapsed, "cpu_per_scrape": cpu / max(n, 1),
-                "p50_ms": pct(lat + burst_lat, 0.5) * 1e3, "p99_ms": pct(lat + burst_lat, 0.99) * 1e3,
-                "p99_period_ms": pct(lat, 0.99) * 1e3,
-                "calls": calls, "calls_per_gpu_sample": calls / samples / gpus, "series": series, "rss_mib": rss,
-                "event_waits_per_s": waits / elapsed,
-            }
+            with Running(exporter_cmd(name, port), sim.env(), Path(tmp) / "exporter.log") as exp:
+                exp.wait_until(lambda: bool(scrape(url)[1].strip()), 60, f"{name} answering")
+                return _measure(exp.proc.pid, sim, url, gpus, period, warmup, burst) | {"name": name}
         finally:
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait(timeout=10)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                proc.wait()
-            log.close()
             sim.close()
+
+
+def _measure(pid: int, sim, url: str, gpus: int, period: float, warmup: float, burst: int) -> dict:
+    """One exporter's numbers over the period (it is running and answering at `url`)."""
+    time.sleep(warmup)
+    scrape(url)
+    # measured period: one scrape a second
+    sim.state.reset_calls()
+    cpu0, t0 = cpu_seconds(pid), time.monotonic()
+    lat, n = [], 0
+    next_t = t0
+    while True:
+        now = time.monotonic()
+        if now - t0 >= period:
+            break
+        if now < next_t:
+            time.sleep(next_t - now)
+            continue
+        d, body = scrape(url)
+        lat.append(d)
+        n += 1
+        next_t += 1.0
+    cpu1, t1 = cpu_seconds(pid), time.monotonic()
+    by_call = sim.state.calls()
+    # XID event waits block in the driver between events (the simulator polls at 20 Hz): not sampling
+    waits = sum(n for name, n in by_call.items() if name.startswith("nvmlEventSetWait"))
+    calls = sum(by_call.values()) - waits
+    elapsed = t1 - t0
+    series = sum(1 for line in body.splitlines() if line.strip() and not line.startswith("#"))
+    rss = rss_mib(pid)
+    # latency burst: back-to-back scrapes, for a p99 with more than a handful of samples
+    burst_lat = [scrape(url)[0] for _ in range(burst)]
+    samples = elapsed / PAGE_INTERVAL
+    cpu = cpu1 - cpu0
+    return {
+        "gpus": gpus, "elapsed": elapsed, "scrapes": n, "cpu_s": cpu,
+        "cpu_per_s": cpu / elapsed, "cpu_per_scrape": cpu / max(n, 1),
+        "p50_ms": pct(lat + burst_lat, 0.5) * 1e3, "p99_ms": pct(lat + burst_lat, 0.99) * 1e3,
+        "p99_period_ms": pct(lat, 0.99) * 1e3,
+        "calls": calls, "calls_per_gpu_sample": calls / samples / gpus, "series": series, "rss_mib": rss,
+        "event_waits_per_s": waits / elapsed,
+    }
 
 
 # One sampling pass of the gpuobs exporter, split into NVML sampling and text rendering (thread CPU
