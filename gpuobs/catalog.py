@@ -324,14 +324,13 @@ STEPS = _otel("gpuobs.training.steps", "counter", "{step}", "gpuobs_training_ste
               "Optimizer steps completed.", "training")
 MICRO_STEPS = _otel("gpuobs.training.micro_steps", "counter", "{step}", "gpuobs_training_micro_steps",
                     "Micro-steps (gradient-accumulation passes) completed.", "training")
-LAST_STEP = _otel("gpuobs.training.step.last_time", "gauge", "s", "gpuobs_training_step_last_time_seconds",
+LAST_STEP = _otel("gpuobs.training.step.last_timestamp", "gauge", "s",
+                  "gpuobs_training_step_last_timestamp_seconds",
                   "Unix time the last step finished (training stalls when it stops moving).", "training",
                   unit="seconds")
 DATA_WAIT = _otel("gpuobs.training.data_wait.duration", "histogram", "s",
                   "gpuobs_training_data_wait_duration_seconds",
                   "Time a step waited for its batch inside the data loader's __next__.", "training", unit="seconds")
-DATA_WAIT_SHARE = _otel("gpuobs.training.data_wait.share_ratio", "gauge", "1", "gpuobs_training_data_wait_share_ratio",
-                        "Share of the last step spent waiting for data.", "training", unit="ratio")
 CHECKPOINT_DURATION = _otel("gpuobs.training.checkpoint.duration", "histogram", "s",
                             "gpuobs_training_checkpoint_duration_seconds", "Duration of a checkpoint save.",
                             "training", unit="seconds")
@@ -347,14 +346,39 @@ LEARNING_RATE = _otel("gpuobs.training.learning_rate", "gauge", "", "gpuobs_trai
 NONFINITE = _otel("gpuobs.training.nonfinite_reports", "counter", "{report}", "gpuobs_training_nonfinite_reports",
                   "Reported loss, grad norm or learning rate that was NaN or infinite (a diverging run).",
                   "training", labels=RUN_LABELS + ("value",))
-MFU = _otel("gpuobs.training.mfu_ratio", "gauge", "1", "gpuobs_training_mfu_ratio",
-            "Model FLOPs utilization of the last step: FLOPs per step / step time / peak FLOPs.", "training",
-            unit="ratio")
+FLOPS = _otel("gpuobs.training.flops", "counter", "{flop}", "gpuobs_training_flops",
+              "Model FLOPs of the steps completed (flops_per_step per step); rate() over peak FLOP/s is MFU.",
+              "training")
+PEAK_FLOPS = _otel("gpuobs.training.peak_flops", "gauge", "{flop}/s", "gpuobs_training_peak_flops",
+                   "Peak FLOP/s of the hardware one rank runs on (given, or looked up for the GPU and dtype).",
+                   "training")
+COMPUTE = _otel("gpuobs.training.compute", "counter", "s", "gpuobs_training_compute_seconds",
+                "Time inside steps spent computing: step time less data wait, time blocked in collectives "
+                "and checkpoints. Per step, the straggler signal.", "training", unit="seconds")
+COLLECTIVE_WAIT = _otel("gpuobs.training.collective_wait", "counter", "s", "gpuobs_training_collective_wait_seconds",
+                        "Time inside steps blocked in collective communication (DDP gradient all-reduce tail, "
+                        "run.collective() blocks): the fast ranks of a synchronous job wait for the slow one.",
+                        "training", unit="seconds")
 GOODPUT = _otel("gpuobs.training.goodput", "counter", "s", "gpuobs_training_goodput_seconds",
-                "Time spent computing steps (data wait excluded).", "training", unit="seconds")
+                "Time spent in steps, data wait and checkpoints excluded (collective waits included: the job "
+                "as a whole is progressing).", "training", unit="seconds")
 BADPUT = _otel("gpuobs.training.badput", "counter", "s", "gpuobs_training_badput_seconds",
                "Time not spent computing steps, by cause: data_wait, checkpoint, startup, idle.", "training",
                labels=RUN_LABELS + ("cause",), unit="seconds")
+QUANTILE_LABELS = RUN_LABELS + ("quantile",)
+STEP_QUANTILE = _otel("gpuobs.training.step.duration.quantile", "gauge", "s",
+                      "gpuobs_training_step_duration_quantile_seconds",
+                      "Exact quantiles (0.5, 0.9, 0.99) of the step durations of the last quantile window "
+                      "(default 5 min, at most 4096 steps), computed in the process.", "training",
+                      labels=QUANTILE_LABELS, unit="seconds")
+DATA_WAIT_QUANTILE = _otel("gpuobs.training.data_wait.duration.quantile", "gauge", "s",
+                           "gpuobs_training_data_wait_duration_quantile_seconds",
+                           "Exact quantiles of the data waits of the last quantile window.", "training",
+                           labels=QUANTILE_LABELS, unit="seconds")
+CHECKPOINT_QUANTILE = _otel("gpuobs.training.checkpoint.duration.quantile", "gauge", "s",
+                            "gpuobs_training_checkpoint_duration_quantile_seconds",
+                            "Exact quantiles of the checkpoint saves of the last quantile window.", "training",
+                            labels=QUANTILE_LABELS, unit="seconds")
 GENAI_LABELS = ("gen_ai_operation_name", "gen_ai_request_model", "rank", "job_id")
 REQUEST_DURATION = _otel("gen_ai.server.request.duration", "histogram", "s", "gen_ai_server_request_duration_seconds",
                          "Duration of one inference request (GenAI semantic conventions).", "inference",
@@ -371,11 +395,45 @@ BATCH_SIZE = _otel("gpuobs.inference.batch_size", "histogram", "{request}", "gpu
 INFERENCE_ERRORS = _otel("gpuobs.inference.errors", "counter", "{request}", "gpuobs_inference_errors",
                          "Requests that failed, by error.type.", "inference", labels=GENAI_LABELS + ("error_type",))
 
+TIME_PER_OUTPUT_TOKEN = _otel("gen_ai.server.time_per_output_token", "histogram", "s",
+                              "gen_ai_server_time_per_output_token_seconds",
+                              "Time per output token after the first: (duration - time to first token) / "
+                              "(output tokens - 1).", "inference", labels=GENAI_LABELS, unit="seconds")
+ACTIVE_REQUESTS = _otel("gpuobs.inference.active_requests", "gauge", "{request}",
+                        "gpuobs_inference_active_requests", "Requests in flight (an OTel UpDownCounter).", "inference",
+                        labels=GENAI_LABELS)
+GENAI_QUANTILE_LABELS = GENAI_LABELS + ("quantile",)
+REQUEST_QUANTILE = _otel("gpuobs.inference.request.duration.quantile", "gauge", "s",
+                         "gpuobs_inference_request_duration_quantile_seconds",
+                         "Exact quantiles (0.5, 0.9, 0.99) of the request durations of the last quantile window.",
+                         "inference", labels=GENAI_QUANTILE_LABELS, unit="seconds")
+TTFT_QUANTILE = _otel("gpuobs.inference.time_to_first_token.quantile", "gauge", "s",
+                      "gpuobs_inference_time_to_first_token_quantile_seconds",
+                      "Exact quantiles of the times to first token of the last quantile window.", "inference",
+                      labels=GENAI_QUANTILE_LABELS, unit="seconds")
+TPOT_QUANTILE = _otel("gpuobs.inference.time_per_output_token.quantile", "gauge", "s",
+                      "gpuobs_inference_time_per_output_token_quantile_seconds",
+                      "Exact quantiles of the times per output token of the last quantile window.", "inference",
+                      labels=GENAI_QUANTILE_LABELS, unit="seconds")
+# Self-health of the instrumentation, on the same endpoint and OTLP stream as what it records.
+SPANS_DROPPED = _otel("gpuobs.telemetry.spans_dropped", "counter", "{span}", "gpuobs_telemetry_spans_dropped",
+                      "Spans dropped because the export queue was full (the trace endpoint was slow or down).",
+                      "telemetry", labels=())
+LOGS_DROPPED = _otel("gpuobs.telemetry.log_records_dropped", "counter", "{record}",
+                     "gpuobs_telemetry_log_records_dropped",
+                     "Log records the Fluentd handlers of this process dropped (full queue, send failures).",
+                     "telemetry", labels=())
+# duration histogram -> its in-process windowed quantiles (what rules and alerts read)
+QUANTILES: dict[Metric, Metric] = {}
+
 ALL: tuple[Metric, ...] = tuple(v for v in list(globals().values()) if isinstance(v, Metric)) + \
     tuple(GPM_METRICS.values()) + tuple(MIG_GPM_METRICS.values())
 BY_NAME: dict[str, Metric] = {m.name: m for m in ALL}
 FAMILIES = ("identity", "utilization", "gpm", "memory", "power", "thermal", "clocks", "clock_events",
             "ecc", "pcie", "nvlink", "mig", "processes", "xid")
 DEFAULT_OFF = frozenset({"processes"})
-APP_FAMILIES = ("training", "inference")  # recorded by gpuobs.instrument, not the exporter
+APP_FAMILIES = ("training", "inference", "telemetry")  # recorded by gpuobs.instrument, not the exporter
 OTEL: tuple[Metric, ...] = tuple(m for m in ALL if m.otel_name)  # opt-in: per-process series are unbounded by nature
+QUANTILES.update({STEP_DURATION: STEP_QUANTILE, DATA_WAIT: DATA_WAIT_QUANTILE,
+                  CHECKPOINT_DURATION: CHECKPOINT_QUANTILE, REQUEST_DURATION: REQUEST_QUANTILE,
+                  TIME_TO_FIRST_TOKEN: TTFT_QUANTILE, TIME_PER_OUTPUT_TOKEN: TPOT_QUANTILE})

@@ -254,7 +254,7 @@ def test_records_arrive_structured_with_trace_and_run_fields(receiver, run_env, 
     assert len(trace_id) == 32 and len(span_id) == 16
     assert record["level"] == "INFO" and record["logger"] == "gpuobs.train" and record["pid"] == os.getpid()
     assert (record["loss"], record["step"], record["shape"], record["tags"]) == (0.25, 7, [2, 3], ["a"])
-    assert (record["rank"], record["local_rank"], record["job"], record["node"]) == (3, 1, "job-42", "node-a")
+    assert (record["rank"], record["local_rank"], record["job_id"], record["node"]) == (3, 1, "job-42", "node-a")
     assert record["time"].endswith("Z") and record["time"].startswith(time.strftime("%Y-", time.gmtime()))
     assert "trace_id" not in by_message["outside any span"][2]
     failed = by_message["step failed"][2]
@@ -287,7 +287,7 @@ def test_exporter_xid_event_arrives_as_structured_record(receiver, run_env, monk
     tag, _, record = got[0]
     assert tag == "gpuobs.gpuobs.xid"
     assert (record["uuid"], record["xid"], record["level"], record["logger"]) == (uuid, 79, "ERROR", "gpuobs.xid")
-    assert record["node"] == "node-a" and record["job"] == "job-42"
+    assert record["node"] == "node-a" and record["job_id"] == "job-42"
 
 
 def test_json_lines_on_stdout_without_fluentd(run_env, root_logger, tracer, capsys):
@@ -299,7 +299,7 @@ def test_json_lines_on_stdout_without_fluentd(run_env, root_logger, tracer, caps
     record = json.loads(line)
     assert (record["trace_id"], record["span_id"]) == ids(span)
     assert record["message"] == "hello world" and record["step"] == 3 and record["level"] == "INFO"
-    assert (record["rank"], record["job"], record["node"], record["logger"]) == (3, "job-42", "node-a", "gpuobs.train")
+    assert (record["rank"], record["job_id"], record["node"], record["logger"]) == (3, "job-42", "node-a", "gpuobs.train")
 
     stream = io.StringIO()  # an explicit stream; and setup() (the exporter) writes to stderr
     logs.configure("info", stream=stream)

@@ -74,6 +74,6 @@ class RunEnv:
         return {"rank": str(self.rank if self.rank is not None else 0), "job_id": self.job_id or ""}
 
     def log_fields(self) -> dict[str, str | int | None]:
-        """Fields added to every structured log record."""
-        return {"rank": self.rank, "local_rank": self.local_rank, "job": self.job_id, "node": self.node,
+        """Fields added to every structured log record (`job_id`, the same name as the metric label)."""
+        return {"rank": self.rank, "local_rank": self.local_rank, "job_id": self.job_id, "node": self.node,
                 "pod": self.pod}

@@ -1,7 +1,9 @@
 """Inference instrumentation with OTel GenAI semantic-convention names: request duration, time to
-first token, tokens by type, batch size and errors, plus a span per request.
+first token, time per output token, tokens by type, batch size, errors and requests in flight,
+plus a span per request (`error.type` and ERROR status on failure), and exact windowed quantiles
+of the three latencies (what the rules and alerts read).
 
-    with request(model="llama-3-8b", batch_size=4) as r:
+    with request(model="llama-3-8b", provider="vllm", batch_size=4) as r:
         for i, tok in enumerate(generate(...)):
             if i == 0:
                 r.first_token()
@@ -24,10 +26,13 @@ from .telemetry import Telemetry, current
 class Request:
     """One inference request (context manager); see module docstring."""
 
-    def __init__(self, tel: Telemetry, model: str, operation: str, batch_size: int | None):
+    def __init__(self, tel: Telemetry, model: str, operation: str, batch_size: int | None,
+                 provider: str | None = None):
         self.tel = tel
         self.attrs = {"gen_ai.operation.name": operation, "gen_ai.request.model": model,
                       **tel.env.metric_attributes()}
+        # gen_ai.provider.name goes on the span only: the metric series stay one per model
+        self.span_attrs = {**self.attrs, **({"gen_ai.provider.name": provider} if provider else {})}
         self.batch_size = batch_size
         self._first: float | None = None
         self._tokens: dict[str, int] = {}
@@ -47,21 +52,32 @@ class Request:
     def __enter__(self) -> "Request":
         self._t0 = time.perf_counter()
         name = f"{self.attrs['gen_ai.operation.name']} {self.attrs['gen_ai.request.model']}"
-        self._cm = self.tel.tracer.start_as_current_span(name, kind=SpanKind.SERVER, attributes=self.attrs)
+        self._cm = self.tel.tracer.start_as_current_span(name, kind=SpanKind.SERVER, attributes=self.span_attrs,
+                                                         record_exception=True, set_status_on_exception=False)
         self._span = self._cm.__enter__()
+        self.tel.instrument(c.ACTIVE_REQUESTS).add(1, self.attrs)
         return self
 
     def __exit__(self, exc_type, exc, tb):
         duration = time.perf_counter() - self._t0
-        i = self.tel.instrument
+        i, q = self.tel.instrument, self.tel.quantiles
         attrs = self.attrs
+        i(c.ACTIVE_REQUESTS).add(-1, attrs)
         if exc is not None:
             attrs = {**attrs, "error.type": type(exc).__name__}
             i(c.INFERENCE_ERRORS).add(1, attrs)
+            self._span.set_attribute("error.type", type(exc).__name__)
             self._span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
         i(c.REQUEST_DURATION).record(duration, attrs)
+        q(c.REQUEST_DURATION).add(duration, self.attrs)
         if self._first is not None:
             i(c.TIME_TO_FIRST_TOKEN).record(self._first, self.attrs)
+            q(c.TIME_TO_FIRST_TOKEN).add(self._first, self.attrs)
+            output = self._tokens.get("output", 0)
+            if output > 1:  # the semantic conventions' time per output token: after the first
+                per_token = max(0.0, duration - self._first) / (output - 1)
+                i(c.TIME_PER_OUTPUT_TOKEN).record(per_token, self.attrs)
+                q(c.TIME_PER_OUTPUT_TOKEN).add(per_token, self.attrs)
         if self.batch_size:
             i(c.BATCH_SIZE).record(self.batch_size, self.attrs)
         for kind, n in self._tokens.items():
@@ -71,12 +87,12 @@ class Request:
 
 
 def request(model: str, operation: str = "chat", batch_size: int | None = None,
-            telemetry: Telemetry | None = None) -> Request:
-    """Context manager around one inference request."""
-    return Request(telemetry or current(), model, operation, batch_size)
+            telemetry: Telemetry | None = None, provider: str | None = None) -> Request:
+    """Context manager around one inference request; provider is gen_ai.provider.name on its span."""
+    return Request(telemetry or current(), model, operation, batch_size, provider)
 
 
-def trace_request(model: str, operation: str = "chat") -> Callable:
+def trace_request(model: str, operation: str = "chat", provider: str | None = None) -> Callable:
     """Decorator: each call is one request; the function may take a `request` keyword to mark
     the first token and token counts."""
     def wrap(fn: Callable) -> Callable:
@@ -88,7 +104,7 @@ def trace_request(model: str, operation: str = "chat") -> Callable:
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any):
-            with request(model, operation) as r:
+            with request(model, operation, provider=provider) as r:
                 if takes_request:
                     kwargs.setdefault("request", r)
                 return fn(*args, **kwargs)

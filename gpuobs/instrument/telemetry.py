@@ -21,6 +21,7 @@ from opentelemetry import trace as otel_trace
 
 from .. import __version__, catalog as c
 from .env import RunEnv
+from .quantiles import DEFAULT_MAX_SAMPLES, DEFAULT_WINDOW_S, WindowedQuantiles
 
 log = logging.getLogger("gpuobs.instrument")
 
@@ -28,7 +29,7 @@ log = logging.getLogger("gpuobs.instrument")
 DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
                     60.0, 120.0, 300.0, 600.0, 1800.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
-SPAN_QUEUE = 2048  # spans waiting for export; beyond it new spans are dropped, never waited for
+SPAN_QUEUE = 8192  # spans waiting for export (~3 s of 500 steps/s); beyond it spans are dropped, never waited for
 
 
 def _truthy(value: str | None) -> bool:
@@ -50,7 +51,20 @@ class Telemetry:
     http_server: Any = None  # the Prometheus scrape server, closed on shutdown
     readers: list = field(default_factory=list)  # metric readers (stopped in forked children)
     local: dict[str, list] = field(default_factory=dict)  # metric name -> LocalValues handed out
+    windows: dict[str, WindowedQuantiles] = field(default_factory=dict)  # duration metric name -> its window
+    quantile_window_s: float = DEFAULT_WINDOW_S
+    owns_providers: bool = True  # False when configure() was given the providers: flush, never shut down
+    on_shutdown: list = field(default_factory=list)  # callables run first at shutdown (runs end their spans)
     _closed: bool = False
+
+    def quantiles(self, metric: c.Metric) -> WindowedQuantiles:
+        """The windowed quantiles kept for a duration histogram of catalog.QUANTILES (one per
+        Telemetry, shared by every recorder); observed as the metric's `..._quantile_seconds` gauge."""
+        found = self.windows.get(metric.name)
+        if found is None:
+            found = self.windows[metric.name] = WindowedQuantiles(
+                self.quantile_window_s if self.enabled else 0.0, DEFAULT_MAX_SAMPLES if self.enabled else 1)
+        return found
 
     def instrument(self, metric: c.Metric) -> Any:
         """What to record a catalog metric into: for training counters and gauges a LocalValues
@@ -76,6 +90,27 @@ class Telemetry:
             return [Observation(value, dict(key)) for key, value in merged.items()]
         return observe
 
+    def _quantile_observer(self, duration: c.Metric):
+        from opentelemetry.metrics import Observation
+
+        def observe(_options):
+            window = self.windows.get(duration.name)
+            if window is None:
+                return []
+            return [Observation(value, {**attrs, "quantile": f"{q:g}"}) for attrs, q, value in window.quantiles()]
+        return observe
+
+    def _drops_observer(self, metric: c.Metric):
+        from opentelemetry.metrics import Observation
+
+        def observe(_options):
+            if metric is c.SPANS_DROPPED:
+                return [Observation(self.spans_dropped)]
+            from ..logs.fluentd import records_dropped_total  # no logs import at module level
+
+            return [Observation(records_dropped_total())]
+        return observe
+
     @property
     def spans_dropped(self) -> int:
         """Spans dropped because the export queue was full (the exporter was slow or down)."""
@@ -88,6 +123,11 @@ class Telemetry:
         if self._closed:
             return
         self._closed = True
+        for hook in list(self.on_shutdown):
+            try:
+                hook()
+            except Exception:  # noqa: BLE001 - shutting down must not raise into training code
+                log.exception("telemetry shutdown hook failed")
 
         def close(provider) -> None:
             try:
@@ -95,6 +135,9 @@ class Telemetry:
             except Exception:  # noqa: BLE001 - shutting down must not raise into training code
                 log.exception("telemetry shutdown failed")
 
+        if not self.owns_providers:  # someone else's providers: send what we recorded, leave them running
+            self._flush_only(timeout_s)
+            return
         # One thread per provider: a stuck span export must not leave the MeterProvider unclosed,
         # or its atexit handler would wait on the stuck endpoint when the process exits.
         deadline = time.monotonic() + timeout_s
@@ -110,6 +153,16 @@ class Telemetry:
             worker.join(max(0.0, deadline - time.monotonic()))
         if any(worker.is_alive() for worker in workers):
             log.warning("telemetry shutdown timed out; unsent data dropped", extra={"timeout_s": timeout_s})
+
+
+    def _flush_only(self, timeout_s: float) -> None:
+        for provider in (self.tracer_provider, self.meter_provider):
+            flush = getattr(provider, "force_flush", None)
+            if flush is not None:
+                try:
+                    flush(int(timeout_s * 1000))
+                except Exception:  # noqa: BLE001 - shutting down must not raise into training code
+                    log.exception("telemetry flush failed")
 
 
 class Cell:
@@ -172,10 +225,21 @@ def _observed(metric: c.Metric) -> bool:
     return metric.family == "training" and metric.kind in ("counter", "gauge")
 
 
+_QUANTILE_OF = {q.name: d for d, q in c.QUANTILES.items()}  # quantile gauge -> its duration histogram
+
+
 def _make_instruments(meter, tel: "Telemetry") -> dict[str, Any]:
     out = {}
     for m in c.OTEL:
-        if _observed(m):
+        if m.name in _QUANTILE_OF:
+            out[m.name] = meter.create_observable_gauge(m.otel_name, callbacks=[tel._quantile_observer(
+                _QUANTILE_OF[m.name])], unit=m.otel_unit, description=m.help)
+        elif m.family == "telemetry":
+            out[m.name] = meter.create_observable_counter(m.otel_name, callbacks=[tel._drops_observer(m)],
+                                                          unit=m.otel_unit, description=m.help)
+        elif m is c.ACTIVE_REQUESTS:
+            out[m.name] = meter.create_up_down_counter(m.otel_name, unit=m.otel_unit, description=m.help)
+        elif _observed(m):
             make = meter.create_observable_counter if m.kind == "counter" else meter.create_observable_gauge
             out[m.name] = make(m.otel_name, callbacks=[tel._observer(m)], unit=m.otel_unit, description=m.help)
         elif m.kind == "histogram":
@@ -255,18 +319,39 @@ def _otlp_exporters(endpoint: str, protocol: str, timeout_s: float):
 _current: Telemetry | None = None
 
 
+def _env_float(name: str, default: float | None, what: str) -> float | None:
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        log.warning(f"{name} is not {what}; using the default", extra={"value": raw})
+        return default
+
+
 def configure(service_name: str | None = None, endpoint: str | None = None, protocol: str | None = None,
               prometheus_port: int | None = None, enabled: bool | None = None, export_interval_s: float = 10.0,
               export_timeout_s: float = 5.0, span_exporters: Sequence[Any] = (), metric_readers: Sequence[Any] = (),
-              env: RunEnv | None = None, spans: bool = True) -> Telemetry:
+              env: RunEnv | None = None, spans: bool = True, prometheus_addr: str | None = None,
+              quantile_window_s: float | None = None, tracer_provider: Any = None, meter_provider: Any = None,
+              set_global: bool = True) -> Telemetry:
     """Set up tracing and metrics for this process and make it the current Telemetry.
 
     Defaults come from the standard variables: OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES,
     OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_PROTOCOL (http/protobuf or grpc),
     OTEL_METRIC_EXPORT_INTERVAL (ms), OTEL_METRICS_EXEMPLAR_FILTER (default here: always_off) and
-    OTEL_SDK_DISABLED; GPUOBS_PROMETHEUS_PORT serves the
-    metrics for scraping. With nothing to export to (no endpoint, port, exporter or reader), or
-    OTEL_SDK_DISABLED=true, everything stays a no-op. spans=False records metrics only.
+    OTEL_SDK_DISABLED; GPUOBS_PROMETHEUS_PORT (plus the local rank) and GPUOBS_PROMETHEUS_ADDR
+    (default 0.0.0.0) serve the metrics for scraping; GPUOBS_QUANTILE_WINDOW_S (default 300) is
+    the window of the exact step/request quantiles. With nothing to export to (no endpoint, port,
+    exporter, reader or provider), or OTEL_SDK_DISABLED=true, everything stays a no-op.
+    spans=False records metrics only.
+
+    tracer_provider / meter_provider: use these SDK providers (an OTel distro's, or the
+    instrumentor's arguments) instead of building ours; they are flushed, never shut down, and a
+    given MeterProvider keeps its own readers and histogram buckets (no Prometheus port is added).
+    set_global=True (the default) installs our providers as OTel's global ones when none is set
+    yet, so user spans and other instrumentations nest under `train.step` and export with them.
     """
     global _current
     if _current is not None:
@@ -281,14 +366,15 @@ def configure(service_name: str | None = None, endpoint: str | None = None, prot
         except ValueError:
             log.warning("GPUOBS_PROMETHEUS_PORT is not a port number; not serving metrics",
                         extra={"value": os.environ["GPUOBS_PROMETHEUS_PORT"]})
-    if os.environ.get("OTEL_METRIC_EXPORT_INTERVAL"):
-        try:
-            export_interval_s = float(os.environ["OTEL_METRIC_EXPORT_INTERVAL"]) / 1000
-        except ValueError:
-            log.warning("OTEL_METRIC_EXPORT_INTERVAL is not a number of milliseconds; using the default")
+    prometheus_addr = prometheus_addr or os.environ.get("GPUOBS_PROMETHEUS_ADDR") or "0.0.0.0"
+    ms = _env_float("OTEL_METRIC_EXPORT_INTERVAL", None, "a number of milliseconds")
+    export_interval_s = ms / 1000 if ms else export_interval_s
+    if quantile_window_s is None:
+        quantile_window_s = _env_float("GPUOBS_QUANTILE_WINDOW_S", DEFAULT_WINDOW_S, "a number of seconds")
     if enabled is None:
         enabled = not _truthy(os.environ.get("OTEL_SDK_DISABLED")) and bool(
-            endpoint or prometheus_port is not None or span_exporters or metric_readers)
+            endpoint or prometheus_port is not None or span_exporters or metric_readers or tracer_provider
+            or meter_provider)
     if not enabled:
         tel = Telemetry(False, otel_trace.NoOpTracer(), otel_metrics.NoOpMeter("gpuobs"), run_env)
         tel.instruments = _make_instruments(tel.meter, tel)
@@ -313,35 +399,57 @@ def configure(service_name: str | None = None, endpoint: str | None = None, prot
         readers.append(PeriodicExportingMetricReader(metric_exp, export_interval_millis=export_interval_s * 1000,
                                                      export_timeout_millis=export_timeout_s * 1000))
     http_server = None
-    if prometheus_port is not None:
+    if prometheus_port is not None and meter_provider is None:
         from opentelemetry.exporter.prometheus import PrometheusMetricReader
         from prometheus_client import start_http_server
 
         try:
-            http_server, _ = start_http_server(prometheus_port)
+            http_server, _ = start_http_server(prometheus_port, addr=prometheus_addr)
             readers.append(PrometheusMetricReader())
         except OSError as e:  # a taken port must not stop training: carry on without the endpoint
-            log.warning("cannot serve metrics for Prometheus", extra={"port": prometheus_port, "error": str(e)})
-    tracer_provider = processor = None
+            log.warning("cannot serve metrics for Prometheus", extra={"port": prometheus_port,
+                                                                      "addr": prometheus_addr, "error": str(e)})
+    elif prometheus_port is not None:
+        log.warning("a MeterProvider was given: its own readers export; no Prometheus endpoint added")
+    owns = tracer_provider is None and meter_provider is None
+    processor = None
     if spans:
-        # The SDK's own exit hooks can wait 30 s on a stuck endpoint: ours (_at_exit) is bounded.
-        tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+        if tracer_provider is None:
+            # The SDK's own exit hooks can wait 30 s on a stuck endpoint: ours (_at_exit) is bounded.
+            tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
         for exp in span_list:
             processor = _span_processor(exp, SPAN_QUEUE)
             tracer_provider.add_span_processor(processor)
         tracer = tracer_provider.get_tracer("gpuobs.instrument", __version__)
     else:
-        tracer = otel_trace.NoOpTracer()
-    meter_provider = MeterProvider(resource=resource, metric_readers=readers, views=_views(),
-                                   shutdown_on_exit=False, exemplar_filter=_exemplar_filter())
+        tracer, tracer_provider = otel_trace.NoOpTracer(), None
+    if meter_provider is None:
+        meter_provider = MeterProvider(resource=resource, metric_readers=readers, views=_views(),
+                                       shutdown_on_exit=False, exemplar_filter=_exemplar_filter())
+    elif readers:
+        log.warning("a MeterProvider was given: the metric readers and endpoint passed along are not added")
     meter = meter_provider.get_meter("gpuobs.instrument", __version__)
     tel = Telemetry(True, tracer, meter, run_env, {}, tracer_provider, meter_provider, processor, http_server,
-                    readers)
+                    readers, quantile_window_s=quantile_window_s, owns_providers=owns)
     tel.instruments = _make_instruments(meter, tel)
+    if set_global:
+        _install_global(tracer_provider, meter_provider)
     _current = tel
     log.info("telemetry configured", extra={"endpoint": endpoint, "protocol": protocol,
                                            "prometheus_port": prometheus_port, "rank": run_env.rank})
     return tel
+
+
+def _install_global(tracer_provider: Any, meter_provider: Any) -> None:
+    """Make these OTel's global providers where none is set yet. OTel allows setting each once per
+    process: an earlier configure() or the application's own SDK set-up keeps its place (spans
+    still nest by context: a user span started inside a step is its child, whichever provider)."""
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    if tracer_provider is not None and isinstance(otel_trace.get_tracer_provider(), otel_trace.ProxyTracerProvider):
+        otel_trace.set_tracer_provider(tracer_provider)
+    if not isinstance(otel_metrics.get_meter_provider(), MeterProvider):
+        otel_metrics.set_meter_provider(meter_provider)
 
 
 class _NullMetricExporter:

@@ -1,7 +1,9 @@
 """Training instrumentation: steps, data waits, checkpoints, phases and micro-steps as spans and
 metrics, with goodput/badput accounting and MFU. Works with any loop::
 
-    run = TrainingRun(flops_per_step=6 * params * tokens_per_step, peak_flops=989e12)
+    run = TrainingRun(flops_per_step=6 * params * tokens_per_step, dtype="bf16")  # peak FLOP/s looked up
+    model = DistributedDataParallel(model)
+    run.watch_ddp(model)                     # the one extra line: per-rank compute vs all-reduce wait
     for batch in run.data(loader):          # time inside __next__ is the step's data wait
         with run.step(samples=len(batch), tokens=batch.numel()):
             with run.phase("forward"):
@@ -9,18 +11,23 @@ metrics, with goodput/badput accounting and MFU. Works with any loop::
             ...
         run.report(loss=loss, lr=optimizer)  # read lazily at the reporting interval
         if step % 1000 == 0:
-            with run.checkpoint():
+            with run.checkpoint(path=path):  # a child of the run's span
                 save(...)
+    run.close()                              # ends the run span (also done at exit)
 
-Hot-path cost is a few instrument calls per step; nothing here waits on an exporter.
+Traces: one `train.run` span per run; each `train.step` is the root of its own trace (a job's
+steps would make one unbrowsable trace) with a link to the run span; data waits, phases,
+micro-steps, collective waits and checkpoints inside a step are its children, checkpoints between
+steps are children of the run span. Hot-path cost is a few instrument calls per step; nothing here
+waits on an exporter.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import math
-import threading
 import time
 from contextlib import nullcontext
 from typing import Any, Callable, Iterable, Iterator
@@ -30,6 +37,8 @@ from opentelemetry import trace as otel_trace
 from opentelemetry.trace import Status, StatusCode
 
 from .. import catalog as c
+from . import collectives
+from .flops import local_peak_flops
 from .telemetry import Telemetry, current
 from .timing import CudaEventTimer, WallTimer, default_timer
 
@@ -53,7 +62,7 @@ def _value(source: Any) -> float | None:
 class _Step:
     """One step (a context manager; re-used objects would save little and cost clarity)."""
     __slots__ = ("run", "samples", "tokens", "flops", "span", "token", "timer_token", "wait", "wait_start_ns", "ckpt",
-                 "inner_wait", "nested", "t0")
+                 "inner_wait", "nested", "t0", "coll")
 
     def __init__(self, run: "TrainingRun", samples, tokens, flops):
         self.run, self.samples, self.tokens, self.flops = run, samples, tokens, flops
@@ -67,56 +76,88 @@ class _Step:
 
 
 class _Span:
-    """A child span around a block (checkpoint, phase, micro-step), plus an optional on-exit hook."""
+    """A child span around a block (checkpoint, phase, micro-step, collective), plus an optional
+    on-exit hook. start_span + attach rather than start_as_current_span: the latter's generator
+    context manager costs a few µs per span, a lot at thousands of steps per second."""
+    __slots__ = ("tracer", "name", "attributes", "on_exit", "context", "t0", "span", "token")
 
-    def __init__(self, tracer, name: str, attributes: dict, on_exit: Callable[[float], None] | None = None):
-        self.tracer, self.name, self.attributes, self.on_exit = tracer, name, attributes, on_exit
+    def __init__(self, tracer, name: str, attributes: dict, on_exit: Callable[[float], None] | None = None,
+                 context: Any = None):
+        self.tracer, self.name, self.attributes, self.on_exit, self.context = tracer, name, attributes, on_exit, context
 
     def __enter__(self):
         self.t0 = time.perf_counter()
-        self.cm = self.tracer.start_as_current_span(self.name, attributes=self.attributes)
-        self.span = self.cm.__enter__()
+        self.span = self.tracer.start_span(self.name, self.context, attributes=self.attributes)
+        self.token = otel_context.attach(otel_trace.set_span_in_context(self.span))
         return self.span
 
     def __exit__(self, exc_type, exc, tb):
         if self.on_exit:
             self.on_exit(time.perf_counter() - self.t0)
-        return self.cm.__exit__(exc_type, exc, tb)
+        otel_context.detach(self.token)
+        if exc is not None:
+            self.span.record_exception(exc)
+            self.span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+        self.span.end()
+        return False
+
+
+class _Timed:
+    """A block timed without a span (tracing off): collective waits still count."""
+    __slots__ = ("on_exit", "t0")
+
+    def __init__(self, on_exit: Callable[[float], None]):
+        self.on_exit = on_exit
+
+    def __enter__(self):
+        self.t0 = time.perf_counter()
+        return otel_trace.INVALID_SPAN
+
+    def __exit__(self, exc_type, exc, tb):
+        self.on_exit(time.perf_counter() - self.t0)
+        return False
 
 
 class TrainingRun:
     """Records one training run's steps into a Telemetry (the current one by default).
 
-    flops_per_step and peak_flops (FLOP/s of the hardware in use) enable MFU; timer defaults to
-    CUDA events when torch+CUDA are present (sync=True synchronizes at each step end), else the
-    wall clock; report_interval_s is how often reported loss/grad norm/lr are read.
+    flops_per_step enables the FLOPs counter (MFU = its rate / peak FLOP/s); peak_flops is the
+    FLOP/s of the hardware one rank uses, else looked up for the local CUDA device and dtype
+    (gpuobs.instrument.flops). timer defaults to CUDA events when torch+CUDA are present
+    (sync=True synchronizes at each step end), else the wall clock; report_interval_s is how often
+    reported loss/grad norm/lr are read.
     """
 
     def __init__(self, telemetry: Telemetry | None = None, flops_per_step: float | None = None,
                  peak_flops: float | None = None, sync: bool = False,
-                 timer: WallTimer | CudaEventTimer | None = None, report_interval_s: float = 10.0):
+                 timer: WallTimer | CudaEventTimer | None = None, report_interval_s: float = 10.0,
+                 dtype: str | None = None):
         self.tel = telemetry or current()
         self.tracer = self.tel.tracer
         self.tracing = self.tel.enabled and not isinstance(self.tracer, otel_trace.NoOpTracer)
         self.flops_per_step = flops_per_step
-        self.peak_flops = peak_flops
+        self.peak_flops = peak_flops if peak_flops is not None else (local_peak_flops(dtype) if dtype else None)
         self.timer = timer or default_timer(sync)
         self.report_interval_s = report_interval_s
         self.attrs = self.tel.env.metric_attributes()
         i = self.tel.instrument
         self._h_step, self._h_wait, self._h_ckpt = i(c.STEP_DURATION), i(c.DATA_WAIT), i(c.CHECKPOINT_DURATION)
-        self._steps, self._micro = i(c.STEPS), i(c.MICRO_STEPS)
-        self._samples, self._tokens = i(c.SAMPLES_TRAINED), i(c.TOKENS_TRAINED)
-        self._share, self._last, self._mfu = i(c.DATA_WAIT_SHARE), i(c.LAST_STEP), i(c.MFU)
-        self._good, self._bad = i(c.GOODPUT), i(c.BADPUT)
-        # the cells each step updates, bound to this run's attributes once
+        q = self.tel.quantiles
         a = self.attrs
-        self._n_steps, self._n_good = self._steps.cell(a), self._good.cell(a)
-        self._n_samples, self._n_tokens = self._samples.cell(a), self._tokens.cell(a)
-        self._v_share, self._v_last, self._v_mfu = self._share.cell(a), self._last.cell(a), self._mfu.cell(a)
-        self._n_bad = {cause: self._bad.cell({**a, "cause": cause}) for cause in CAUSES}
-        self._gauges = {"loss": i(c.LOSS), "grad_norm": i(c.GRAD_NORM), "lr": i(c.LEARNING_RATE)}
+        self._q_step, self._q_wait = q(c.STEP_DURATION).window(a), q(c.DATA_WAIT).window(a)
+        self._q_ckpt = q(c.CHECKPOINT_DURATION).window(a)
+        self._micro = i(c.MICRO_STEPS)
         self._nonfinite = i(c.NONFINITE)
+        # the cells each step updates, bound to this run's attributes once
+        self._n_steps, self._n_good = i(c.STEPS).cell(a), i(c.GOODPUT).cell(a)
+        self._n_samples, self._n_tokens = i(c.SAMPLES_TRAINED).cell(a), i(c.TOKENS_TRAINED).cell(a)
+        self._n_compute, self._n_coll = i(c.COMPUTE).cell(a), i(c.COLLECTIVE_WAIT).cell(a)
+        self._n_flops, self._v_last = i(c.FLOPS).cell(a), i(c.LAST_STEP).cell(a)
+        bad = i(c.BADPUT)
+        self._n_bad = {cause: bad.cell({**a, "cause": cause}) for cause in CAUSES}
+        if self.peak_flops:
+            i(c.PEAK_FLOPS).set(self.peak_flops, a)
+        self._gauges = {"loss": i(c.LOSS), "grad_norm": i(c.GRAD_NORM), "lr": i(c.LEARNING_RATE)}
         self._reported: dict[str, Any] = {}
         self._next_report = time.monotonic() + report_interval_s
         self.step_number = 0
@@ -126,10 +167,38 @@ class TrainingRun:
         self._wait_start_ns: int | None = None
         self._ckpt_in_step = 0.0
         self._ckpt_between = 0.0  # checkpoint time since the last step: badput already, not idle too
-        self._local = threading.local()
         self._in_step = False
         self._wait_in_step = 0.0
+        self._coll_in_step = 0.0
         self._warned_nested = False
+        self._comm = collectives.DdpCommTimer()
+        self._run_span: Any = None  # train.run, started with the first step or checkpoint
+        self._run_ctx: Any = None
+        self._links: Any = ()
+        self._closed = False
+        self.tel.on_shutdown.append(self.close)
+
+    # ---- the run span -------------------------------------------------------------------------
+
+    def _start_run_span(self) -> None:
+        start_ns = time.time_ns() - int((time.perf_counter() - self._created) * 1e9)
+        self._run_span = self.tracer.start_span("train.run", otel_context.Context(), start_time=start_ns)
+        self._run_ctx = otel_trace.set_span_in_context(self._run_span, otel_context.Context())
+        self._links = (otel_trace.Link(self._run_span.get_span_context()),)
+
+    def close(self) -> None:
+        """End the run: its `train.run` span ends and pending values are recorded (idempotent;
+        the framework callbacks call it at the end of training, telemetry shutdown at exit)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.flush()
+        except Exception:  # noqa: BLE001 - closing must not raise into training code
+            log.exception("flushing the training run failed")
+        if self._run_span is not None:
+            self._run_span.set_attribute("gpuobs.steps", self.step_number)
+            self._run_span.end()
 
     # ---- data ---------------------------------------------------------------------------------
 
@@ -138,27 +207,56 @@ class TrainingRun:
         batch fetched inside a step, that step's own). Re-iterable, like the loader."""
         return _Data(self, iterable)
 
+    def add_data_wait(self, seconds: float, start_ns: int | None = None) -> None:
+        """Record a wait for data measured elsewhere (the framework callbacks time the gap between
+        batches): before a step it is that step's data wait, inside a step the step's own."""
+        self._add_wait(max(0.0, seconds), time.time_ns() - int(seconds * 1e9) if start_ns is None else start_ns)
+
     def _add_wait(self, seconds: float, start_ns: int) -> None:
         if self._in_step:  # fetched inside the step (e.g. per micro-batch): this step's wait
             self._wait_in_step += seconds
+            if self.tracing:  # a child of the step, which is the current span
+                span = self.tracer.start_span("train.data_wait", start_time=start_ns)
+                span.end(end_time=start_ns + int(seconds * 1e9))
             return
         self._wait += seconds
         if self._wait_start_ns is None:
             self._wait_start_ns = start_ns
 
+    # ---- collectives ----------------------------------------------------------------------------
+
+    def watch_ddp(self, model: Any) -> bool:
+        """Time DDP's gradient all-reduce on this rank (a DistributedDataParallel model, or the model
+        DDP wraps: the wrapper is found at the first forward). Steps then split into compute and
+        collective wait, the per-rank straggler signal; see gpuobs.instrument.collectives. Returns
+        False where DDP is not in use or the model has its own communication hook."""
+        return collectives.watch(model, self._comm)
+
+    def collective(self, name: str = "collective") -> Any:
+        """Context manager around a blocking collective or other wait on peers inside a step
+        (FSDP, pipeline stages, a hand-written all_reduce or barrier): its time is collective wait,
+        not compute, and it gets a `train.collective` span."""
+        if not self.tracing:
+            return _Timed(self._collective_done)
+        return _Span(self.tracer, "train.collective", {"gpuobs.collective": name}, on_exit=self._collective_done)
+
+    def _collective_done(self, seconds: float) -> None:
+        if self._in_step:
+            self._coll_in_step += seconds
+
     # ---- steps --------------------------------------------------------------------------------
 
     def step(self, samples: int | None = None, tokens: int | None = None, flops: float | None = None) -> _Step:
-        """Context manager around one optimizer step; samples/tokens feed the throughput counters."""
+        """Context manager around one optimizer step; samples/tokens feed the throughput counters,
+        flops (default flops_per_step) the FLOPs counter. Attributes samples/tokens of the entered
+        step may also be set inside it."""
         return _Step(self, samples, tokens, flops)
 
-    def trace_step(self, fn: Callable) -> Callable:
-        """Decorator: each call of fn is one step."""
-        @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
-            with self.step():
-                return fn(*args, **kwargs)
-        return wrapper
+    def trace_step(self, fn: Callable | None = None, *, samples: int | None = None, tokens: int | None = None) -> Any:
+        """Decorator: each call of fn is one step. `@run.trace_step(samples=32, tokens=4096)` gives
+        fixed counts; a function with a `step` parameter gets the step and may set step.samples and
+        step.tokens from its batch."""
+        return _trace_step(lambda: self, fn, samples, tokens)
 
     def _begin(self, s: _Step) -> None:
         s.nested = self._in_step
@@ -176,13 +274,16 @@ class TrainingRun:
         if gap > 0:
             self._n_bad["startup" if self._last_end is None else "idle"].add(gap)
         self.step_number += 1
-        self._in_step, self._ckpt_in_step, self._wait_in_step = True, 0.0, 0.0
+        self._in_step, self._ckpt_in_step, self._wait_in_step, self._coll_in_step = True, 0.0, 0.0, 0.0
+        self._comm.take()  # all-reduce outside any step (an evaluation pass) is not this step's
         s.span = s.token = None
         if self.tracing:
+            if self._run_span is None:
+                self._start_run_span()
             start_ns = s.wait_start_ns if s.wait_start_ns is not None else time.time_ns()
             # rank and job are resource attributes (gpuobs.rank, gpuobs.job.id): not repeated per span
-            s.span = self.tracer.start_span("train.step", start_time=start_ns,
-                                            attributes={"gpuobs.step": self.step_number})
+            s.span = self.tracer.start_span("train.step", otel_context.Context(), start_time=start_ns,
+                                            attributes={"gpuobs.step": self.step_number}, links=self._links)
             s.token = otel_context.attach(otel_trace.set_span_in_context(s.span))
             if s.wait:
                 wait_span = self.tracer.start_span("train.data_wait", start_time=start_ns)
@@ -203,7 +304,15 @@ class TrainingRun:
         except Exception:  # noqa: BLE001 - never replace the step's own exception with ours
             log.exception("step timer failed to stop; timing this step by wall clock")
             compute = time.perf_counter() - s.t0
-        self._in_step, s.ckpt, s.inner_wait = False, self._ckpt_in_step, self._wait_in_step
+        tail = self._comm.take()  # DDP's all-reduce: the time this rank was blocked after its backward
+        if tail is not None:
+            self._coll_in_step += tail[1]
+            if s.span is not None:
+                start_ns = time.time_ns() - int((time.perf_counter() - tail[0]) * 1e9)
+                span = self.tracer.start_span("train.collective", start_time=start_ns,
+                                              attributes={"gpuobs.collective": "ddp_all_reduce"})
+                span.end(end_time=start_ns + int(tail[1] * 1e9))
+        self._in_step, s.ckpt, s.inner_wait, s.coll = False, self._ckpt_in_step, self._wait_in_step, self._coll_in_step
         if compute is not None:
             self._record(s, compute)
         for payload, seconds in self.timer.poll():  # earlier GPU-timed steps whose events completed
@@ -218,25 +327,30 @@ class TrainingRun:
         if time.monotonic() >= self._next_report:
             self.flush()
 
-    def _record(self, s: _Step, compute: float) -> None:
+    def _record(self, s: _Step, duration: float) -> None:
         a = self.attrs
-        total = s.wait + compute  # compute includes waits and checkpoints inside the step
+        total = s.wait + duration  # duration includes waits, collectives and checkpoints inside the step
         waited = s.wait + s.inner_wait
+        busy = max(0.0, duration - s.ckpt - s.inner_wait)  # the job progresses: goodput
+        coll = min(s.coll, busy)
         self._h_step.record(total, a)
+        self._q_step.add(total)
         self._n_steps.add(1)
-        self._n_good.add(max(0.0, compute - s.ckpt - s.inner_wait))
+        self._n_good.add(busy)
+        self._n_compute.add(busy - coll)
+        self._n_coll.add(coll)
         if waited:
             self._h_wait.record(waited, a)
+            self._q_wait.add(waited)
             self._n_bad["data_wait"].add(waited)
-        self._v_share.set(min(1.0, waited / total) if total > 0 else 0.0)
         self._v_last.set(time.time())
         if s.samples:
             self._n_samples.add(s.samples)
         if s.tokens:
             self._n_tokens.add(s.tokens)
         flops = s.flops or self.flops_per_step
-        if flops and self.peak_flops and total > 0:
-            self._v_mfu.set(min(1.0, flops / total / self.peak_flops))
+        if flops:
+            self._n_flops.add(flops)
 
     def micro_step(self) -> Any:
         """Context manager around one gradient-accumulation pass inside a step."""
@@ -252,12 +366,27 @@ class TrainingRun:
         return _Span(self.tracer, f"train.{name}", {"gpuobs.phase": name})
 
     def checkpoint(self, **attributes: Any) -> Any:
-        """Context manager around a checkpoint save: a span, its duration, and checkpoint badput."""
+        """Context manager around a checkpoint save: a span (child of the step, or of the run span
+        between steps; attributes become `gpuobs.checkpoint.<key>`, e.g. path=, step=), its
+        duration, and checkpoint badput."""
         attrs = {f"gpuobs.checkpoint.{k}": str(v) for k, v in attributes.items()}
-        return _Span(self.tracer, "train.checkpoint", attrs, on_exit=self._checkpoint_done)
+        attrs.setdefault("gpuobs.checkpoint.step", str(self.step_number))
+        if not self.tracing:
+            return _Timed(self._checkpoint_done)
+        return _Span(self.tracer, "train.checkpoint", attrs, on_exit=self._checkpoint_done,
+                     context=self._checkpoint_parent())
+
+    def _checkpoint_parent(self) -> Any:
+        """The step's context inside a step (the current one), else the run span's."""
+        if self._in_step:
+            return None
+        if self._run_span is None:
+            self._start_run_span()
+        return self._run_ctx
 
     def _checkpoint_done(self, seconds: float) -> None:
         self._h_ckpt.record(seconds, self.attrs)
+        self._q_ckpt.add(seconds)
         self._n_bad["checkpoint"].add(seconds)
         if self._in_step:
             self._ckpt_in_step += seconds  # not goodput, though inside the step
@@ -271,7 +400,9 @@ class TrainingRun:
         self._checkpoint_done(seconds)
         if self.tracing:
             attrs = {f"gpuobs.checkpoint.{k}": str(v) for k, v in attributes.items()}
-            span = self.tracer.start_span("train.checkpoint", start_time=start_ns, attributes=attrs)
+            attrs.setdefault("gpuobs.checkpoint.step", str(self.step_number))
+            span = self.tracer.start_span("train.checkpoint", self._checkpoint_parent(), start_time=start_ns,
+                                          attributes=attrs)
             span.end(end_time=start_ns + int(seconds * 1e9))
 
     # ---- lazily read values -----------------------------------------------------------------
@@ -357,13 +488,24 @@ def step(samples: int | None = None, tokens: int | None = None, flops: float | N
     return default_run().step(samples, tokens, flops)
 
 
-def trace_step(fn: Callable) -> Callable:
-    """Decorator: each call of fn is one step of the default run."""
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        with default_run().step():
-            return fn(*args, **kwargs)
-    return wrapper
+def trace_step(fn: Callable | None = None, *, samples: int | None = None, tokens: int | None = None) -> Any:
+    """Decorator: each call of fn is one step of the default run (see TrainingRun.trace_step)."""
+    return _trace_step(default_run, fn, samples, tokens)
+
+
+def _trace_step(get_run: Callable[[], TrainingRun], fn: Callable | None, samples: int | None,
+                tokens: int | None) -> Any:
+    def wrap(f: Callable) -> Callable:
+        takes_step = "step" in inspect.signature(f).parameters
+
+        @functools.wraps(f)
+        def wrapper(*args, **kwargs):
+            with get_run().step(samples, tokens) as s:
+                if takes_step:
+                    kwargs.setdefault("step", s)
+                return f(*args, **kwargs)
+        return wrapper
+    return wrap if fn is None else wrap(fn)
 
 
 def data(iterable: Iterable) -> Iterator:

@@ -1,6 +1,6 @@
 """Structured logging for gpuobs processes: JSON lines on a stream, or records shipped to Fluentd
 (forward protocol) when one is configured. Both carry the same fields: time, level, logger, pid,
-message, any `extra` fields, trace_id/span_id of the active span, and rank/job/node/pod."""
+message, any `extra` fields, trace_id/span_id of the active span, and rank/job_id/node/pod."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """What every gpuobs log record carries, whichever way it leaves the process: the active trace and
-span ids (so a log line links to its trace), the run environment (rank, job, node, pod) and the
+span ids (so a log line links to its trace), the run environment (rank, job_id, node, pod) and the
 standard time/level/logger/pid/message fields. Shared by the JSON-lines and the Fluentd handlers."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def trace_fields() -> dict[str, str]:
 
 class ContextFilter(logging.Filter):
     """Adds trace_id/span_id (of the span active on the logging thread) and the run environment's
-    fields (rank, local_rank, job, node, pod; those detected) to each record as attributes, so any
+    fields (rank, local_rank, job_id, node, pod; those detected) to each record as attributes, so any
     formatter sees them as `extra` fields. Fields given by the caller's `extra` are kept."""
 
     def __init__(self, env: RunEnv | None = None):

@@ -238,7 +238,7 @@ class _Pipe:
 class FluentdHandler(logging.Handler):
     """Ships records to Fluentd (forward protocol) with tag `<tag>.<logger name>`. Each record:
     time, level, logger, pid, message, exc_info/stack_info, every `extra` field, trace_id/span_id of
-    the active span, and the run's rank, local_rank, job, node and pod (those detected)."""
+    the active span, and the run's rank, local_rank, job_id, node and pod (those detected)."""
 
     def __init__(self, host: str = "localhost", port: int = DEFAULT_PORT, *, tag: str = "gpuobs",
                  queue_maxsize: int = 10_000, timeout: float = 3.0, connect_timeout: float = 1.0,

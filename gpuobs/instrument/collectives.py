@@ -1,0 +1,106 @@
+"""Time a rank spends blocked in DDP's gradient all-reduce: the straggler signal under collectives.
+
+In synchronous data parallelism every rank's step takes as long as the slowest rank's: the fast
+ranks finish their backward pass early and wait inside the all-reduce. Step times are therefore
+equal across ranks and name no one; what differs is how long each rank *computes* before it
+blocks. DDP launches each gradient bucket's all-reduce through a communication hook as soon as the
+bucket is ready, and its backward pass returns once every bucket's future has completed, so per
+step the time the training thread is blocked is
+
+    (last bucket's all-reduce completed) - (last bucket launched)
+
+which `DdpCommTimer` measures with torch's own default all-reduce hook (results unchanged). The
+slow rank launches its last bucket last and waits only for the transfer; each fast rank waits for
+the slow rank. TrainingRun subtracts this from the step to get the per-rank compute time.
+
+Limits: one communication hook per DDP model (a model with its own hook is left alone and logs a
+warning); FSDP, pipeline parallelism and hand-written collectives are not hooked — time those waits
+with `TrainingRun.collective()`; on GPUs, the hook sees the host's view of NCCL completion.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+log = logging.getLogger("gpuobs.instrument")
+
+
+class DdpCommTimer:
+    """A DDP communication hook (torch's allreduce_hook, timed) and the blocked tail it measures.
+
+    launched / done: perf_counter seconds of the latest bucket launch and all-reduce completion
+    since the last take(); written from the autograd thread and the process group's threads."""
+
+    def __init__(self) -> None:
+        self.launched: float | None = None
+        self.done: float | None = None
+        self.buckets = 0  # buckets all-reduced in total (a test and a debugging aid)
+
+    def hook(self, process_group: Any, bucket: Any) -> Any:
+        """The communication hook: launch the bucket's all-reduce as DDP does, stamp launch and completion."""
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        self.launched = time.perf_counter()
+        future = default_hooks.allreduce_hook(process_group, bucket)
+
+        def completed(fut: Any) -> Any:
+            self.done = time.perf_counter()
+            self.buckets += 1
+            return fut.value()
+        return future.then(completed)
+
+    def take(self) -> tuple[float, float] | None:
+        """(start, seconds) of the blocked tail since the last take, or None if no bucket was reduced."""
+        launched, done = self.launched, self.done
+        self.launched = self.done = None
+        if launched is None or done is None or done < launched:
+            return None
+        return launched, done - launched
+
+
+def register(ddp_model: Any, timer: DdpCommTimer) -> bool:
+    """Register timer.hook on a DistributedDataParallel model; False (with a warning) when it
+    already has a communication hook or cannot take one."""
+    try:
+        ddp_model.register_comm_hook(getattr(ddp_model, "process_group", None), timer.hook)
+    except (RuntimeError, AssertionError, AttributeError) as e:
+        log.warning("cannot time DDP's all-reduce (the model may have its own communication hook); "
+                    "collective waits are not measured", extra={"error": str(e)})
+        return False
+    return True
+
+
+def watch(model: Any, timer: DdpCommTimer) -> bool:
+    """Time the all-reduce of a DDP model, or of the DDP model that will wrap `model` (found at its
+    first forward, before any backward: how the framework callbacks reach a wrapper they are never
+    given). Returns True when a hook was or will be registered; False when torch.distributed or
+    DDP is not in use."""
+    try:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+    except ImportError:
+        return False
+    if isinstance(model, DDP):
+        return register(model, timer)
+    active = getattr(DDP, "_get_active_ddp_module", None)  # set by DDP around its forward (torch >= 2.1)
+    if active is None or not hasattr(model, "register_forward_pre_hook"):
+        return False
+    handle = None
+
+    def first_forward(module: Any, args: Any) -> None:
+        handle.remove()  # once: a model that is not under DDP at its first forward never will be
+        wrapper = active()
+        if wrapper is not None and _wraps(wrapper, module):
+            register(wrapper, timer)
+
+    handle = model.register_forward_pre_hook(first_forward)
+    return True
+
+
+def _wraps(wrapper: Any, module: Any) -> bool:
+    """Whether module is inside wrapper (Lightning wraps the LightningModule once more)."""
+    try:
+        return any(m is module for m in wrapper.modules())
+    except Exception:  # noqa: BLE001 - a strange wrapper: not ours to hook
+        return False
