@@ -349,7 +349,7 @@ NONFINITE = _otel("gpuobs.training.nonfinite_reports", "counter", "{report}", "g
 FLOPS = _otel("gpuobs.training.flops", "counter", "{flop}", "gpuobs_training_flops",
               "Model FLOPs of the steps completed (flops_per_step per step); rate() over peak FLOP/s is MFU.",
               "training")
-PEAK_FLOPS = _otel("gpuobs.training.peak_flops", "gauge", "{flop}/s", "gpuobs_training_peak_flops",
+PEAK_FLOPS = _otel("gpuobs.training.peak_flops", "gauge", "{flop}/s", "gpuobs_training_peak_flops_per_second",
                    "Peak FLOP/s of the hardware one rank runs on (given, or looked up for the GPU and dtype).",
                    "training")
 COMPUTE = _otel("gpuobs.training.compute", "counter", "s", "gpuobs_training_compute_seconds",

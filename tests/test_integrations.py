@@ -350,13 +350,14 @@ def test_importing_gpuobs_imports_no_framework():
 
 
 def test_instrumentor_configures_and_shuts_down():
+    """instrument(...) configures gpuobs from its arguments; uninstrument() shuts it down."""
     from gpuobs.instrument.instrumentor import GpuobsInstrumentor
 
     reader = InMemoryMetricReader()
     inst = GpuobsInstrumentor()
     assert list(inst.instrumentation_dependencies()) == []
     try:
-        inst.instrument(metric_readers=[reader], tracer_provider=object(), env=RunEnv(rank=0))
+        inst.instrument(metric_readers=[reader], env=RunEnv(rank=0), distro_option="ignored")
         assert inst.is_instrumented_by_opentelemetry
         tel = current()
         assert tel.enabled
@@ -370,6 +371,37 @@ def test_instrumentor_configures_and_shuts_down():
     assert not inst.is_instrumented_by_opentelemetry
     assert not current().enabled
     assert telemetry.current() is not tel
+
+
+def test_instrumentor_uses_the_providers_it_is_given():
+    """A distro (or the application) hands its own SDK providers to instrument(): gpuobs records
+    into them, and uninstrument() flushes them but leaves them running for their owner."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from gpuobs.instrument.instrumentor import GpuobsInstrumentor
+
+    spans, reader = InMemorySpanExporter(), InMemoryMetricReader()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
+    meter_provider = MeterProvider(metric_readers=[reader])
+    inst = GpuobsInstrumentor()
+    try:
+        inst.instrument(tracer_provider=tracer_provider, meter_provider=meter_provider, env=RunEnv(rank=0))
+        assert current().enabled and current().tracer_provider is tracer_provider
+        run = TrainingRun(timer=WallTimer())
+        with run.step(samples=5):
+            pass
+    finally:
+        inst.uninstrument()
+    assert [s.name for s in spans.get_finished_spans()] == ["train.step", "train.run"]  # the run ended too
+    points = {m.name: m for rm in reader.get_metrics_data().resource_metrics for sm in rm.scope_metrics
+              for m in sm.metrics}
+    assert points["gpuobs.training.steps"].data.data_points[0].value == 1
+    tracer_provider.get_tracer("after").start_span("still-running").end()  # not shut down
+    assert spans.get_finished_spans()[-1].name == "still-running"
 
 
 def test_instrumentor_entry_point_is_registered():

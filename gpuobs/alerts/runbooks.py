@@ -728,13 +728,14 @@ RUNBOOKS: dict[str, dict[str, str]] = {
     "TrainingStalled": _rb(
         meaning="""
             A rank of a training job has not finished an optimizer step for 10 minutes
-            (`time() - gpuobs_training_step_last_time_seconds`). Common causes: a collective waiting on a peer that
+            (`time() - gpuobs_training_step_last_timestamp_seconds`). Common causes: a collective waiting on a peer that
             crashed or hung, a GPU fault on one rank, a stuck data loader, a checkpoint stuck on storage, or a long
             phase without steps (evaluation, a big checkpoint).""",
         impact="""
             The job makes no progress while holding all its GPUs, until a collective timeout kills it or someone
-            notices. If a rank's process has exited, its series stops being exported and goes stale after a few
-            minutes, which resolves the alert: check the job itself, not only the alert.""",
+            notices. If a rank's process has exited, its series stop being exported and this alert resolves:
+            `TrainingRankLost` (the job's other ranks still report) or `TrainingTargetDown` (the target is still
+            scraped but does not answer) fire instead.""",
         diagnosis=["""
             - Which ranks stalled, and which stopped first? A single rank that stopped before the others is the
               likely culprit.
@@ -745,9 +746,9 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             - Scheduler: `squeue -j <jobid>`, `kubectl get pods -o wide` for the job's pods and their logs.""",
             """
             ```promql
-            time() - gpuobs_training_step_last_time_seconds{job_id="<job>"}
+            time() - gpuobs_training_step_last_timestamp_seconds{job_id="<job>"}
             rate(gpuobs_training_badput_seconds_total{job_id="<job>"}[5m])
-            gpuobs_training_data_wait_share_ratio{job_id="<job>"}
+            job_id_rank:gpuobs_training_data_wait:ratio{job_id="<job>"}
             ```"""],
         action="""
             If a hardware alert explains it, drain that node and restart the job from its last checkpoint without
@@ -758,8 +759,10 @@ RUNBOOKS: dict[str, dict[str, str]] = {
     "TrainingStepTimeRegression": _rb(
         meaning="""
             The job's median step time (`job_id:gpuobs_training_step_duration_seconds:p50`) has been more than
-            1.5 times its own median over the last 6 hours for 15 minutes. The job compares against itself, so
-            the alert needs some hours of history to be meaningful.""",
+            1.2 times its own median over the last 6 hours for 15 minutes. The job compares against itself, so
+            the alert needs some hours of history to be meaningful. Each rank computes the exact median of its
+            recent steps in process (`gpuobs_training_step_duration_quantile_seconds`, a 5-minute window), so a
+            sustained 1.3x slowdown fires and a 1.1x change stays quiet; the job's value is the median rank's.""",
         impact="""
             The job trains slower than it did: fewer tokens per second, longer time to result, and more GPU hours
             for the same work.""",
@@ -767,9 +770,9 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             ```promql
             job_id:gpuobs_training_step_duration_seconds:p50{job_id="<job>"}
             job_id_rank:gpuobs_training_step_duration_seconds:p50{job_id="<job>"}   # one slow rank? see TrainingStragglerRank
-            gpuobs_training_data_wait_share_ratio{job_id="<job>"}                   # input pipeline?
+            job_id_rank:gpuobs_training_data_wait:ratio{job_id="<job>"}             # input pipeline?
             job_id:gpuobs_training_tokens:rate{job_id="<job>"}
-            gpuobs_training_mfu_ratio{job_id="<job>"}
+            job_id_rank:gpuobs_training_mfu:ratio{job_id="<job>"}
             ```""", """
             - Throttling on the job's nodes: `gpuobs_gpu_clock_event_reason_active{node="<node>", reason!="gpu_idle"} == 1`,
               and `cluster_reason:gpuobs_gpu_clock_event_reason_active:sum` fleet-wide.
@@ -783,16 +786,17 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             `gpuobs/alerts/rules.py`."""),
     "TrainingDataLoaderBound": _rb(
         meaning="""
-            For 15 minutes, a rank has spent more than 30 % of each step waiting for its next batch inside the data
-            loader's `__next__` (`gpuobs_training_data_wait_share_ratio`). The input pipeline cannot keep up with
-            the GPUs.""",
+            For 15 minutes, a rank has spent more than 30 % of its wall time over the last 5 minutes waiting for
+            its next batch (`job_id_rank:gpuobs_training_data_wait:ratio`, the rate of the data-wait badput
+            counter: an average over the window, so a few slow batches do not fire it and it resolves once
+            training stops). The input pipeline cannot keep up with the GPUs.""",
         impact="""
             The GPUs sit idle for that share of every step: throughput and MFU drop in proportion, and in a
             synchronous job one slow rank's loader slows every rank.""",
         diagnosis=["""
             ```promql
-            gpuobs_training_data_wait_share_ratio{job_id="<job>"}     # all ranks, or one node's ranks?
-            histogram_quantile(0.99, sum by (le, rank) (rate(gpuobs_training_data_wait_duration_seconds_bucket{job_id="<job>"}[5m])))
+            job_id_rank:gpuobs_training_data_wait:ratio{job_id="<job>"}     # all ranks, or one node's ranks?
+            gpuobs_training_data_wait_duration_quantile_seconds{job_id="<job>", quantile="0.99"}
             rate(gpuobs_training_badput_seconds_total{job_id="<job>", cause="data_wait"}[5m])
             ```""", """
             - All ranks: the pipeline or shared storage. One node's ranks: that node's CPU, disk or network.
@@ -830,9 +834,13 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             `gpuobs/alerts/rules.py`."""),
     "TrainingStragglerRank": _rb(
         meaning="""
-            For 15 minutes, one rank's median step time has been more than 1.2 times the median rank's of the same
-            job (`job_id_rank:gpuobs_training_step_duration_seconds:p50`). In tightly synchronous jobs the other
-            ranks wait for it inside their collectives, so also compare per-rank data wait and compute time.""",
+            For 15 minutes, one rank has computed more than 1.2 times as long per step as the mean of its job's
+            other ranks (`job_id_rank:gpuobs_training_compute_seconds:ratio_to_others`). In a synchronous job all
+            ranks' step times are equal, since the fast ranks wait for the slow one inside the gradient
+            all-reduce; gpuobs times that wait (`gpuobs_training_collective_wait_seconds_total`, from a DDP
+            communication hook or `run.collective()`) and subtracts it, so the compute time per step names the
+            slow rank. Without a timed collective (FSDP, pipeline stages, no `watch_ddp`) the signal is the step
+            time less data wait, which stays equal across synchronous ranks: the alert then stays quiet.""",
         impact="""
             A synchronous job runs at the pace of its slowest rank: every other GPU of the job waits each step.""",
         diagnosis=["""
@@ -840,9 +848,9 @@ RUNBOOKS: dict[str, dict[str, str]] = {
               `scontrol show job -d <jobid>`.
             - Then look at that node's GPUs:""", _THROTTLE_QUERIES, """
             ```promql
-            job_id_rank:gpuobs_training_step_duration_seconds:p50{job_id="<job>"}
-            gpuobs_training_data_wait_share_ratio{job_id="<job>", rank="<rank>"}
-            rate(gpuobs_training_goodput_seconds_total{job_id="<job>"}[5m])
+            job_id_rank:gpuobs_training_compute_seconds:per_step{job_id="<job>"}
+            rate(gpuobs_training_collective_wait_seconds_total{job_id="<job>"}[5m])   # the others wait, it does not
+            job_id_rank:gpuobs_training_data_wait:ratio{job_id="<job>", rank="<rank>"}
             gpuobs_gpu_temperature_celsius{node="<node>"}
             ```""", """
             - PCIe, NVLink or XID alerts on the node; CPU contention or a degraded NIC on it; uneven data shards
@@ -851,10 +859,52 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             Fix the hardware cause (see the throttling, PCIe and NVLink runbooks), or cordon the node and restart
             the job without it. If the cause is the rank's data (uneven shards), rebalance. The ratio is
             `straggler` in `Thresholds` in `gpuobs/alerts/rules.py`."""),
+    "TrainingRankLost": _rb(
+        meaning="""
+            A rank of a training job stopped reporting (its `gpuobs_training_step_last_timestamp_seconds` series
+            went stale) while other ranks of the same job still report, and its target is not merely down (that
+            is `TrainingTargetDown`). The rank's process exited or its pod was deleted mid-job: a crash, an OOM
+            kill, a preemption, or a node failure.""",
+        impact="""
+            A synchronous job cannot progress without the rank: the others block in their next collective until
+            its timeout kills them, holding every GPU of the job meanwhile. Work since the last checkpoint is lost.""",
+        diagnosis=["""
+            ```promql
+            last_over_time(gpuobs_training_step_last_timestamp_seconds{job_id="<job>"}[1h])   # which ranks, and when
+            time() - gpuobs_training_step_last_timestamp_seconds{job_id="<job>"}                # are the others stalling?
+            ```""", """
+            - The rank's exit: `kubectl describe pod <pod>` (OOMKilled, Evicted, exit code), `sacct -j <jobid>`,
+              the launcher's log (torchrun prints the failing rank and its exit code), `dmesg` on its node.
+            - Hardware alerts on its node at that time: `GpuLost`, XIDs, ECC."""],
+        action="""
+            If the job is elastic it may recover by itself; otherwise stop it (the other ranks will only time out)
+            and restart from the last checkpoint, without the node if hardware is at fault. The alert resolves when
+            the rank comes back or an hour after it disappeared."""),
+    "TrainingTargetDown": _rb(
+        meaning="""
+            A training rank that reported in the last hour is still a scrape target but its endpoint does not
+            answer (`up == 0` for its instance). The process crashed and the target stayed (a static
+            configuration, a restarting pod), or it hangs so hard that its metrics server cannot answer.""",
+        impact="""
+            The rank makes no progress and its metrics are gone, so `TrainingStalled` cannot see it. A job
+            whose every rank crashed shows nothing but this alert: without it, a crashed job looks resolved.""",
+        diagnosis=["""
+            ```promql
+            up{instance="<instance>"}
+            last_over_time(gpuobs_training_step_last_timestamp_seconds{job_id="<job>"}[1h])
+            ```""", """
+            - Is the process alive? `kubectl get pod`, `ps` on the node; a live process that does not answer: take
+              its stacks with `py-spy dump --pid <pid>`.
+            - A job that ended cleanly behind a static target also reads as down: remove finished jobs from the
+              scrape configuration, or use service discovery that drops completed pods."""],
+        action="""
+            Restart the crashed rank or job from its last checkpoint; for a hung process, capture stacks and kill
+            it. Remove the target when the job is over."""),
     # ------------------------------------------------------------------------------ inference
     "InferenceLatencyHigh": _rb(
         meaning="""
-            The p99 of `gen_ai_server_request_duration_seconds` for a model has been above 5 s for 5 minutes. For
+            The p99 of a model's request durations (`gpuobs_inference_request_duration_quantile_seconds`, exact
+            over each replica's last 5 minutes; the worst replica's) has been above 5 s for 5 minutes. For
             generative models the end-to-end time grows with the number of output tokens, so look at time to first
             token too.""",
         impact="""
@@ -865,7 +915,7 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             histogram_quantile(0.99, sum by (le) (rate(gen_ai_server_time_to_first_token_seconds_bucket{gen_ai_request_model="<model>"}[5m])))
             model:gen_ai_server_requests:rate{gen_ai_request_model="<model>"}
             sum by (gen_ai_token_type) (rate(gpuobs_inference_tokens_total{gen_ai_request_model="<model>"}[5m]))
-            histogram_quantile(0.99, sum by (le, job_id, rank) (rate(gen_ai_server_request_duration_seconds_bucket{gen_ai_request_model="<model>"}[5m])))
+            gpuobs_inference_request_duration_quantile_seconds{gen_ai_request_model="<model>", quantile="0.99"}   # per replica
             ```""", """
             - High time to first token: queueing or prefill (overload, too large batches). Normal first token but
               long requests: long outputs or slow decoding.

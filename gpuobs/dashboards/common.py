@@ -64,6 +64,13 @@ def quantile(q: float, m: c.Metric, matchers: tuple[str, ...], by: str = "") -> 
     return f"histogram_quantile({q:g}, sum by ({by_le}) ({rate(sel(m, *matchers, suffix='bucket'))}))"
 
 
+def windowed(q: float, m: c.Metric, matchers: tuple[str, ...], by: str = "") -> str:
+    """The exact in-process quantile of a duration histogram (its catalog.QUANTILES gauge), the
+    worst over the series merged: quantiles of different processes cannot be combined exactly."""
+    selector = sel(c.QUANTILES[m], *matchers, 'quantile="%g"' % q)
+    return f"max by ({by}) ({selector})" if by else f"max ({selector})"
+
+
 def mean(m: c.Metric, matchers: tuple[str, ...], by: str = "") -> str:
     """Mean of a histogram's observations: rate of the sum over rate of the count."""
     agg = f"sum by ({by})" if by else "sum"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from .. import catalog as c
 from . import common as k
-from .common import mean, quantile, rate, sel, target
+from .common import mean, quantile, rate, sel, target, windowed
 
 MODEL = 'gen_ai_request_model=~"$model"'
 OPERATION = 'gen_ai_operation_name=~"$operation"'
@@ -35,9 +35,9 @@ def build():
                  "Share of requests that failed.",
                  thresholds=[{"color": "green", "value": None}, {"color": "orange", "value": 0.01},
                              {"color": "red", "value": 0.05}]), 5, 5)
-    L.add(k.stat("Latency p99", [target(quantile(0.99, c.REQUEST_DURATION, M))], "s",
+    L.add(k.stat("Latency p99", [target(windowed(0.99, c.REQUEST_DURATION, M))], "s",
                  "99th percentile request duration, all selected models."), 5, 5)
-    L.add(k.stat("Time to first token p99", [target(quantile(0.99, c.TIME_TO_FIRST_TOKEN, M))], "s",
+    L.add(k.stat("Time to first token p99", [target(windowed(0.99, c.TIME_TO_FIRST_TOKEN, M))], "s",
                  "99th percentile time from a request's start to its first output token."), 5, 5)
     L.add(k.stat("Output tokens/s", [target(f"sum({rate(m(c.INFERENCE_TOKENS, OUTPUT))})")],
                  "suffix: tokens/s", "Output tokens generated per second."), 4, 5)
@@ -53,15 +53,15 @@ def build():
                     "properties": [{"id": "unit", "value": "percentunit"},
                                    {"id": "custom.axisPlacement", "value": "right"}]}]), 12, 8)
     L.add(k.timeseries("Latency p50 and p99", [
-        target(quantile(0.5, c.REQUEST_DURATION, M, BY), LEGEND + " p50"),
-        target(quantile(0.99, c.REQUEST_DURATION, M, BY), LEGEND + " p99")], "s",
+        target(windowed(0.5, c.REQUEST_DURATION, M, BY), LEGEND + " p50"),
+        target(windowed(0.99, c.REQUEST_DURATION, M, BY), LEGEND + " p99")], "s",
         "Request duration percentiles per model.", min=0), 12, 8)
     L.add(k.heatmap("Latency distribution", [target(
         f"sum by (le) ({rate(m(c.REQUEST_DURATION, suffix='bucket'), 'increase')})")], "s",
         "Requests per latency bucket over time."), 12, 8)
     L.add(k.timeseries("Time to first token p50 and p99", [
-        target(quantile(0.5, c.TIME_TO_FIRST_TOKEN, M, BY), LEGEND + " p50"),
-        target(quantile(0.99, c.TIME_TO_FIRST_TOKEN, M, BY), LEGEND + " p99")], "s",
+        target(windowed(0.5, c.TIME_TO_FIRST_TOKEN, M, BY), LEGEND + " p50"),
+        target(windowed(0.99, c.TIME_TO_FIRST_TOKEN, M, BY), LEGEND + " p99")], "s",
         "Time from a request's start to its first output token.", min=0), 12, 8)
     L.add(k.timeseries("Batch size", [
         target(mean(c.BATCH_SIZE, M, BY), LEGEND + " mean"),

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 from .. import catalog as c
 from . import common as k
-from .common import quantile, rate, sel, target
+from .common import rate, sel, target, windowed
 
 JOB = 'job_id="$job_id"'
 RANK = 'rank=~"$rank"'
 J = (JOB, RANK)
 BY_RANK = "rank {{rank}}"
 TOKENS = "suffix: tokens/s"
-RANK_P50 = "job_id_rank:gpuobs_training_step_duration_seconds:p50"
+STRAGGLER = "job_id_rank:gpuobs_training_compute_seconds:ratio_to_others"
+COMPUTE_PER_STEP = "job_id_rank:gpuobs_training_compute_seconds:per_step"
+DATA_WAIT_RATIO = "job_id_rank:gpuobs_training_data_wait:ratio"
+MFU = "job_id_rank:gpuobs_training_mfu:ratio"
 # the nodes the job's ranks run on (the scrape's cluster and node labels)
 JOB_NODES = f"on (cluster, node) group by (cluster, node) ({sel(c.STEPS, JOB)})"
 
@@ -27,8 +30,7 @@ def m(metric: c.Metric, *matchers: str, suffix: str = "") -> str:
 
 def build():
     L = k.Layout()
-    relative = (f"{RANK_P50}{{{JOB},{RANK}}} / on (job_id) group_left "
-                f"quantile by (job_id) (0.5, {RANK_P50}{{{JOB}}})")
+    relative = f"{STRAGGLER}{{{JOB},{RANK}}}"
     goodput = f"sum({rate(m(c.GOODPUT))})"
     badput = f"sum({rate(m(c.BADPUT))})"
 
@@ -37,14 +39,16 @@ def build():
                  "Optimizer steps per second, averaged over the ranks."), 4, 5)
     L.add(k.stat("Tokens/s", [target(f"sum({rate(m(c.TOKENS_TRAINED))})")], TOKENS,
                  "Tokens trained per second by the whole job."), 4, 5)
-    L.add(k.stat("MFU", [target(f"avg({m(c.MFU)})")], "percentunit",
-                 "Model FLOPs utilization of the last step, averaged over the ranks."), 4, 5)
+    L.add(k.stat("MFU", [target(f"avg({MFU}{{{JOB},{RANK}}})")], "percentunit",
+                 "Model FLOPs utilization over the rate window (FLOPs per second / peak FLOP/s), averaged over "
+                 "the ranks."), 4, 5)
     L.add(k.stat("Goodput", [target(f"{goodput} / ({goodput} + {badput})")], "percentunit",
                  "Share of the ranks' time spent computing steps; the rest is data wait, checkpoints, startup and "
                  "idle time.", thresholds=[{"color": "red", "value": None}, {"color": "orange", "value": 0.5},
                                            {"color": "green", "value": 0.8}]), 4, 5)
     L.add(k.stat("Straggler rank", [target(f"topk(1, {relative})", BY_RANK)], "percentunit",
-                 "The slowest rank and its median step time as a share of the job's median rank.",
+                 "The slowest rank: its compute time per step (data and collective waits excluded) over the mean "
+                 "of the job's other ranks.",
                  text_mode="value_and_name", graph=False,
                  thresholds=[{"color": "green", "value": None}, {"color": "orange", "value": 1.2}]), 4, 5)
     L.add(k.stat("Since last step", [target(f"time() - max({m(c.LAST_STEP)})")], "s",
@@ -52,31 +56,39 @@ def build():
                  thresholds=[{"color": "green", "value": None}, {"color": "red", "value": 600}]), 4, 5)
 
     L.row("Step time")
-    L.add(k.timeseries("Step time p50 by rank", [target(quantile(0.5, c.STEP_DURATION, J, "rank"), BY_RANK)], "s",
-                       "Median duration of an optimizer step, data wait included.", min=0), 12, 8)
-    L.add(k.timeseries("Step time p99 by rank", [target(quantile(0.99, c.STEP_DURATION, J, "rank"), BY_RANK)], "s",
-                       "99th percentile step duration.", min=0), 12, 8)
-    L.add(k.bargauge("Rank step time vs job median", [target(relative, BY_RANK, instant=True)], "percentunit",
-                     "Each rank's median step time as a share of the job's median rank (recording rule): a "
-                     "straggler stands out above 100%.", min=0, max=2,
+    L.add(k.timeseries("Step time p50 by rank", [target(windowed(0.5, c.STEP_DURATION, J, "rank"), BY_RANK)], "s",
+                       "Median duration of an optimizer step, data wait included (exact, over each rank's "
+                       "quantile window).", min=0), 12, 8)
+    L.add(k.timeseries("Step time p99 by rank", [target(windowed(0.99, c.STEP_DURATION, J, "rank"), BY_RANK)], "s",
+                       "99th percentile step duration (exact, over each rank's quantile window).", min=0), 12, 8)
+    L.add(k.bargauge("Rank compute vs the other ranks", [target(relative, BY_RANK, instant=True)], "percentunit",
+                     "Each rank's compute time per step over the mean of the job's other ranks (recording rule): "
+                     "a straggler stands out above 100%, even when collectives make all step times equal.",
+                     min=0, max=2,
                      thresholds=[{"color": "green", "value": None}, {"color": "orange", "value": 1.2},
                                  {"color": "red", "value": 1.5}]), 12, 8)
     L.add(k.heatmap("Step time distribution", [target(
         f"sum by (le) ({rate(m(c.STEP_DURATION, suffix='bucket'), 'increase')})")], "s",
         "Steps per step-time bucket over time, all selected ranks."), 12, 8)
+    L.add(k.timeseries("Compute and collective wait per step by rank", [
+        target(f"{COMPUTE_PER_STEP}{{{JOB},{RANK}}}", BY_RANK + " compute"),
+        target(f"sum by (rank) ({rate(m(c.COLLECTIVE_WAIT))}) / sum by (rank) ({rate(m(c.STEPS))})",
+               BY_RANK + " collective wait")], "s",
+        "Seconds per step each rank computes and waits in collectives: the slow rank computes longest and "
+        "waits least.", min=0), 24, 8)
 
     L.row("Data loading and throughput")
-    L.add(k.timeseries("Data-wait share by rank", [target(m(c.DATA_WAIT_SHARE), BY_RANK)], "percentunit",
-                       "Share of the last step spent waiting for the data loader; over ~30% the job is input "
-                       "bound.", min=0, max=1), 8, 8)
-    L.add(k.timeseries("Data wait p99 by rank", [target(quantile(0.99, c.DATA_WAIT, J, "rank"), BY_RANK)], "s",
+    L.add(k.timeseries("Data-wait share by rank", [target(f"{DATA_WAIT_RATIO}{{{JOB},{RANK}}}", BY_RANK)],
+                       "percentunit", "Share of wall time spent waiting for the data loader over the rate window; "
+                       "over ~30% the job is input bound.", min=0, max=1), 8, 8)
+    L.add(k.timeseries("Data wait p99 by rank", [target(windowed(0.99, c.DATA_WAIT, J, "rank"), BY_RANK)], "s",
                        "99th percentile wait for a batch inside the data loader.", min=0), 8, 8)
     L.add(k.timeseries("Tokens/s by rank", [target(f"sum by (rank) ({rate(m(c.TOKENS_TRAINED))})", BY_RANK)],
                        TOKENS, "Tokens trained per second per rank.", min=0, stack=True), 8, 8)
     L.add(k.timeseries("Samples/s", [target(f"sum by (rank) ({rate(m(c.SAMPLES_TRAINED))})", BY_RANK)],
                        "suffix: samples/s", "Samples trained per second per rank.", min=0, stack=True), 8, 8)
-    L.add(k.timeseries("MFU by rank", [target(m(c.MFU), BY_RANK)], "percentunit",
-                       "Model FLOPs utilization: FLOPs per step / step time / peak FLOPs.", min=0), 8, 8)
+    L.add(k.timeseries("MFU by rank", [target(f"{MFU}{{{JOB},{RANK}}}", BY_RANK)], "percentunit",
+                       "Model FLOPs utilization: FLOPs per second over the rate window / peak FLOP/s.", min=0), 8, 8)
     L.add(k.timeseries("Micro-steps per step", [target(
         f"sum by (rank) ({rate(m(c.MICRO_STEPS))}) / sum by (rank) ({rate(m(c.STEPS))})", BY_RANK)], "short",
         "Gradient-accumulation passes per optimizer step.", min=0), 8, 8)

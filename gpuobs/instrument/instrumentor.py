@@ -29,8 +29,9 @@ __all__ = ["GpuobsInstrumentor"]
 
 class GpuobsInstrumentor(BaseInstrumentor):
     """Configures gpuobs telemetry (gpuobs.instrument.configure) on instrument() and shuts it down on
-    uninstrument(). Keyword arguments that configure() does not take (a distro's tracer_provider,
-    say) are ignored."""
+    uninstrument(). A tracer_provider / meter_provider passed by a distro or the application is
+    used as it is (flushed at uninstrument, never shut down); other keyword arguments that
+    configure() does not take are ignored."""
 
     def instrumentation_dependencies(self) -> Collection[str]:
         return ()  # instruments gpuobs's own TrainingRun/request APIs: no third-party library required

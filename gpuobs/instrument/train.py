@@ -175,7 +175,6 @@ class TrainingRun:
         self._run_span: Any = None  # train.run, started with the first step or checkpoint
         self._run_ctx: Any = None
         self._links: Any = ()
-        self._closed = False
         self.tel.on_shutdown.append(self.close)
 
     # ---- the run span -------------------------------------------------------------------------
@@ -187,18 +186,17 @@ class TrainingRun:
         self._links = (otel_trace.Link(self._run_span.get_span_context()),)
 
     def close(self) -> None:
-        """End the run: its `train.run` span ends and pending values are recorded (idempotent;
-        the framework callbacks call it at the end of training, telemetry shutdown at exit)."""
-        if self._closed:
-            return
-        self._closed = True
+        """End the run: pending values are recorded and its `train.run` span ends (a later step
+        starts a new one). The framework callbacks call it at the end of training, telemetry
+        shutdown at exit; calling it again does nothing more."""
         try:
             self.flush()
         except Exception:  # noqa: BLE001 - closing must not raise into training code
             log.exception("flushing the training run failed")
-        if self._run_span is not None:
-            self._run_span.set_attribute("gpuobs.steps", self.step_number)
-            self._run_span.end()
+        span, self._run_span, self._run_ctx, self._links = self._run_span, None, None, ()
+        if span is not None:
+            span.set_attribute("gpuobs.steps", self.step_number)
+            span.end()
 
     # ---- data ---------------------------------------------------------------------------------
 

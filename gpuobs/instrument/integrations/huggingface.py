@@ -24,17 +24,26 @@ What it maps (the Trainer's inner loop, transformers 4.x/5.x)::
 - loss, learning_rate and grad_norm: taken from the logs dict of on_log (floats the Trainer has
   already read at its logging interval; evaluation logs are ignored) and set on the gauges at the
   TrainingRun's reporting interval and at on_train_end, which flushes;
+- data wait: the Trainer fetches all micro-batches of an optimizer step before on_step_begin, so
+  the time from the last hook before it (on_step_end, on_log, on_evaluate, on_save or
+  on_epoch_begin, whichever came last) to on_step_begin is the step's data wait;
+- collectives: under DDP the callback times the gradient all-reduce (``TrainingRun.watch_ddp`` on
+  the model: the DDP wrapper is found at its first forward), so each rank's compute time names a
+  straggler;
 - checkpoints: the Trainer calls on_save *after* writing a checkpoint and gives no hook before
   it, so the recorded duration is the time from the last hook before the save (on_step_end,
   on_log, on_evaluate or on_epoch_end, whichever came last) to on_save: the save itself plus the
   Trainer's small bookkeeping in between. It is recorded like TrainingRun.checkpoint(): the
-  checkpoint histogram, checkpoint badput and a backdated ``train.checkpoint`` span.
+  checkpoint histogram, checkpoint badput and a backdated ``train.checkpoint`` span (child of the
+  run's span) with the checkpoint's path and global step;
+- the run's ``train.run`` span ends at on_train_end.
 
 Nothing here reads a tensor or synchronizes CUDA. Requires ``transformers``.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -81,11 +90,18 @@ class GpuobsTrainerCallback(TrainerCallback):
     # ---- hooks --------------------------------------------------------------------------------
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        _ = self.run
+        model = kwargs.get("model")
+        if model is not None:
+            self.run.watch_ddp(model)
+        self._set_mark()
+
+    def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._set_mark()
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._close_all()  # a step whose on_step_end never came
+        start_perf, start_ns = self._mark  # since then the Trainer fetched this step's batches
+        self.run.add_data_wait(time.perf_counter() - start_perf, start_ns)
         self._step = self.run.step()
         self._step.__enter__()
         self._micro_batches = 1
@@ -135,13 +151,15 @@ class GpuobsTrainerCallback(TrainerCallback):
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         start_perf, start_ns = self._mark
-        record_checkpoint(self.run, time.perf_counter() - start_perf, start_ns,
-                          step=getattr(state, "global_step", ""), timing="since_last_hook")
+        step = getattr(state, "global_step", "")
+        path = os.path.join(str(getattr(args, "output_dir", "") or ""), f"checkpoint-{step}")
+        record_checkpoint(self.run, time.perf_counter() - start_perf, start_ns, step=step, path=path,
+                          timing="since_last_hook")
         self._set_mark()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._close_all()
-        self.run.flush()
+        self.run.close()
 
     # ---- helpers ------------------------------------------------------------------------------
 

@@ -18,10 +18,20 @@ What it maps (hooks as Lightning 2.x calls them):
   the accumulation count Lightning divided it by; ``outputs["grad_norm"]`` when present; learning
   rate: the stepping optimizer's first param group. All read lazily at the TrainingRun's reporting
   interval (``.item()`` is never called per batch) and at on_train_end, which flushes;
+- data wait: the time from the end of one training batch (or the epoch's start, the end of a
+  validation pass or of a checkpoint) to the start of the next is the loader fetching it: before a
+  step it is the step's data wait, between micro-batches the step's own (Lightning prefetches one
+  batch, so the fetch timed is the next one's: the same cost);
+- phases (``train.forward``, ``train.backward``, ``train.optimizer`` spans): batch start to
+  on_before_backward, on_before_backward to on_after_backward, on_before_optimizer_step to batch end;
+- collectives: under DDP the callback times the gradient all-reduce (``TrainingRun.watch_ddp`` on
+  ``trainer.strategy.model``), so each rank's compute time names a straggler;
 - checkpoints: ``trainer.save_checkpoint`` (which ModelCheckpoint and users call) is wrapped for the
-  fit, so its whole duration (state collection, write, barrier) is recorded. Where a save bypasses
-  it, on_save_checkpoint (fired once the state is collected, before the write) starts the timing and
-  the next hook this callback receives ends it: an upper bound.
+  fit, so its whole duration (state collection, write, barrier) is recorded, with its path and
+  global step. Where a save bypasses it, on_save_checkpoint (fired once the state is collected,
+  before the write) starts the timing and the next hook this callback receives ends it: an upper
+  bound;
+- the run's ``train.run`` span ends at on_train_end.
 
 Nothing here synchronizes CUDA: step times come from the TrainingRun's timer (CUDA events polled
 without waiting, on a GPU). Requires ``lightning`` (or the legacy ``pytorch_lightning`` package);
@@ -70,6 +80,8 @@ class _GpuobsHooks:
         self._saving = 0  # inside the wrapped trainer.save_checkpoint
         self._ckpt_mark: tuple[float, int] | None = None  # fallback timing from on_save_checkpoint
         self._wrapped: tuple[Any, Any] | None = None  # (trainer, wrapper) while save_checkpoint is wrapped
+        self._fetch_from: tuple[float, int] | None = None  # (perf, ns) the loader was last known not fetching
+        self._phase: Any = None  # the open phase span
 
     @property
     def run(self) -> TrainingRun:
@@ -100,11 +112,13 @@ class _GpuobsHooks:
         def save_checkpoint(*args: Any, **kwargs: Any) -> Any:
             self._finish_checkpoint()
             self._saving += 1
+            path = args[0] if args else kwargs.get("filepath", "")
             try:
-                with self.run.checkpoint():
+                with self.run.checkpoint(path=path, step=getattr(trainer, "global_step", "")):
                     return original(*args, **kwargs)
             finally:
                 self._saving -= 1
+                self._not_fetching()
 
         try:
             trainer.save_checkpoint = save_checkpoint
@@ -126,10 +140,20 @@ class _GpuobsHooks:
         optimizers = getattr(trainer, "optimizers", None)
         if optimizers:
             self.run.report(lr=optimizers[0])
+        self.run.watch_ddp(getattr(getattr(trainer, "strategy", None), "model", None) or pl_module)
+
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        self._not_fetching()
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        self._not_fetching()
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         self._finish_checkpoint()
         run = self.run
+        fetch, self._fetch_from = self._fetch_from, None
+        if fetch is not None:  # the loader fetched since the last batch ended: data wait
+            run.add_data_wait(time.perf_counter() - fetch[0], fetch[1])
         if self._step is None:
             self._step = run.step()
             self._step.__enter__()
@@ -145,35 +169,49 @@ class _GpuobsHooks:
             tokens = self.tokens_fn(batch)
             if tokens:
                 self._tokens += int(tokens)
+        self._open_phase("forward")
+
+    def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
+        self._open_phase("backward")
+
+    def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
+        self._close_phase()
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         self._stepped = True
         self.run.report(lr=optimizer)  # a reference; its lr is read at the reporting interval
+        self._open_phase("optimizer")
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         self._finish_checkpoint()
+        self._close_phase()
         self._close_micro()
         self._report(trainer, pl_module, outputs)
         self._batches += 1
         if self._stepped or self._batches >= _accumulate(trainer):
             self._close_step()
+        self._not_fetching()
 
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         self._finish_checkpoint()
+        self._close_phase()
         self._close_micro()
         self._close_step()  # one left open by an epoch cut short
+        self._fetch_from = None
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         self._finish_checkpoint()
+        self._close_phase()
         self._close_micro()
         self._close_step()
-        self.run.flush()
+        self.run.close()
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         self._finish_checkpoint()
+        self._close_phase(exception)
         self._close_micro(exception)
         self._close_step(exception)
-        self.run.flush()
+        self.run.close()
         self._unwrap_save()
 
     def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict) -> None:
@@ -194,6 +232,20 @@ class _GpuobsHooks:
             if accumulate > 1:  # Lightning divided the loss it hands us by the accumulation count
                 loss = Scaled(loss, accumulate)
         self.run.report(loss=loss, grad_norm=grad_norm)
+
+    def _not_fetching(self) -> None:
+        self._fetch_from = (time.perf_counter(), time.time_ns())
+
+    def _open_phase(self, name: str) -> None:
+        self._close_phase()
+        if self._step is not None and self.run.tracing:
+            self._phase = self.run.phase(name)
+            self._phase.__enter__()
+
+    def _close_phase(self, exc: BaseException | None = None) -> None:
+        phase, self._phase = self._phase, None
+        if phase is not None:
+            phase.__exit__(type(exc) if exc else None, exc, None)
 
     def _close_micro(self, exc: BaseException | None = None) -> None:
         micro, self._micro = self._micro, None
