@@ -335,8 +335,9 @@ case("GpuExporterAbsent", "gone", "the last target disappears at minute 11",
      [s("up", NODE, "1x10 stale")], (10, []), (15, []), (16, _absent_exp), (30, _absent_exp))
 
 # ---- training
-LAST = "gpuobs_training_step_last_time_seconds"
+LAST = "gpuobs_training_step_last_timestamp_seconds"
 _r0 = {**TRAIN, "rank": "0"}
+_r1 = {**TRAIN, "rank": "1", "instance": "n2:9464"}
 _stall_exp = [(_r0, "Rank 0 of job j1 has not finished a step for 10m.")]
 case("TrainingStalled", "fires", "steps every minute until minute 10, then none",
      [s(LAST, _r0, "0+60x10 600x30"), s(LAST, {**TRAIN, "rank": "1"}, "0+60x40")],
@@ -344,25 +345,66 @@ case("TrainingStalled", "fires", "steps every minute until minute 10, then none"
 case("TrainingStalled", "quiet", "a step every minute", [s(LAST, _r0, "0+60x40")], (20, []), (40, []))
 case("TrainingStalled", "flap", "a step every 8 minutes (slow, but progressing)",
      [s(LAST, _r0, " ".join(str(i // 8 * 8 * 60) for i in range(41)))], (20, []), (40, []))
-case("TrainingStalled", "gone", "the job ends and its series vanish: not a stall",
+case("TrainingStalled", "gone", "the job ends and its series vanish: not a stall (TrainingRankLost's case)",
      [s(LAST, _r0, "0+60x10 stale")], (15, []), (30, []))
 
-_les = ("0.5", "1", "2", "4")
-_fast, _slow = 0.8, 1.5  # p50 of 60 steps a minute all in (0.5, 1]: 0.75; all in (1, 2]: 1.5
-_reg_exp = [({"job_id": "j1"}, "Job j1 steps take 1.5 s, over 1.5x its median of the last 6h.")]
-case("TrainingStepTimeRegression", "fires", "2h at 0.8 s a step, then 1.5 s",
-     hist(STEP, _r0, _les, [_fast] * 121 + [_slow] * 60), (128, []), (150, _reg_exp), (180, _reg_exp))
-case("TrainingStepTimeRegression", "quiet", "steady at 0.8 s, and a job slow from its start (its own baseline)",
-     hist(STEP, _r0, _les, [_fast] * 181) + hist(STEP, {**TRAIN, "job_id": "j2", "rank": "0"}, _les,
-                                                  [_slow] * 181), (150, []), (180, []))
-case("TrainingStepTimeRegression", "flap", "a 10-minute slowdown: shorter than its for (15m)",
-     hist(STEP, _r0, _les, [_fast] * 121 + [_slow] * 10 + [_fast] * 50), (130, []), (140, []), (170, []))
-case("TrainingStepTimeRegression", "gone", "fires, then the job ends and its series vanish: resolves",
-     hist(STEP, _r0, _les, [_fast] * 121 + [_slow] * 40, end=" stale"), (160, _reg_exp), (164, _reg_exp), (165, []))
+_lost_exp = [(_r1, "Rank 1 of job j1 stopped reporting while other ranks of the job still run: its process exited "
+                   "or its target was removed.")]
+case("TrainingRankLost", "fires", "rank 1's series vanish at minute 11 while rank 0 trains on; visible 1h",
+     [s(LAST, _r0, "0+60x80"), s(LAST, _r1, "0+60x10 stale")], (11, []), (13, _lost_exp), (69, _lost_exp),
+     (72, []))
+case("TrainingRankLost", "quiet", "both ranks train; another job ends whole (all its ranks at once)",
+     [s(LAST, _r0, "0+60x40"), s(LAST, _r1, "0+60x40"), s(LAST, {**_r0, "job_id": "j2"}, "0+60x10 stale"),
+      s(LAST, {**_r1, "job_id": "j2"}, "0+60x10 stale")], (5, []), (12, []), (30, []))
+case("TrainingRankLost", "flap", "rank 1's scrape fails every other minute: never lost for 1m",
+     [s(LAST, _r0, "0+60x40"), s(LAST, _r1, " ".join(str(i * 60) if i % 2 == 0 else "stale" for i in range(41)))],
+     (5, []), (20, []), (40, []))
+case("TrainingRankLost", "quiet", "rank 1's target is down but still scraped: TrainingTargetDown's case",
+     [s(LAST, _r0, "0+60x40"), s(LAST, _r1, "0+60x10 stale"), s("up", _r1 | {"rank": None} and
+      {k: v for k, v in _r1.items() if k not in ("rank", "job_id")}, "1x10 0x30")], (13, []), (30, []))
+case("TrainingRankLost", "gone", "rank 1 lost, then the rest of the job ends too: resolves",
+     [s(LAST, _r0, "0+60x20 stale"), s(LAST, _r1, "0+60x10 stale")], (13, _lost_exp), (20, _lost_exp), (22, []))
 
-WAIT = "gpuobs_training_data_wait_share_ratio"
-gauge_alert("TrainingDataLoaderBound", WAIT, _r0, 0.5, 0.1,
-            "Rank 0 of job j1 spends 50% of each step waiting for data.", gone_what="the job ends")
+_up0 = {k: v for k, v in _r0.items() if k not in ("rank", "job_id")}  # the target's own labels
+_down_exp = [(_r0, "Rank 0 of job j1 (n1:9464) is still a scrape target but does not answer: the process crashed "
+                   "or hangs.")]
+case("TrainingTargetDown", "fires", "the rank's process crashes at minute 11; its target stays, down",
+     [s(LAST, _r0, "0+60x10 stale"), s("up", _up0, "1x10 0x70")], (11, []), (13, _down_exp), (69, _down_exp),
+     (72, []))
+case("TrainingTargetDown", "quiet", "the target answers; a down target that never exported training series",
+     [s(LAST, _r0, "0+60x40"), s("up", _up0, "1x40"), s("up", {**_up0, "instance": "n9:9445", "job": "gpuobs"},
+                                                       "0x40")], (5, []), (30, []))
+case("TrainingTargetDown", "flap", "every other scrape fails: never down for 1m",
+     [s(LAST, _r0, " ".join(str(i * 60) if i % 2 == 0 else "stale" for i in range(41))),
+      s("up", _up0, alt(1, 0, 41))], (5, []), (20, []), (40, []))
+case("TrainingTargetDown", "gone", "fires, then the target is removed from service discovery: resolves",
+     [s(LAST, _r0, "0+60x10 stale"), s("up", _up0, "1x10 0x5 stale")], (13, _down_exp), (15, _down_exp),
+     (17, []))
+
+STEP_Q = "gpuobs_training_step_duration_quantile_seconds"
+_p50 = {**_r0, "quantile": "0.5"}
+_reg_exp = [({"job_id": "j1"}, "Job j1 steps take 1.04 s, over 1.2x its median of the last 6h.")]
+case("TrainingStepTimeRegression", "fires", "2h at 0.8 s a step, then 1.3x slower (1.04 s)",
+     [s(STEP_Q, _p50, "0.8x120 1.04x60")], (128, []), (140, _reg_exp), (180, _reg_exp))
+case("TrainingStepTimeRegression", "quiet", "1.1x slower after 2h; and a job slow from its start (its own baseline)",
+     [s(STEP_Q, _p50, "0.8x120 0.88x60"), s(STEP_Q, {**_p50, "job_id": "j2"}, "1.5x180")], (150, []), (180, []))
+case("TrainingStepTimeRegression", "flap", "a 10-minute slowdown: shorter than its for (15m)",
+     [s(STEP_Q, _p50, "0.8x120 1.5x10 0.8x50")], (130, []), (140, []), (170, []))
+case("TrainingStepTimeRegression", "gone", "fires, then the job ends and its series vanish: resolves",
+     [s(STEP_Q, _p50, "0.8x120 1.04x40 stale")], (158, _reg_exp), (161, _reg_exp), (163, []))
+
+BAD = "gpuobs_training_badput_seconds_total"
+_wait = {**_r0, "cause": "data_wait"}
+_wait_exp = [({"job_id": "j1", "rank": "0"}, "Rank 0 of job j1 spent 40% of the last 5m waiting for data.")]
+case("TrainingDataLoaderBound", "fires", "waits 24 s a minute (40 %), another rank 6 s (10 %)",
+     # rate() divides by the whole window: 0.4 is read once the 5m window is full (minute 5), + for 15m
+     [s(BAD, _wait, "0+24x40"), s(BAD, {**_wait, "rank": "1"}, "0+6x40")], (18, []), (21, _wait_exp), (40, _wait_exp))
+case("TrainingDataLoaderBound", "quiet", "a few slow batches: one 30 s wait in a minute of 3 s waits",
+     [s(BAD, _wait, cum([3] * 10 + [30] + [3] * 30))], (12, []), (30, []))
+case("TrainingDataLoaderBound", "flap", "24 s of waiting every other minute: 20 % on average",
+     [s(BAD, _wait, cum([24, 0] * 20))], (20, []), (40, []))
+case("TrainingDataLoaderBound", "gone", "fires, then training stops (the counter stops growing): resolves",
+     [s(BAD, _wait, "0+24x25 600x20")], (21, _wait_exp), (25, _wait_exp), (31, []))
 
 CKPT = "gpuobs_training_checkpoint_duration_seconds"
 _ckpt_exp = [(_r0, "Job j1 rank 0 checkpoints take 900 s on average.")]
@@ -376,35 +418,56 @@ case("TrainingSlowCheckpoint", "gone", "one slow checkpoint, then the job ends: 
      [s(f"{CKPT}_sum", _r0, "0x10 900x10 stale"), s(f"{CKPT}_count", _r0, "0x10 1x10 stale")],
      (15, _ckpt_exp), (70, _ckpt_exp), (71, []))
 
-_ranks = [{**TRAIN, "rank": str(r)} for r in range(4)]
-_strag_exp = [({"job_id": "j1", "rank": "2"}, "Rank 2 of job j1 takes 2.00x the median rank's step time.")]
-case("TrainingStragglerRank", "fires", "rank 2 steps in 1.5 s, ranks 0, 1, 3 in 0.8 s",
-     [x for r in _ranks for x in hist(STEP, r, _les, [_slow if r["rank"] == "2" else _fast] * 41)],
-     (15, []), (25, _strag_exp), (40, _strag_exp))
-case("TrainingStragglerRank", "quiet", "every rank at 0.8 s", [x for r in _ranks for x in hist(STEP, r, _les,
-                                                                                             [_fast] * 41)],
-     (20, []), (40, []))
+COMPUTE, STEPS = "gpuobs_training_compute_seconds_total", "gpuobs_training_steps_total"
+
+
+def ranks(n: int, per_step: dict[int, list[float]], end: dict[int, str] | None = None) -> list[dict]:
+    """n ranks stepping 60 times a minute; per_step[r] is rank r's compute seconds per step by
+    minute (default 0.8 s every minute); end[r] is appended to rank r's series (e.g. ' stale')."""
+    out = []
+    minutes = max(len(v) for v in per_step.values())
+    for r in range(n):
+        labels = {**TRAIN, "rank": str(r)}
+        compute = per_step.get(r, [0.8] * minutes)
+        tail = (end or {}).get(r, "")
+        out += [s(COMPUTE, labels, cum(60 * x for x in compute) + tail),
+                s(STEPS, labels, cum([60] * len(compute)) + tail)]
+    return out
+
+
+def _strag(rank: str, ratio: str) -> list:
+    return [({"job_id": "j1", "rank": rank}, f"Rank {rank} of job j1 computes {ratio}x as long per step as the "
+                                            "job's other ranks, which wait for it in their collectives.")]
+
+
+case("TrainingStragglerRank", "fires", "4 ranks; rank 2 computes 1.3x as long per step (1.04 vs 0.8 s)",
+     ranks(4, {2: [1.04] * 41}), (15, []), (17, _strag("2", "1.30")), (40, _strag("2", "1.30")))
+case("TrainingStragglerRank", "fires", "2 ranks, rank 1 1.3x: against the other rank, not the mean of both",
+     ranks(2, {1: [1.04] * 41}), (15, []), (17, _strag("1", "1.30")), (40, _strag("1", "1.30")))
+case("TrainingStragglerRank", "quiet", "4 ranks all at 0.8 s; 2 ranks 1.1x apart; a job of one rank",
+     ranks(4, {0: [0.8] * 41}) + [x for x in ranks(2, {1: [0.88] * 41}) if not (x.update(
+         series=x["series"].replace('job_id="j1"', 'job_id="j2"')))] + [
+         s(COMPUTE, {**TRAIN, "job_id": "j3", "rank": "0"}, "0+48x40"),
+         s(STEPS, {**TRAIN, "job_id": "j3", "rank": "0"}, "0+60x40")], (20, []), (40, []))
 case("TrainingStragglerRank", "flap", "rank 2 slow 10 minutes only: shorter than its for (15m)",
-     [x for r in _ranks for x in hist(STEP, r, _les, [_fast] * 10 + [_slow if r["rank"] == "2" else _fast] * 10
-                                      + [_fast] * 21)], (20, []), (30, []), (40, []))
+     ranks(4, {2: [0.8] * 10 + [1.04] * 10 + [0.8] * 21}), (20, []), (30, []), (40, []))
 case("TrainingStragglerRank", "gone", "fires, then the slow rank dies and its series vanish: resolves",
-     [x for r in _ranks for x in hist(STEP, r, _les, [_slow if r["rank"] == "2" else _fast] * 31,
-                                      end=" stale" if r["rank"] == "2" else " 0x10")],
-     (28, _strag_exp), (34, _strag_exp), (35, []))
+     # the dead rank's rate() still reads its last 5 minutes of samples
+     ranks(4, {2: [1.04] * 31}, end={2: " stale"}), (28, _strag("2", "1.30")), (30, _strag("2", "1.30")),
+     (37, []))
 
 # ---- inference
-_req_les = ("0.5", "1", "2.5", "5", "10")
-_lat_exp = [({"gen_ai_request_model": "llama"}, "Model llama p99 latency is 9.95 s.")]
-case("InferenceLatencyHigh", "fires", "every request takes 7 s (p99 interpolates to 9.95)",
-     hist(REQ, SERVE, _req_les, [7] * 31, per_min=100) + hist(
-         REQ, {**SERVE, "gen_ai_request_model": "mistral"}, _req_les, [0.7] * 31, per_min=100),
-     (5, []), (10, _lat_exp), (30, _lat_exp))
-case("InferenceLatencyHigh", "quiet", "every request takes 0.7 s", hist(REQ, SERVE, _req_les, [0.7] * 31),
-     (10, []), (30, []))
-case("InferenceLatencyHigh", "quiet", "no requests at all for 20 minutes (no quantile, no alert)",
-     hist(REQ, SERVE, _req_les, [0.7] * 5 + [None] * 26), (20, []), (30, []))
+REQ_Q = "gpuobs_inference_request_duration_quantile_seconds"
+_q99 = {**SERVE, "quantile": "0.99"}
+_lat_exp = [({"gen_ai_request_model": "llama"}, "Model llama p99 latency is 7 s.")]
+case("InferenceLatencyHigh", "fires", "p99 of 7 s on one replica, 0.7 s on another (the worst counts)",
+     [s(REQ_Q, _q99, "7x30"), s(REQ_Q, {**_q99, "rank": "1", "instance": "n3:9464"}, "0.7x30"),
+      s(REQ_Q, {**_q99, "gen_ai_request_model": "mistral"}, "0.7x30")], (4, []), (6, _lat_exp), (30, _lat_exp))
+case("InferenceLatencyHigh", "quiet", "p99 of 0.7 s", [s(REQ_Q, _q99, "0.7x30")], (10, []), (30, []))
+case("InferenceLatencyHigh", "quiet", "no requests for 20 minutes: the quantile series is absent, no alert",
+     [s(REQ_Q, _q99, "0.7x5 stale")], (20, []), (30, []))
 case("InferenceLatencyHigh", "gone", "fires, then the model is unloaded and its series vanish",
-     hist(REQ, SERVE, _req_les, [7] * 21, per_min=100, end=" stale"), (15, _lat_exp), (24, _lat_exp), (25, []))
+     [s(REQ_Q, _q99, "7x20 stale")], (15, _lat_exp), (20, _lat_exp), (22, []))
 
 ERR = "gpuobs_inference_errors_total"
 _err = {**SERVE, "error_type": "timeout"}

@@ -153,7 +153,7 @@ def recording_rules(t: Thresholds) -> list[Record]:
         # hides a 1.3x skew (2 * 1.3 / 2.3 = 1.13); leaving the rank out is exact for 2 ranks and robust
         # for 64. Jobs of one rank have no others and no ratio.
         Record(STRAGGLER_RATIO, f"{COMPUTE_PER_STEP} / ((sum by (job_id) ({COMPUTE_PER_STEP}) - on (job_id) "
-                                f"group_right {COMPUTE_PER_STEP}) / on (job_id) group_left "
+                                f"group_right {COMPUTE_PER_STEP}) / on (job_id) group_left () "
                                 f"((count by (job_id) ({COMPUTE_PER_STEP}) > 1) - 1))"),
         # Shares of wall time from counters over the window, not the last step's ratio
         Record(DATA_WAIT_RATIO, f'sum by (job_id, rank) (rate({c.BADPUT.exposed_name}{{cause="data_wait"}}[{w}]))'),
