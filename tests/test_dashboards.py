@@ -199,7 +199,7 @@ def _exprs(d: dict) -> str:
 
 
 @pytest.mark.parametrize("name, families", [
-    ("node", set(c.FAMILIES)), ("exporter-health", {"exporter"}), ("training-job", {"training"}),
+    ("node", set(c.FAMILIES)), ("exporter-health", {"exporter"}), ("training-job", {"training", "telemetry"}),
     ("inference-service", {"inference"})])
 def test_dashboards_cover_the_catalog(name, families):
     """The node dashboard shows every per-GPU family, the others every metric of theirs."""

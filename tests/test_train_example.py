@@ -1,5 +1,5 @@
 """examples/train.py on two ranks beside the exporter, all scraped by a real Prometheus: step time,
-data-wait share, tokens/s and loss show per rank, and the slower rank stands out."""
+data-wait share (from the badput counter), tokens/s and loss show per rank, and the slower rank stands out."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def test_training_metrics_by_rank_in_prometheus(exporter, prometheus, tmp_path):
         steps = by_rank(p50)
         assert set(steps) == {"0", "1"}
         assert 0.025 <= steps["0"] < steps["1"] <= 0.25, steps  # 10 ms data + 20 ms vs 45 ms compute
-        share = by_rank("gpuobs_training_data_wait_share_ratio")
+        share = by_rank('rate(gpuobs_training_badput_seconds_total{cause="data_wait"}[10s])')
         assert set(share) == {"0", "1"} and all(0.05 < v < 0.6 for v in share.values()), share
         tokens = by_rank("rate(gpuobs_training_tokens_total[10s])")
         assert tokens["0"] > tokens["1"] > 1000, tokens  # 32 samples x 512 tokens per step

@@ -61,8 +61,16 @@ def build():
         "Requests per latency bucket over time."), 12, 8)
     L.add(k.timeseries("Time to first token p50 and p99", [
         target(windowed(0.5, c.TIME_TO_FIRST_TOKEN, M, BY), LEGEND + " p50"),
-        target(windowed(0.99, c.TIME_TO_FIRST_TOKEN, M, BY), LEGEND + " p99")], "s",
+        target(windowed(0.99, c.TIME_TO_FIRST_TOKEN, M, BY), LEGEND + " p99"),
+        target(mean(c.TIME_TO_FIRST_TOKEN, M, BY), LEGEND + " mean")], "s",
         "Time from a request's start to its first output token.", min=0), 12, 8)
+    L.add(k.timeseries("Time per output token p50 and p99", [
+        target(windowed(0.5, c.TIME_PER_OUTPUT_TOKEN, M, BY), LEGEND + " p50"),
+        target(windowed(0.99, c.TIME_PER_OUTPUT_TOKEN, M, BY), LEGEND + " p99"),
+        target(mean(c.TIME_PER_OUTPUT_TOKEN, M, BY), LEGEND + " mean")], "s",
+        "Decoding time per output token after the first.", min=0), 12, 8)
+    L.add(k.timeseries("Requests in flight", [target(f"sum by ({BY}) ({m(c.ACTIVE_REQUESTS)})", LEGEND)], "short",
+                       "Requests started and not yet finished, per model.", min=0, stack=True), 12, 8)
     L.add(k.timeseries("Batch size", [
         target(mean(c.BATCH_SIZE, M, BY), LEGEND + " mean"),
         target(quantile(0.99, c.BATCH_SIZE, M, BY), LEGEND + " p99")], "short",

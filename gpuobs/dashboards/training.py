@@ -17,7 +17,6 @@ J = (JOB, RANK)
 BY_RANK = "rank {{rank}}"
 TOKENS = "suffix: tokens/s"
 STRAGGLER = "job_id_rank:gpuobs_training_compute_seconds:ratio_to_others"
-COMPUTE_PER_STEP = "job_id_rank:gpuobs_training_compute_seconds:per_step"
 DATA_WAIT_RATIO = "job_id_rank:gpuobs_training_data_wait:ratio"
 MFU = "job_id_rank:gpuobs_training_mfu:ratio"
 # the nodes the job's ranks run on (the scrape's cluster and node labels)
@@ -71,7 +70,7 @@ def build():
         f"sum by (le) ({rate(m(c.STEP_DURATION, suffix='bucket'), 'increase')})")], "s",
         "Steps per step-time bucket over time, all selected ranks."), 12, 8)
     L.add(k.timeseries("Compute and collective wait per step by rank", [
-        target(f"{COMPUTE_PER_STEP}{{{JOB},{RANK}}}", BY_RANK + " compute"),
+        target(f"sum by (rank) ({rate(m(c.COMPUTE))}) / sum by (rank) ({rate(m(c.STEPS))})", BY_RANK + " compute"),
         target(f"sum by (rank) ({rate(m(c.COLLECTIVE_WAIT))}) / sum by (rank) ({rate(m(c.STEPS))})",
                BY_RANK + " collective wait")], "s",
         "Seconds per step each rank computes and waits in collectives: the slow rank computes longest and "
@@ -81,14 +80,18 @@ def build():
     L.add(k.timeseries("Data-wait share by rank", [target(f"{DATA_WAIT_RATIO}{{{JOB},{RANK}}}", BY_RANK)],
                        "percentunit", "Share of wall time spent waiting for the data loader over the rate window; "
                        "over ~30% the job is input bound.", min=0, max=1), 8, 8)
-    L.add(k.timeseries("Data wait p99 by rank", [target(windowed(0.99, c.DATA_WAIT, J, "rank"), BY_RANK)], "s",
+    L.add(k.timeseries("Data wait p99 and mean by rank", [
+        target(windowed(0.99, c.DATA_WAIT, J, "rank"), BY_RANK + " p99"),
+        target(f"sum by (rank) ({rate(m(c.DATA_WAIT, suffix='sum'))}) / "
+               f"sum by (rank) ({rate(m(c.DATA_WAIT, suffix='count'))})", BY_RANK + " mean")], "s",
                        "99th percentile wait for a batch inside the data loader.", min=0), 8, 8)
     L.add(k.timeseries("Tokens/s by rank", [target(f"sum by (rank) ({rate(m(c.TOKENS_TRAINED))})", BY_RANK)],
                        TOKENS, "Tokens trained per second per rank.", min=0, stack=True), 8, 8)
     L.add(k.timeseries("Samples/s", [target(f"sum by (rank) ({rate(m(c.SAMPLES_TRAINED))})", BY_RANK)],
                        "suffix: samples/s", "Samples trained per second per rank.", min=0, stack=True), 8, 8)
-    L.add(k.timeseries("MFU by rank", [target(f"{MFU}{{{JOB},{RANK}}}", BY_RANK)], "percentunit",
-                       "Model FLOPs utilization: FLOPs per second over the rate window / peak FLOP/s.", min=0), 8, 8)
+    L.add(k.timeseries("MFU by rank", [target(
+        f"sum by (rank) ({rate(m(c.FLOPS))}) / max by (rank) ({m(c.PEAK_FLOPS)})", BY_RANK)], "percentunit",
+        "Model FLOPs utilization: FLOPs per second over the interval / peak FLOP/s of the rank's GPU.", min=0), 8, 8)
     L.add(k.timeseries("Micro-steps per step", [target(
         f"sum by (rank) ({rate(m(c.MICRO_STEPS))}) / sum by (rank) ({rate(m(c.STEPS))})", BY_RANK)], "short",
         "Gradient-accumulation passes per optimizer step.", min=0), 8, 8)
@@ -109,6 +112,14 @@ def build():
         f"max by (rank) ({rate(m(c.CHECKPOINT_DURATION, suffix='sum'))} / "
         f"{rate(m(c.CHECKPOINT_DURATION, suffix='count'))})", BY_RANK)], "s",
         "Mean duration of the checkpoints saved in each interval.", min=0, bars=True), 8, 8)
+    L.add(k.timeseries("Checkpoint duration p99 (window)", [target(windowed(0.99, c.CHECKPOINT_DURATION, J, "rank"),
+                                                                  BY_RANK)], "s",
+                       "99th percentile of the checkpoint saves in each rank's quantile window.", min=0), 8, 8)
+    L.add(k.timeseries("Telemetry dropped", [
+        target(f"sum({rate(sel(c.SPANS_DROPPED), 'increase')})", "spans"),
+        target(f"sum({rate(sel(c.LOGS_DROPPED), 'increase')})", "log records")], "short",
+        "Spans and log records the instrumentation dropped (a slow or dead trace endpoint or Fluentd); "
+        "training itself never waits for them.", min=0, bars=True), 8, 8)
     L.add(k.timeseries("Checkpoints", [target(
         f"sum by (rank) ({rate(m(c.CHECKPOINT_DURATION, suffix='count'), 'increase')})", BY_RANK)], "short",
         "Checkpoints saved per interval.", min=0, bars=True), 8, 8)

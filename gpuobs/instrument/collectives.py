@@ -38,7 +38,7 @@ class DdpCommTimer:
         self.done: float | None = None
         self.buckets = 0  # buckets all-reduced in total (a test and a debugging aid)
 
-    def hook(self, process_group: Any, bucket: Any) -> Any:
+    def hook(self, process_group, bucket):  # no annotations: DDP rejects any but its own
         """The communication hook: launch the bucket's all-reduce as DDP does, stamp launch and completion."""
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
