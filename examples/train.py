@@ -94,7 +94,7 @@ def main() -> None:
             with run.phase("optimizer"):
                 loss = opt.step(xs, ys)
             if step % args.checkpoint_every == 0:
-                with run.checkpoint(step=step):
+                with run.checkpoint(path=f"checkpoints/step-{step}"):
                     time.sleep(0.05)  # stand-in for writing the weights
                     log.info("checkpoint saved", extra={"step": step})
         run.report(loss=loss, grad_norm=opt.grad_norm, lr=opt)
@@ -102,7 +102,7 @@ def main() -> None:
             evaluate(opt, xs)
         if step % 50 == 0:
             opt.param_groups[0]["lr"] *= 0.9  # decay, so the lr series moves
-    run.flush()
+    run.close()  # records what is pending and ends the run's span
     log.info("training done", extra={"final_loss": loss})
     telemetry.shutdown()
 

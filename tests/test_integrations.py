@@ -523,6 +523,158 @@ def test_real_transformers_trainer(tel, tmp_path):
     assert count == 2 and seconds > 0
 
 
+class SleepyData:
+    """A map-style dataset whose __getitem__ sleeps a known time and records, with perf_counter,
+    when each fetch ran: the ground truth the callbacks' data wait is checked against."""
+
+    def __init__(self, torch, n: int, sleep_s: float, item):
+        self.sleep_s, self.item, self.fetches = sleep_s, item, []
+        g = torch.Generator().manual_seed(0)
+        self.x, self.y = torch.randn(n, 4, generator=g), torch.randn(n, 1, generator=g)
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        t0 = time.perf_counter()
+        time.sleep(self.sleep_s)
+        self.fetches.append((t0, time.perf_counter()))
+        return self.item(self.x[i], self.y[i])
+
+    def waited(self, first: float, last: float) -> float:
+        """Seconds spent fetching between first (the loop was ready for data) and last (the last
+        step began): what the training loop waited for data, as the dataset itself measured it."""
+        return sum(t1 - t0 for t0, t1 in self.fetches if t0 >= first and t1 <= last)
+
+
+class HookTimes:
+    """Mixin recording when named hooks were called (perf_counter)."""
+
+    def _hooks(self, names):
+        self.times = {name: [] for name in names}
+        for name in names:
+            setattr(self, name, (lambda n: lambda *a, **k: self.times[n].append(time.perf_counter()))(name))
+
+
+def _children(spans, parent) -> list:
+    return [s for s in spans if s.parent is not None and s.parent.span_id == parent.context.span_id
+            and s.context.trace_id == parent.context.trace_id]
+
+
+def _assert_data_wait(tel, measured: float, steps: int):
+    badput = tel.total("gpuobs.training.badput", cause="data_wait")
+    count, seconds = tel.hist("gpuobs.training.data_wait.duration")
+    assert count == steps  # every step waited for its batch
+    assert badput == pytest.approx(measured, rel=0.10)
+    assert seconds == pytest.approx(measured, rel=0.10)
+
+
+def test_real_lightning_fit_data_wait_phases_and_checkpoint(tel, tmp_path):
+    torch = pytest.importorskip("torch")
+    pl = pytest.importorskip("lightning.pytorch")
+    from gpuobs.instrument.integrations.lightning import GpuobsCallback
+
+    class Model(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.layer(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    ckpt = str(tmp_path / "mid.ckpt")
+
+    class Saver(pl.Callback):  # after GpuobsCallback in the list: saves between steps
+        def on_train_batch_end(self, trainer, *args):
+            if trainer.global_step == 10:
+                trainer.save_checkpoint(ckpt)
+
+    times = type("Times", (HookTimes, pl.Callback), {})()
+    times._hooks(["on_train_epoch_start", "on_train_batch_start"])
+    # 40 samples, batch 2, 20 ms each: 40 ms of loading per batch (the loop's own overhead between
+    # batches is under 1 ms), 30 steps crossing an epoch boundary
+    data = SleepyData(torch, 40, 0.020, lambda x, y: (x, y))
+    loader = torch.utils.data.DataLoader(data, batch_size=2, num_workers=0)
+    cb = GpuobsCallback(tel.run())
+    trainer = pl.Trainer(max_steps=30, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+                         callbacks=[times, cb, Saver()])
+    trainer.fit(Model(), loader)
+
+    assert tel.total("gpuobs.training.steps") == 30
+    measured = data.waited(times.times["on_train_epoch_start"][0], times.times["on_train_batch_start"][-1])
+    assert measured > 30 * 0.040 * 0.9  # the wait dwarfs the loop's own overhead between batches
+    _assert_data_wait(tel, measured, 30)
+
+    spans = tel.spans()
+    steps = [s for s in spans if s.name == "train.step"]
+    assert len(steps) == 30
+    for step in steps:
+        phases = {s.name: s for s in _children(spans, step) if s.name != "train.data_wait"}
+        assert sorted(phases) == ["train.backward", "train.forward", "train.optimizer"]
+        fwd, bwd, opt = phases["train.forward"], phases["train.backward"], phases["train.optimizer"]
+        assert step.start_time <= fwd.start_time <= fwd.end_time <= bwd.start_time <= bwd.end_time \
+            <= opt.start_time <= opt.end_time <= step.end_time
+        assert all(s.attributes["gpuobs.phase"] == s.name.split(".")[1] for s in phases.values())
+
+    (run,) = [s for s in spans if s.name == "train.run"]
+    (saved,) = [s for s in spans if s.name == "train.checkpoint"]
+    assert os.path.isfile(ckpt)
+    assert saved.attributes["gpuobs.checkpoint.path"] == ckpt
+    assert saved.attributes["gpuobs.checkpoint.step"] == "10"
+    assert saved.context.trace_id == run.context.trace_id and saved.parent.span_id == run.context.span_id
+    assert run.start_time <= saved.start_time <= saved.end_time <= run.end_time
+    count, seconds = tel.hist("gpuobs.training.checkpoint.duration")
+    assert count == 1 and seconds == pytest.approx((saved.end_time - saved.start_time) / 1e9, abs=1e-3)
+
+
+def test_real_transformers_trainer_data_wait_and_checkpoint(tel, tmp_path):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    from gpuobs.instrument.integrations.huggingface import GpuobsTrainerCallback
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def forward(self, x, labels=None):
+            out = self.layer(x)
+            return {"loss": torch.nn.functional.mse_loss(out, labels), "logits": out}
+
+    times = type("Times", (HookTimes, transformers.TrainerCallback), {})()
+    times._hooks(["on_epoch_begin", "on_step_begin"])
+    data = SleepyData(torch, 64, 0.020, lambda x, y: {"x": x, "labels": y})
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path), per_device_train_batch_size=2, max_steps=20, logging_steps=5,
+        save_strategy="steps", save_steps=15, report_to=[], use_cpu=True, disable_tqdm=True,
+        dataloader_num_workers=0, remove_unused_columns=False, learning_rate=0.01, lr_scheduler_type="constant")
+    cb = GpuobsTrainerCallback(tel.run())
+    trainer = transformers.Trainer(model=Model(), args=args, train_dataset=data, callbacks=[times, cb])
+    trainer.train()
+
+    assert tel.total("gpuobs.training.steps") == 20
+    measured = data.waited(times.times["on_epoch_begin"][0], times.times["on_step_begin"][-1])
+    assert measured > 20 * 0.040 * 0.9  # accelerate's loader fetches one batch ahead: 21 fetched
+    _assert_data_wait(tel, measured, 20)
+
+    spans = tel.spans()
+    (run,) = [s for s in spans if s.name == "train.run"]
+    saved = {s.attributes["gpuobs.checkpoint.step"]: s for s in spans if s.name == "train.checkpoint"}
+    assert "15" in saved and set(saved) <= {"15", "20"}  # transformers 5 also saves at max_steps
+    for step, span in saved.items():
+        path = span.attributes["gpuobs.checkpoint.path"]
+        assert path.endswith(f"checkpoint-{step}") and os.path.isdir(path)
+        assert span.context.trace_id == run.context.trace_id and span.parent.span_id == run.context.span_id
+    count, _ = tel.hist("gpuobs.training.checkpoint.duration")
+    assert count == len(saved)
+
+
 def test_legacy_pytorch_lightning_callback():
     pl_legacy = pytest.importorskip("pytorch_lightning")
     pytest.importorskip("lightning.pytorch")

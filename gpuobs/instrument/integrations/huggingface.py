@@ -63,15 +63,17 @@ class GpuobsTrainerCallback(TrainerCallback):
     rate, grad norm and checkpoints into a gpuobs TrainingRun (see the module docstring).
 
     run: a TrainingRun to record into (default: one created at on_train_begin over the current
-    Telemetry, with flops_per_step, peak_flops, report_interval_s and sync passed on)."""
+    Telemetry, with flops_per_step, peak_flops, dtype (peak FLOP/s looked up for the GPU), report_interval_s
+    and sync passed on)."""
 
     def __init__(self, run: TrainingRun | None = None, *, telemetry: Telemetry | None = None,
                  samples_per_micro_step: int | None = None, flops_per_step: float | None = None,
-                 peak_flops: float | None = None, report_interval_s: float = 10.0, sync: bool = False):
+                 peak_flops: float | None = None, report_interval_s: float = 10.0, sync: bool = False,
+                 dtype: str | None = None):
         self._run = run
         self._telemetry = telemetry
         self._run_kwargs = dict(flops_per_step=flops_per_step, peak_flops=peak_flops,
-                                report_interval_s=report_interval_s, sync=sync)
+                                report_interval_s=report_interval_s, sync=sync, dtype=dtype)
         self.samples_per_micro_step = samples_per_micro_step
         self._step: Any = None
         self._micro: Any = None

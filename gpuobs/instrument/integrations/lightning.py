@@ -64,12 +64,13 @@ class _GpuobsHooks:
     def __init__(self, run: TrainingRun | None = None, *, telemetry: Telemetry | None = None,
                  samples_fn: Callable[[Any], int | None] | None = None,
                  tokens_fn: Callable[[Any], int | None] | None = None, flops_per_step: float | None = None,
-                 peak_flops: float | None = None, report_interval_s: float = 10.0, sync: bool = False):
+                 peak_flops: float | None = None, report_interval_s: float = 10.0, sync: bool = False,
+                 dtype: str | None = None):
         super().__init__()
         self._run = run
         self._telemetry = telemetry
         self._run_kwargs = dict(flops_per_step=flops_per_step, peak_flops=peak_flops,
-                                report_interval_s=report_interval_s, sync=sync)
+                                report_interval_s=report_interval_s, sync=sync, dtype=dtype)
         self.samples_fn = samples_fn or batch_size
         self.tokens_fn = tokens_fn
         self._step: Any = None  # the open TrainingRun step (entered context manager)
@@ -278,7 +279,8 @@ class GpuobsCallback(_GpuobsHooks, _Callback):
     checkpoints into a gpuobs TrainingRun (see the module docstring for the mapping).
 
     run: a TrainingRun to record into (default: one created at first use over the current
-    Telemetry, with flops_per_step, peak_flops, report_interval_s and sync passed on);
+    Telemetry, with flops_per_step, peak_flops, dtype (peak FLOP/s looked up for the GPU), report_interval_s
+    and sync passed on);
     samples_fn(batch) / tokens_fn(batch): cheap per-batch counts (default samples: the batch's
     leading dimension)."""
 
