@@ -45,7 +45,11 @@ def test_training_metrics_by_rank_in_prometheus(exporter, prometheus, tmp_path):
         steps = by_rank(p50)
         assert set(steps) == {"0", "1"}
         assert 0.025 <= steps["0"] < steps["1"] <= 0.25, steps  # 10 ms data + 20 ms vs 45 ms compute
-        share = by_rank('rate(gpuobs_training_badput_seconds_total{cause="data_wait"}[10s])')
+        # the data-wait share of the time the run accounted for (a ratio of rates: a series younger than
+        # the window reads low in rate() alone)
+        share = by_rank('sum by (rank) (rate(gpuobs_training_badput_seconds_total{cause="data_wait"}[10s])) / '
+                        '(sum by (rank) (rate(gpuobs_training_goodput_seconds_total[10s])) + '
+                        'sum by (rank) (rate(gpuobs_training_badput_seconds_total[10s])))')
         assert set(share) == {"0", "1"} and all(0.05 < v < 0.6 for v in share.values()), share
         tokens = by_rank("rate(gpuobs_training_tokens_total[10s])")
         assert tokens["0"] > tokens["1"] > 1000, tokens  # 32 samples x 512 tokens per step

@@ -151,8 +151,11 @@ def test_training_alerts_fire_on_real_faults_and_stay_quiet_otherwise(tmp_path):
     assert by_alert("TrainingStepTimeRegression") == {("reg15", "")}, report
     assert {j for j, _ in by_alert("TrainingDataLoaderBound")} == {"loader"}, report
     assert "loader" not in loader_at_end, report  # resolved once training stopped
-    assert by_alert("TrainingTargetDown") == {("dead-static", "1")}, report
-    assert by_alert("TrainingRankLost") == {("dead-removed", "1")}, report
+    # dead-removed's crashed rank is down for a few seconds before its target leaves service
+    # discovery, as a deleted pod's would be: TrainingTargetDown may fire for it then, rightly
+    assert {("dead-static", "1")} <= by_alert("TrainingTargetDown") <= {("dead-static", "1"),
+                                                                        ("dead-removed", "1")}, report
+    assert by_alert("TrainingRankLost") == {("dead-removed", "1")}, report  # only once its target is gone
 
 
 def _all_expected(fired: set) -> bool:
