@@ -92,9 +92,10 @@ class GpuobsTrainerCallback(TrainerCallback):
     # ---- hooks --------------------------------------------------------------------------------
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        run = self.run  # created now, over the Telemetry current at the start of training
         model = kwargs.get("model")
         if model is not None:
-            self.run.watch_ddp(model)
+            run.watch_ddp(model)
         self._set_mark()
 
     def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
