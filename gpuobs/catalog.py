@@ -365,20 +365,26 @@ GOODPUT = _otel("gpuobs.training.goodput", "counter", "s", "gpuobs_training_good
 BADPUT = _otel("gpuobs.training.badput", "counter", "s", "gpuobs_training_badput_seconds",
                "Time not spent computing steps, by cause: data_wait, checkpoint, startup, idle.", "training",
                labels=RUN_LABELS + ("cause",), unit="seconds")
-QUANTILE_LABELS = RUN_LABELS + ("quantile",)
-STEP_QUANTILE = _otel("gpuobs.training.step.duration.quantile", "gauge", "s",
-                      "gpuobs_training_step_duration_quantile_seconds",
-                      "Exact quantiles (0.5, 0.9, 0.99) of the step durations of the last quantile window "
-                      "(default 5 min, at most 4096 steps), computed in the process.", "training",
-                      labels=QUANTILE_LABELS, unit="seconds")
-DATA_WAIT_QUANTILE = _otel("gpuobs.training.data_wait.duration.quantile", "gauge", "s",
-                           "gpuobs_training_data_wait_duration_quantile_seconds",
-                           "Exact quantiles of the data waits of the last quantile window.", "training",
-                           labels=QUANTILE_LABELS, unit="seconds")
-CHECKPOINT_QUANTILE = _otel("gpuobs.training.checkpoint.duration.quantile", "gauge", "s",
-                            "gpuobs_training_checkpoint_duration_quantile_seconds",
-                            "Exact quantiles of the checkpoint saves of the last quantile window.", "training",
-                            labels=QUANTILE_LABELS, unit="seconds")
+# duration histogram -> its in-process windowed quantiles (what rules and alerts read)
+QUANTILES: dict[Metric, Metric] = {}
+
+
+def _quantile(duration: Metric, otel_name: str, what: str) -> Metric:
+    """The exact quantiles of a duration histogram's recent observations (gpuobs.instrument.quantiles),
+    a gauge with a `quantile` label, registered in QUANTILES."""
+    labels = tuple(label for label in duration.labels if label != "error_type") + ("quantile",)
+    metric = _otel(otel_name, "gauge", "s", otel_name.replace(".", "_") + "_seconds",
+                   f"Exact quantiles (0.5, 0.9, 0.99) of {what} in the last quantile window (default 5 min, at "
+                   "most 4096 observations), computed in the process.", duration.family, labels=labels,
+                   unit="seconds")
+    QUANTILES[duration] = metric
+    return metric
+
+
+STEP_QUANTILE = _quantile(STEP_DURATION, "gpuobs.training.step.duration.quantile", "the step durations")
+DATA_WAIT_QUANTILE = _quantile(DATA_WAIT, "gpuobs.training.data_wait.duration.quantile", "the data waits")
+CHECKPOINT_QUANTILE = _quantile(CHECKPOINT_DURATION, "gpuobs.training.checkpoint.duration.quantile",
+                                "the checkpoint saves")
 GENAI_LABELS = ("gen_ai_operation_name", "gen_ai_request_model", "rank", "job_id")
 REQUEST_DURATION = _otel("gen_ai.server.request.duration", "histogram", "s", "gen_ai_server_request_duration_seconds",
                          "Duration of one inference request (GenAI semantic conventions).", "inference",
@@ -402,19 +408,12 @@ TIME_PER_OUTPUT_TOKEN = _otel("gen_ai.server.time_per_output_token", "histogram"
 ACTIVE_REQUESTS = _otel("gpuobs.inference.active_requests", "gauge", "{request}",
                         "gpuobs_inference_active_requests", "Requests in flight (an OTel UpDownCounter).", "inference",
                         labels=GENAI_LABELS)
-GENAI_QUANTILE_LABELS = GENAI_LABELS + ("quantile",)
-REQUEST_QUANTILE = _otel("gpuobs.inference.request.duration.quantile", "gauge", "s",
-                         "gpuobs_inference_request_duration_quantile_seconds",
-                         "Exact quantiles (0.5, 0.9, 0.99) of the request durations of the last quantile window.",
-                         "inference", labels=GENAI_QUANTILE_LABELS, unit="seconds")
-TTFT_QUANTILE = _otel("gpuobs.inference.time_to_first_token.quantile", "gauge", "s",
-                      "gpuobs_inference_time_to_first_token_quantile_seconds",
-                      "Exact quantiles of the times to first token of the last quantile window.", "inference",
-                      labels=GENAI_QUANTILE_LABELS, unit="seconds")
-TPOT_QUANTILE = _otel("gpuobs.inference.time_per_output_token.quantile", "gauge", "s",
-                      "gpuobs_inference_time_per_output_token_quantile_seconds",
-                      "Exact quantiles of the times per output token of the last quantile window.", "inference",
-                      labels=GENAI_QUANTILE_LABELS, unit="seconds")
+REQUEST_QUANTILE = _quantile(REQUEST_DURATION, "gpuobs.inference.request.duration.quantile",
+                             "the request durations")
+TTFT_QUANTILE = _quantile(TIME_TO_FIRST_TOKEN, "gpuobs.inference.time_to_first_token.quantile",
+                          "the times to first token")
+TPOT_QUANTILE = _quantile(TIME_PER_OUTPUT_TOKEN, "gpuobs.inference.time_per_output_token.quantile",
+                          "the times per output token")
 # Self-health of the instrumentation, on the same endpoint and OTLP stream as what it records.
 SPANS_DROPPED = _otel("gpuobs.telemetry.spans_dropped", "counter", "{span}", "gpuobs_telemetry_spans_dropped",
                       "Spans dropped because the export queue was full (the trace endpoint was slow or down).",
@@ -423,9 +422,6 @@ LOGS_DROPPED = _otel("gpuobs.telemetry.log_records_dropped", "counter", "{record
                      "gpuobs_telemetry_log_records_dropped",
                      "Log records the Fluentd handlers of this process dropped (full queue, send failures).",
                      "telemetry", labels=())
-# duration histogram -> its in-process windowed quantiles (what rules and alerts read)
-QUANTILES: dict[Metric, Metric] = {}
-
 ALL: tuple[Metric, ...] = tuple(v for v in list(globals().values()) if isinstance(v, Metric)) + \
     tuple(GPM_METRICS.values()) + tuple(MIG_GPM_METRICS.values())
 BY_NAME: dict[str, Metric] = {m.name: m for m in ALL}
@@ -434,6 +430,3 @@ FAMILIES = ("identity", "utilization", "gpm", "memory", "power", "thermal", "clo
 DEFAULT_OFF = frozenset({"processes"})
 APP_FAMILIES = ("training", "inference", "telemetry")  # recorded by gpuobs.instrument, not the exporter
 OTEL: tuple[Metric, ...] = tuple(m for m in ALL if m.otel_name)  # opt-in: per-process series are unbounded by nature
-QUANTILES.update({STEP_DURATION: STEP_QUANTILE, DATA_WAIT: DATA_WAIT_QUANTILE,
-                  CHECKPOINT_DURATION: CHECKPOINT_QUANTILE, REQUEST_DURATION: REQUEST_QUANTILE,
-                  TIME_TO_FIRST_TOKEN: TTFT_QUANTILE, TIME_PER_OUTPUT_TOKEN: TPOT_QUANTILE})

@@ -483,11 +483,8 @@ def test_real_lightning_fit(tel, tmp_path):
     assert [s.name for s in tel.spans()].count("train.checkpoint") == 1
 
 
-def test_real_transformers_trainer(tel, tmp_path):
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    pytest.importorskip("accelerate")
-    from gpuobs.instrument.integrations.huggingface import GpuobsTrainerCallback
+def hf_regressor(torch):
+    """A one-layer regression model in the shape transformers.Trainer expects (a dict with the loss)."""
 
     class Model(torch.nn.Module):
         def __init__(self):
@@ -497,6 +494,15 @@ def test_real_transformers_trainer(tel, tmp_path):
         def forward(self, x, labels=None):
             out = self.layer(x)
             return {"loss": torch.nn.functional.mse_loss(out, labels), "logits": out}
+
+    return Model()
+
+
+def test_real_transformers_trainer(tel, tmp_path):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    from gpuobs.instrument.integrations.huggingface import GpuobsTrainerCallback
 
     hooks = sorted(set(hf_sequence(1, 2, 1)))
     recorder = type("Rec", (Recorder, transformers.TrainerCallback), {})()
@@ -508,7 +514,8 @@ def test_real_transformers_trainer(tel, tmp_path):
         logging_steps=1, save_strategy="steps", save_steps=2, report_to="none", use_cpu=True, disable_tqdm=True,
         remove_unused_columns=False, learning_rate=0.01, lr_scheduler_type="constant")
     cb = GpuobsTrainerCallback(tel.run())
-    trainer = transformers.Trainer(model=Model(), args=args, train_dataset=rows, callbacks=[recorder, cb])
+    trainer = transformers.Trainer(model=hf_regressor(torch), args=args, train_dataset=rows,
+                                   callbacks=[recorder, cb])
     trainer.train()
 
     assert recorder.calls == hf_sequence(4, 2, 2)  # the order the stand-in test drives
@@ -638,15 +645,6 @@ def test_real_transformers_trainer_data_wait_and_checkpoint(tel, tmp_path):
     pytest.importorskip("accelerate")
     from gpuobs.instrument.integrations.huggingface import GpuobsTrainerCallback
 
-    class Model(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.layer = torch.nn.Linear(4, 1)
-
-        def forward(self, x, labels=None):
-            out = self.layer(x)
-            return {"loss": torch.nn.functional.mse_loss(out, labels), "logits": out}
-
     times = type("Times", (HookTimes, transformers.TrainerCallback), {})()
     times._hooks(["on_epoch_begin", "on_step_begin"])
     data = SleepyData(torch, 64, 0.020, lambda x, y: {"x": x, "labels": y})
@@ -655,7 +653,7 @@ def test_real_transformers_trainer_data_wait_and_checkpoint(tel, tmp_path):
         save_strategy="steps", save_steps=15, report_to=[], use_cpu=True, disable_tqdm=True,
         dataloader_num_workers=0, remove_unused_columns=False, learning_rate=0.01, lr_scheduler_type="constant")
     cb = GpuobsTrainerCallback(tel.run())
-    trainer = transformers.Trainer(model=Model(), args=args, train_dataset=data, callbacks=[times, cb])
+    trainer = transformers.Trainer(model=hf_regressor(torch), args=args, train_dataset=data, callbacks=[times, cb])
     trainer.train()
 
     assert tel.total("gpuobs.training.steps") == 20

@@ -82,6 +82,7 @@ GPU = "{{ $labels.node }} GPU {{ $labels.gpu }} ({{ $labels.uuid }})"  # identit
 COMPUTE_PER_STEP = "job_id_rank:gpuobs_training_compute_seconds:per_step"
 STRAGGLER_RATIO = "job_id_rank:gpuobs_training_compute_seconds:ratio_to_others"
 DATA_WAIT_RATIO = "job_id_rank:gpuobs_training_data_wait:ratio"
+MFU_RATIO = "job_id_rank:gpuobs_training_mfu:ratio"
 GPU_BY = "cluster, node, instance, gpu, uuid"
 
 
@@ -160,7 +161,7 @@ def recording_rules(t: Thresholds) -> list[Record]:
         Record("job_id:gpuobs_training_data_wait:ratio", f"avg by (job_id) ({DATA_WAIT_RATIO})"),
         Record("job_id_rank:gpuobs_training_goodput:ratio",
                f"sum by (job_id, rank) (rate({c.GOODPUT.exposed_name}[{w}]))"),
-        Record("job_id_rank:gpuobs_training_mfu:ratio", f"sum by (job_id, rank) (rate({c.FLOPS.exposed_name}[{w}]))"
+        Record(MFU_RATIO, f"sum by (job_id, rank) (rate({c.FLOPS.exposed_name}[{w}]))"
                f" / max by (job_id, rank) ({c.PEAK_FLOPS.name})"),
         *[Record(f"model:{m.name}:p99", f'max by (gen_ai_request_model) ({q.name}{{quantile="0.99"}})')
           for m, q in ((c.REQUEST_DURATION, c.REQUEST_QUANTILE), (c.TIME_TO_FIRST_TOKEN, c.TTFT_QUANTILE))],

@@ -8,6 +8,7 @@ endpoint or through a collector); every point carries `job_id` and `rank`.
 from __future__ import annotations
 
 from .. import catalog as c
+from ..alerts.rules import DATA_WAIT_RATIO, MFU_RATIO, STRAGGLER_RATIO  # recording rules, named where defined
 from . import common as k
 from .common import rate, sel, target, windowed
 
@@ -16,9 +17,6 @@ RANK = 'rank=~"$rank"'
 J = (JOB, RANK)
 BY_RANK = "rank {{rank}}"
 TOKENS = "suffix: tokens/s"
-STRAGGLER = "job_id_rank:gpuobs_training_compute_seconds:ratio_to_others"
-DATA_WAIT_RATIO = "job_id_rank:gpuobs_training_data_wait:ratio"
-MFU = "job_id_rank:gpuobs_training_mfu:ratio"
 # the nodes the job's ranks run on (the scrape's cluster and node labels)
 JOB_NODES = f"on (cluster, node) group by (cluster, node) ({sel(c.STEPS, JOB)})"
 
@@ -29,7 +27,7 @@ def m(metric: c.Metric, *matchers: str, suffix: str = "") -> str:
 
 def build():
     L = k.Layout()
-    relative = f"{STRAGGLER}{{{JOB},{RANK}}}"
+    relative = f"{STRAGGLER_RATIO}{{{JOB},{RANK}}}"
     goodput = f"sum({rate(m(c.GOODPUT))})"
     badput = f"sum({rate(m(c.BADPUT))})"
 
@@ -38,7 +36,7 @@ def build():
                  "Optimizer steps per second, averaged over the ranks."), 4, 5)
     L.add(k.stat("Tokens/s", [target(f"sum({rate(m(c.TOKENS_TRAINED))})")], TOKENS,
                  "Tokens trained per second by the whole job."), 4, 5)
-    L.add(k.stat("MFU", [target(f"avg({MFU}{{{JOB},{RANK}}})")], "percentunit",
+    L.add(k.stat("MFU", [target(f"avg({MFU_RATIO}{{{JOB},{RANK}}})")], "percentunit",
                  "Model FLOPs utilization over the rate window (FLOPs per second / peak FLOP/s), averaged over "
                  "the ranks."), 4, 5)
     L.add(k.stat("Goodput", [target(f"{goodput} / ({goodput} + {badput})")], "percentunit",

@@ -75,6 +75,12 @@ class _Step:
         self.run._end(self, exc)
 
 
+def _failed(span: Any, exc: BaseException) -> None:
+    """Mark a span failed by exc: the exception as an event and an ERROR status naming its type."""
+    span.record_exception(exc)
+    span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+
+
 class _Span:
     """A child span around a block (checkpoint, phase, micro-step, collective), plus an optional
     on-exit hook. start_span + attach rather than start_as_current_span: the latter's generator
@@ -96,8 +102,7 @@ class _Span:
             self.on_exit(time.perf_counter() - self.t0)
         otel_context.detach(self.token)
         if exc is not None:
-            self.span.record_exception(exc)
-            self.span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+            _failed(self.span, exc)
         self.span.end()
         return False
 
@@ -318,8 +323,7 @@ class TrainingRun:
         self._last_end = time.perf_counter()
         if s.span is not None:
             if exc is not None:
-                s.span.record_exception(exc)
-                s.span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+                _failed(s.span, exc)
             s.span.end()
             otel_context.detach(s.token)
         if time.monotonic() >= self._next_report:
