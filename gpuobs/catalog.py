@@ -76,8 +76,14 @@ GPU_INFO = _m("gpu", "info", "", "GPU identity; value 1, identity in the labels.
               "GetBrand/GetArchitecture, nvmlSystemGetDriverVersion/GetCudaDriverVersion",
               labels=GPU_LABELS + ("name", "pci_bus_id", "serial", "vbios_version", "driver_version",
                                    "cuda_version", "compute_capability", "brand", "architecture"))
-GPU_UP = _m("gpu_up", "gauge", "", "1 if the GPU answers NVML, 0 if it is lost or missing; its value "
-            "series are absent while 0.", "identity", "nvmlDeviceGetHandleByIndex_v2 / GPU_IS_LOST")
+GPU_UP = _m("gpu_up", "gauge", "", "1 if the GPU answered NVML in the last pass, 0 if it is lost, missing, "
+            "unusable or timed out (see gpuobs_gpu_unhealthy); its value series are absent while 0.", "identity",
+            "nvmlDeviceGetHandleByIndex_v2 / GPU_IS_LOST / RESET_REQUIRED / the per-GPU deadline")
+GPU_UNHEALTHY = _m("gpu_unhealthy", "gauge", "", "1 with the reason while the GPU is not usable: lost (GPU_IS_LOST), "
+                   "reset_required (RESET_REQUIRED), timeout (its reads missed the per-GPU deadline) or "
+                   "unreadable (its handle or UUID cannot be read). Absent while the GPU is healthy.", "identity",
+                   "NVML return codes of the GPU's calls; the sampler's per-GPU deadline",
+                   labels=GPU_LABELS + ("reason",))
 # ------------------------------------------------------------------------------------- utilization
 UTILIZATION = _m("gpu_utilization_ratio", "gauge", "ratio", "Fraction of the sample period a kernel ran on the GPU.",
                  "utilization", "nvmlDeviceGetUtilizationRates .gpu (percent) / 100",
@@ -266,11 +272,15 @@ PROCESS_SM = _m("gpu_process_sm_utilization_ratio", "gauge", "ratio", "SM utiliz
                 "processes", "nvmlDeviceGetProcessUtilization .smUtil (percent) / 100",
                 labels=GPU_LABELS + ("pid",), max_value=1.0)
 # --------------------------------------------------------------------------------------------- XID
-XID_ERRORS = _m("gpu_xid_errors", "counter", "", "XID errors reported by the driver, per XID code.", "xid",
-                "nvmlEventSetWait_v2 nvmlEventTypeXidCriticalError .eventData", labels=GPU_LABELS + ("xid",))
+# gpu_instance_id/compute_instance_id: the MIG instance the event names (empty when it names none);
+# after the xid label, so that the series keep the GPU identity (not a MIG device's).
+XID_LABELS = GPU_LABELS + ("xid", "gpu_instance_id", "compute_instance_id")
+XID_ERRORS = _m("gpu_xid_errors", "counter", "", "XID errors reported by the driver, per XID code (and MIG instance).",
+                "xid", "nvmlEventSetWait_v2 (else nvmlEventSetWait) nvmlEventTypeXidCriticalError .eventData, "
+                ".gpuInstanceId, .computeInstanceId", labels=XID_LABELS)
 XID_LAST_SEEN = _m("gpu_xid_last_seen_timestamp_seconds", "gauge", "seconds",
                    "Unix time the XID code was last reported.", "xid", "time of the nvmlEventSetWait_v2 event",
-                   labels=GPU_LABELS + ("xid",))
+                   labels=XID_LABELS)
 # ------------------------------------------------------------------------------------ self-health
 NVML_UP = _m("nvml_up", "gauge", "", "1 if NVML is initialised and answering.", "exporter", "nvmlInit_v2",
              labels=())
@@ -281,8 +291,8 @@ NVML_INFO = _m("nvml", "info", "", "Driver and NVML versions.", "exporter",
                labels=("driver_version", "nvml_version", "cuda_version"))
 GPUS_EXPECTED = _m("gpus_expected", "gauge", "", "GPUs this node should have (--expected-gpus, else the most seen).",
                    "exporter", "configuration / nvmlDeviceGetCount_v2 high-water mark", labels=())
-GPUS_PRESENT = _m("gpus_present", "gauge", "", "GPUs answering NVML in the last sample.", "exporter",
-                  "nvmlDeviceGetCount_v2 less lost GPUs", labels=())
+GPUS_PRESENT = _m("gpus_present", "gauge", "", "GPUs the driver counts (each has a gpuobs_gpu_up series, 1 or 0).",
+                  "exporter", "nvmlDeviceGetCount_v2", labels=())
 COLLECTION_DURATION = _m("exporter_collection_duration_seconds", "gauge", "seconds",
                          "Wall time of the last complete sampling pass.", "exporter", "sampler clock", labels=())
 LAST_SUCCESS = _m("exporter_last_success_timestamp_seconds", "gauge", "seconds",
@@ -299,6 +309,25 @@ DROPPED = _m("exporter_dropped_values", "counter", "", "Values dropped as imposs
 NVML_REINITS = _m("exporter_nvml_reinits", "counter", "", "NVML re-initialisations after repeated driver-level errors.",
                   "exporter", "nvmlShutdown + nvmlInit_v2", labels=())
 SAMPLES = _m("exporter_samples", "counter", "", "Sampling passes completed.", "exporter", "sampler", labels=())
+GPU_TIMEOUTS = _m("exporter_gpu_timeouts", "counter", "", "Sampling passes in which a GPU's NVML reads missed "
+                  "the per-GPU deadline (its series were withheld from that pass).", "exporter", "sampler deadline")
+COLLECTOR_SUCCESS = _m("exporter_collector_success", "gauge", "", "1 if the collector ran without raising in the "
+                       "last pass (on every GPU), else 0; as node_exporter's scrape_collector_success.", "exporter",
+                       "exceptions raised by gpuobs.collect families and the sampler", labels=("collector",))
+COLLECTOR_ERRORS = _m("exporter_collector_errors", "counter", "", "Exceptions raised by a collector (per GPU and "
+                      "pass) or by the sampler itself; each is logged, rate-limited.", "exporter",
+                      "exceptions raised by gpuobs.collect families and the sampler", labels=("collector",))
+NVML_UNAVAILABLE = _m("exporter_nvml_unavailable_calls", "gauge", "", "GPUs (0 for a node-wide call: 1) on which an "
+                      "NVML call gives no value by design: not_supported, no_permission, or function_not_found / "
+                      "argument_version_mismatch (an older driver; a fallback call is used where one exists). "
+                      "Re-probed every few minutes and after MIG mode changes.", "exporter",
+                      "NVML return codes remembered by gpuobs.nvml", labels=("call", "reason"))
+XID_WATCHER_UP = _m("exporter_xid_watcher_up", "gauge", "", "1 if the XID event thread runs and waits on its "
+                    "event set; 0 while it cannot (XIDs may be missed then).", "exporter",
+                    "nvmlEventSetCreate / nvmlDeviceRegisterEvents / nvmlEventSetWait_v2", labels=())
+XID_WATCHER_ERRORS = _m("exporter_xid_watcher_errors", "counter", "", "Errors of the XID event thread, by NVML code "
+                        "(restarted: the thread died and was started again).", "exporter",
+                        "nvmlEventSetCreate / nvmlDeviceRegisterEvents / nvmlEventSetWait_v2", labels=("code",))
 ATTRIBUTION_UP = _m("exporter_attribution_up", "gauge", "",
                     "1 if the attribution source answered at its last refresh; only with attribution on.", "exporter",
                     "kubelet PodResources List() (podresources); the job-mapping directory is there (slurm)",

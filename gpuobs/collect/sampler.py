@@ -47,6 +47,7 @@ class Sampler:
         self._enumerated: tuple[int, list, bool] | None = None  # (NVML generation, devices, some missing)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.last_pass_end = time.monotonic()  # monotonic end of the last completed pass (liveness)
 
     # ---- loop -----------------------------------------------------------------------------
 
@@ -97,6 +98,7 @@ class Sampler:
         # stamped when complete: its age is how old its newest value is, whatever the pass took
         snap = Snapshot(time.time(), duration, tuple(out), self.session.up, present)
         self.latest = snap
+        self.last_pass_end = time.monotonic()
         if self.on_snapshot:
             self.on_snapshot(snap)
         return snap
