@@ -265,9 +265,11 @@ MIG_MEMORY_USED = _m("mig_memory_used_bytes", "gauge", "bytes", "Memory used on 
                      "nvmlDeviceGetMemoryInfo_v2(MIG handle) .used", labels=MIG_LABELS,
                      dcgm={(): "DCGM_FI_DEV_FB_USED"}, dcgm_scale=MIB)
 # --------------------------------------------------------------------------------------- processes
-PROCESS_MEMORY = _m("gpu_process_memory_used_bytes", "gauge", "bytes", "Device memory used by one process.",
-                    "processes", "nvmlDeviceGetComputeRunningProcesses_v3/GetGraphicsRunningProcesses_v3 .usedGpuMemory",
-                    labels=GPU_LABELS + ("pid", "process_name"))
+PROCESS_MEMORY = _m("gpu_process_memory_used_bytes", "gauge", "bytes", "Device memory used by one process "
+                    "(in MIG mode, on one MIG device: gpu_instance_id/compute_instance_id set).",
+                    "processes", "nvmlDeviceGetComputeRunningProcesses_v3/GetGraphicsRunningProcesses_v3 .usedGpuMemory "
+                    "(else _v2), per MIG device handle in MIG mode",
+                    labels=GPU_LABELS + ("pid", "process_name", "gpu_instance_id", "compute_instance_id"))
 PROCESS_SM = _m("gpu_process_sm_utilization_ratio", "gauge", "ratio", "SM utilization of one process.",
                 "processes", "nvmlDeviceGetProcessUtilization .smUtil (percent) / 100",
                 labels=GPU_LABELS + ("pid",), max_value=1.0)
@@ -296,7 +298,8 @@ GPUS_PRESENT = _m("gpus_present", "gauge", "", "GPUs the driver counts (each has
 COLLECTION_DURATION = _m("exporter_collection_duration_seconds", "gauge", "seconds",
                          "Wall time of the last complete sampling pass.", "exporter", "sampler clock", labels=())
 LAST_SUCCESS = _m("exporter_last_success_timestamp_seconds", "gauge", "seconds",
-                  "Unix time of the last complete sampling pass.", "exporter", "sampler clock", labels=())
+                  "Unix time the last complete sampling pass started: its values were read after it.", "exporter",
+                  "sampler clock", labels=())
 SNAPSHOT_STALE = _m("exporter_snapshot_stale", "gauge", "",
                     "1 when the last snapshot is older than two intervals; GPU series are then withheld.",
                     "exporter", "sampler clock", labels=())

@@ -18,6 +18,8 @@ TWO = {"gpus": [{"profile": H100, "count": 2}]}
 MIB = 1024 * 1024
 
 UP = "gpuobs_gpu_up"
+UNHEALTHY = "gpuobs_gpu_unhealthy"
+TIMEOUTS = "gpuobs_exporter_gpu_timeouts_total"
 TEMP = "gpuobs_gpu_temperature_celsius"
 MEM_TEMP = "gpuobs_gpu_memory_temperature_celsius"
 POWER = "gpuobs_gpu_power_usage_watts"
@@ -42,8 +44,13 @@ def one(scrape, name: str, **match) -> dict[str, float]:
 
 
 def series_of(scrape, uid: str) -> set[str]:
-    """Names of every series of one GPU, its up series aside."""
-    return {n for n, labels, _ in scrape if labels.get("uuid") == uid and n != UP}
+    """Names of every value series of one GPU: its up and unhealthy series aside."""
+    return {n for n, labels, _ in scrape if labels.get("uuid") == uid and n not in (UP, UNHEALTHY, TIMEOUTS)}
+
+
+def reasons(scrape) -> dict[str, str]:
+    """{uuid: reason} of the GPUs reported unhealthy."""
+    return {labels["uuid"]: labels["reason"] for n, labels, v in scrape if n == UNHEALTHY and v == 1}
 
 
 def value(scrape, name: str, **match) -> float | None:
@@ -82,8 +89,8 @@ def test_not_supported_is_absent_remembered_and_reprobed_after_reinit(exporter):
     set_val(st.gpu(1).temp_gpu, None)  # a whole call (nvmlDeviceGetTemperature) on GPU 1
     scrape = run.wait_for(lambda s: set(one(s, MEM_TEMP)) == {u1} and set(one(s, TEMP)) == {u0}, 5,
                           "unsupported values to disappear")
-    assert (u0, "field:82:0") in session.unsupported
-    assert (u1, "nvmlDeviceGetTemperature:") in session.unsupported
+    assert (u0, "field:82:0") in session.unavailable
+    assert (u1, "nvmlDeviceGetTemperature:") in session.unavailable
     assert all(v > 0 for v in one(scrape, MEM_TEMP).values()) and all(v > 0 for v in one(scrape, TEMP).values())
     # other series of both GPUs unaffected
     assert series_of(scrape, u0) - {TEMP, MEM_TEMP} == series_of(scrape, u1) - {TEMP, MEM_TEMP}
@@ -102,7 +109,7 @@ def test_not_supported_is_absent_remembered_and_reprobed_after_reinit(exporter):
     scrape = run.wait_for(lambda s: set(one(s, MEM_TEMP)) == {u0, u1} and set(one(s, TEMP)) == {u0, u1}, 5,
                           "values re-probed after re-initialisation")
     assert one(scrape, TEMP)[u1] == 55
-    assert (u1, "nvmlDeviceGetTemperature:") not in session.unsupported
+    assert (u1, "nvmlDeviceGetTemperature:") not in session.unavailable
 
 
 # ---------------------------------------------------------------------------------------- 2
@@ -120,8 +127,10 @@ def test_lost_gpu_reports_down_and_drops_every_value_series(exporter):
     scrape = run.wait_for(lambda s: one(s, UP).get(u0) == 0, 5, "gpu_up 0 for the lost GPU")
     assert one(scrape, UP) == {u0: 0.0, u1: 1.0}
     assert series_of(scrape, u0) == set(), "a lost GPU must not keep serving values"
+    assert reasons(scrape) == {u0: "lost"}
     assert series_of(scrape, u1) == full
-    assert value(scrape, "gpuobs_gpus_present") == 1 and value(scrape, "gpuobs_gpus_expected") == 2
+    # the driver still counts a GPU that fell off the bus: present says so, gpu_up says it is lost
+    assert value(scrape, "gpuobs_gpus_present") == 2 and value(scrape, "gpuobs_gpus_expected") == 2
     run.next_snapshot(2)
     scrape = run.scrape()
     assert series_of(scrape, u0) == set() and one(scrape, UP)[u0] == 0
@@ -150,7 +159,7 @@ def test_index_shift_keeps_series_on_their_uuid(exporter):
         scrape = run.scrape()
         ups = {l["uuid"]: (l["gpu"], v) for n, l, v in scrape if n == UP}
         assert ups == {u0: ("0", 0.0), u1: ("0", 1.0), u2: ("1", 1.0)}
-        assert series_of(scrape, u0) == set()
+        assert series_of(scrape, u0) == set() and reasons(scrape) == {u0: "lost"}
         for u, index in ((u1, "0"), (u2, "1")):
             assert series_of(scrape, u) == names[u]
             wrong = {(n, l["gpu"]) for n, l, _ in scrape if l.get("uuid") == u and l["gpu"] != index}
@@ -174,7 +183,8 @@ def test_all_gpus_gone_keeps_expected(exporter, count, expected_gpus):
     assert value(scrape, "gpuobs_gpus_expected") == 8
     assert value(scrape, "gpuobs_nvml_up") == 1
     assert one(scrape, UP) == {u: 0.0 for u in uuids}
-    assert {n for n, l, _ in scrape if "uuid" in l} == {UP}, "no value series without GPUs"
+    assert {n for n, l, _ in scrape if "uuid" in l} == {UP, UNHEALTHY}, "no value series without GPUs"
+    assert reasons(scrape) == {u: "lost" for u in uuids}
     assert run.get("/readyz")[0] == 200  # NVML answers: the node is observable, the alert is on present
 
 
@@ -242,16 +252,45 @@ def test_unknown_errors_reinitialise_nvml_then_gpus_return(exporter):
 # ---------------------------------------------------------------------------------------- 7
 
 
-def test_hung_call_serves_fast_stale_then_recovers(exporter):
+def test_call_hung_on_one_gpu_withholds_only_that_gpu(exporter):
+    run = exporter(TWO, interval=0.2)
+    u0, u1 = uuid(run, 0), uuid(run, 1)
+    run.next_snapshot(2)
+    full = series_of(run.scrape(), u1)
+    idx = run.sim.state.fail("nvmlDeviceGetUtilizationRates", 0, gpu=0, hang=True)
+    try:
+        scrape = run.wait_for(lambda s: reasons(s) == {u0: "timeout"}, 3, "the hung GPU withheld")
+        for _ in range(5):  # pass after pass: the other GPU is served, fresh, whole
+            run.next_snapshot()
+            t = time.monotonic()
+            scrape = run.scrape()
+            assert time.monotonic() - t < 1.0, "/metrics waited on NVML"
+            assert value(scrape, STALE) == 0 and one(scrape, UP) == {u0: 0.0, u1: 1.0}
+            assert series_of(scrape, u0) == set(), "values of a hung GPU served"
+            assert series_of(scrape, u1) == full
+            assert time.time() - value(scrape, "gpuobs_exporter_last_success_timestamp_seconds") < 2 * 0.2 + 0.5
+        timeouts = one(scrape, "gpuobs_exporter_gpu_timeouts_total")
+        assert set(timeouts) == {u0} and timeouts[u0] >= 5
+        assert run.get("/readyz")[0] == 200
+    finally:
+        run.sim.state.clear_fault(idx)
+    scrape = run.wait_for(lambda s: set(one(s, UTIL)) == {u0, u1} and not reasons(s), 5, "recovery")
+    assert one(scrape, UP) == {u0: 1.0, u1: 1.0}
+
+
+def test_wedged_nvml_serves_fast_stale_then_recovers(exporter):
     run = exporter(TWO)
     u0, u1 = uuid(run, 0), uuid(run, 1)
-    idx = run.sim.state.fail("nvmlDeviceGetUtilizationRates", 0, hang=True)
+    idx = run.sim.state.fail(None, 0, hang=True)  # every NVML call, node-wide ones too
     try:
         deadline = time.monotonic() + 5
         while True:
             t = time.monotonic()
             scrape = run.scrape()
             assert time.monotonic() - t < 1.0, "/metrics waited on NVML"
+            if series_of(scrape, u0) | series_of(scrape, u1):  # values read before the hang: young enough
+                read_at = value(scrape, "gpuobs_exporter_last_success_timestamp_seconds")
+                assert time.time() - read_at <= 2 * run.exp.config.interval + 0.1
             if value(scrape, STALE) == 1:
                 break
             assert time.monotonic() < deadline, "snapshot never went stale"
@@ -263,13 +302,13 @@ def test_hung_call_serves_fast_stale_then_recovers(exporter):
             assert status == 200 and time.monotonic() - t < 1.0
         scrape = run.scrape()
         assert value(scrape, STALE) == 1
-        assert not [n for n, l, _ in scrape if "uuid" in l], "stale GPU values served as fresh"
+        assert not [n for n, l, _ in scrape if "uuid" in l and n != "gpuobs_exporter_gpu_timeouts_total"], \
+            "stale GPU values served as fresh"
         # NVML and GPU state are unknown while the sampler is stuck: not served from the old snapshot
         assert value(scrape, "gpuobs_nvml_up") is None and value(scrape, "gpuobs_gpus_present") is None
         assert value(scrape, "gpuobs_gpus_expected") == 2
         status, reason = run.get("/readyz")
         assert status == 503 and "stale" in reason
-        assert run.get("/healthz")[0] == 200
         assert run.exp.sampler.samples == stuck, "the sampler was not stuck"
     finally:
         run.sim.state.clear_fault(idx)

@@ -10,13 +10,34 @@ from typing import Any, Callable, NamedTuple
 import pynvml
 
 from ..catalog import Metric
-from ..nvml import Session
+from ..nvml import UNAVAILABLE, UNUSABLE, Session
 
 SENTINELS = {0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF, 0xFFFF, 0x7FFFFFFF}  # NVML "not available" markers
+# A counter can legitimately pass 65535 or 2^31-1; it never reads exactly 2^32-1 or 2^64-1, which
+# are the markers of a 32- or 64-bit value NVML could not read (an ECC count of 1.8e19 is one).
+COUNTER_SENTINELS = {0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF}
 
 
-class GpuLost(Exception):
-    """The GPU answered NVML_ERROR_GPU_IS_LOST: stop collecting it for this sample."""
+class GpuUnusable(Exception):
+    """The GPU answered a code that makes it unusable (nvml.UNUSABLE): stop collecting it for this
+    pass. `reason` is the label of gpuobs_gpu_unhealthy: lost, reset_required."""
+
+    def __init__(self, uuid: str, reason: str):
+        super().__init__(uuid, reason)
+        self.uuid, self.reason = uuid, reason
+
+
+class GpuLost(GpuUnusable):
+    """The GPU answered NVML_ERROR_GPU_IS_LOST (it fell off the bus)."""
+
+    def __init__(self, uuid: str, reason: str = "lost"):
+        super().__init__(uuid, reason)
+
+
+def unusable(uuid: str, code: int) -> GpuUnusable:
+    """The exception for an UNUSABLE return code."""
+    reason = UNUSABLE[code]
+    return GpuLost(uuid) if reason == "lost" else GpuUnusable(uuid, reason)
 
 
 class Sample(NamedTuple):
@@ -60,7 +81,7 @@ class Family:
         return []
 
     def collect(self, gpu: "GpuCtx") -> None:
-        """Read NVML for one GPU and emit samples; raise GpuLost when the GPU is lost."""
+        """Read NVML for one GPU and emit samples; raise GpuUnusable when the GPU is unusable."""
 
     def node_samples(self, known: dict[str, int]) -> list[Sample]:
         """Samples that outlive a GPU's loss, once per pass; known maps UUID -> last NVML index."""
@@ -93,24 +114,39 @@ class GpuCtx:
         return self.sample_no % Family.slow_every == 0
 
     def get(self, call: str, fn: Callable[..., Any], *args: Any, variant: str = "",
-            expected: tuple[int, ...] = ()) -> Any:
-        """fn(handle, *args) through the session; None when unsupported (remembered) or failing.
+            expected: tuple[int, ...] = (), handle: Any = None) -> Any:
+        """fn(handle, *args) through the session; None when unavailable (remembered) or failing.
+        handle: another handle than the GPU's (one of its MIG devices; give a variant for it).
 
         expected: codes that are answers, not errors (Session.call); they give None, uncounted.
-        NOT_SUPPORTED is remembered per GPU, call and variant until NVML is re-initialised.
-        Raises GpuLost on NVML_ERROR_GPU_IS_LOST.
+        A capability answer (nvml.UNAVAILABLE: NOT_SUPPORTED, NO_PERMISSION, a function the
+        driver or binding lacks) is remembered per GPU, call and variant and re-probed after
+        Session.reprobe_after. Raises GpuUnusable (GpuLost) on an nvml.UNUSABLE code.
         """
         key = (self.uuid, f"{call}:{variant}")
-        if key in self.session.unsupported:
+        if self.session.is_unavailable(key):
             return None
         try:
-            return self.session.call(call, fn, self.handle, *args, expected=expected)
-        except pynvml.NVMLError_NotSupported:
-            self.session.unsupported.add(key)
-        except pynvml.NVMLError_GpuIsLost:
-            raise GpuLost(self.uuid) from None
-        except (pynvml.NVMLError, UnicodeDecodeError, ValueError, TypeError):
+            return self.session.call(call, fn, self.handle if handle is None else handle, *args, expected=expected)
+        except pynvml.NVMLError as e:
+            if e.value in UNAVAILABLE:
+                self.session.mark_unavailable(key, call, e.value)
+            elif e.value in UNUSABLE:
+                raise unusable(self.uuid, e.value) from None
+        except (UnicodeDecodeError, ValueError, TypeError):
             pass  # counted by the session; one failing call never stops the others
+        return None
+
+    def first(self, *calls: tuple[str, Callable[..., Any]], handle: Any = None, variant: str = "") -> Any:
+        """The answer of the first (call name, fn) the GPU, driver and binding have: newer calls
+        first, then their older fallbacks (e.g. memory info v2, then v1). None if none answers."""
+        for call, fn in calls:
+            key = (self.uuid, f"{call}:{variant}")
+            if self.session.is_unavailable(key):
+                continue
+            value = self.get(call, fn, variant=variant, handle=handle)
+            if value is not None or not self.session.is_unavailable(key):
+                return value  # an answer, or an error (counted): do not mask it with an older call
         return None
 
     def emit(self, metric: Metric, raw: float | None, *extra: str, scale: float = 1.0,
@@ -121,7 +157,7 @@ class GpuCtx:
             return
         value = raw * scale
         upper = metric.max_value if metric.max_value is not None else sys.float_info.max
-        sentinel = isinstance(raw, int) and raw in SENTINELS and metric.kind != "counter"
+        sentinel = isinstance(raw, int) and raw in (COUNTER_SENTINELS if metric.kind == "counter" else SENTINELS)
         if 0 <= value <= upper and not sentinel:  # one comparison also rules out NaN and infinity
             self.out.append(Sample(metric, (labels or self.labels) + extra, float(value)))
             return

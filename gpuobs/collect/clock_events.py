@@ -30,7 +30,9 @@ class ClockEvents(Family):
         return self.FIELDS
 
     def collect(self, gpu: GpuCtx) -> None:
-        mask = gpu.get("nvmlDeviceGetCurrentClocksEventReasons", N.nvmlDeviceGetCurrentClocksEventReasons)
+        # R535 renamed throttle reasons to clock events; older drivers and bindings have the old call
+        mask = gpu.first(("nvmlDeviceGetCurrentClocksEventReasons", N.nvmlDeviceGetCurrentClocksEventReasons),
+                         ("nvmlDeviceGetCurrentClocksThrottleReasons", N.nvmlDeviceGetCurrentClocksThrottleReasons))
         if mask is not None and mask != 0xFFFFFFFFFFFFFFFF:
             for reason, active in reason_names(mask).items():
                 gpu.emit(c.CLOCK_EVENT_ACTIVE, active, reason)

@@ -41,7 +41,11 @@ class Mig(Family):
     def collect(self, gpu: GpuCtx) -> None:
         if gpu.slow or "mig_mode" not in gpu.cache:
             mode = gpu.get("nvmlDeviceGetMigMode", N.nvmlDeviceGetMigMode)
-            gpu.cache["mig_mode"] = None if mode is None else mode[0]
+            mode = None if mode is None else mode[0]
+            if "mig_mode" in gpu.cache and mode != gpu.cache["mig_mode"]:
+                # MIG toggled: what the GPU answered before (NOT_SUPPORTED in one mode) may differ now
+                gpu.session.forget(gpu.uuid)
+            gpu.cache["mig_mode"] = mode
             gpu.cache["migs"] = _enumerate(gpu) if gpu.cache["mig_mode"] == 1 else []
         gpu.emit(c.MIG_MODE, gpu.cache["mig_mode"])
         gpm = gpu.cache.get("gpm")

@@ -3,6 +3,8 @@ field-values call with the link as scope."""
 
 from __future__ import annotations
 
+import time
+
 import pynvml as N
 
 from .. import catalog as c
@@ -21,12 +23,15 @@ class Nvlink(Family):
     name = "nvlink"
 
     def fields(self, gpu: GpuCtx) -> list[FieldSpec]:
-        links = gpu.cache.get("links")
-        if links is None:  # the link count is read once per GPU (and after re-init)
+        links, read_at = gpu.cache.get("links", (None, 0.0))
+        # The link count is read once per GPU (and after re-init); a GPU that had none is asked
+        # again every Session.reprobe_after seconds (a fabric or link that comes up later).
+        if links is None or (links == 0 and time.monotonic() - read_at > gpu.session.reprobe_after):
             fv = gpu.get("nvmlDeviceGetFieldValues", N.nvmlDeviceGetFieldValues,
                          [N.NVML_FI_DEV_NVLINK_LINK_COUNT], variant="link_count")
             ok = fv is not None and fv[0].nvmlReturn == N.NVML_SUCCESS
-            links = gpu.cache["links"] = fv[0].value.uiVal if ok else 0
+            links = fv[0].value.uiVal if ok else 0
+            gpu.cache["links"] = (links, time.monotonic())
         if gpu.cache.get("link_fields", (None,))[0] != links:  # built once: the sampler reuses its batch
             gpu.cache["link_fields"] = (links, [FieldSpec(fid, metric, scale, (str(link), *extra), scope=link)
                                                 for link in range(links) for fid, metric, scale, extra in PER_LINK])

@@ -1,7 +1,10 @@
 """The sampling loop: one pass over every GPU and family per interval, published as a Snapshot.
 
-A pass never raises: a failing GPU or field is skipped and counted, a lost GPU reports up=0.
-The exporter serves the latest Snapshot and never waits on NVML.
+Each GPU is read on a thread of its own (a `_Worker`) under a per-GPU deadline, so that a call
+hung on one GPU withholds only that GPU's series (gpu_up 0, gpuobs_gpu_unhealthy{reason="timeout"},
+a timeout counted) while the others are served. A pass never raises: a failing GPU, field or
+family is skipped and counted, an unusable GPU reports up=0 with its reason. The exporter serves
+the latest Snapshot and never waits on NVML; the Snapshot's time is when its values were read.
 """
 
 from __future__ import annotations
@@ -10,41 +13,138 @@ import collections
 import logging
 import threading
 import time
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import pynvml as N
 
 from .. import catalog as c
-from ..nvml import Session, code_name
+from ..nvml import UNAVAILABLE, UNUSABLE, Session, code_name
 from ..nvml.fields import FieldValues
-from .base import Family, FieldSpec, GpuCtx, GpuLost, Sample, Snapshot
+from .base import Family, FieldSpec, GpuCtx, GpuUnusable, Sample, Snapshot
 
 log = logging.getLogger("gpuobs.sampler")
+
+LOG_EVERY_S = 60.0  # the same failure is logged at most once a minute (with how many were held back)
+
+
+@dataclass
+class _GpuRead:
+    """What one GPU's worker brought back from one pass."""
+    index: int
+    uuid: str
+    handle: Any = None
+    samples: list[Sample] = field(default_factory=list)
+    reason: str | None = None  # None: healthy; else the gpuobs_gpu_unhealthy reason
+    failed: list[str] = field(default_factory=list)  # families that raised
+
+
+class _Job:
+    def __init__(self, fn: Callable[[], _GpuRead]):
+        self.fn = fn
+        self.done = threading.Event()
+        self.result: _GpuRead | None = None
+
+    def run(self) -> None:
+        try:
+            self.result = self.fn()
+        except Exception:  # noqa: BLE001 - reported as a sampler error by the coordinator
+            log.exception("gpu read failed")
+
+
+class _Worker:
+    """A daemon thread that runs one GPU read at a time: a call hung on its GPU holds this thread
+    only. `busy` while a read runs (a hung one keeps it busy, and its GPU is skipped)."""
+
+    def __init__(self, name: str):
+        self._cv = threading.Condition()
+        self._job: _Job | None = None
+        self._closed = False
+        self.busy = False
+        threading.Thread(target=self._loop, name=name, daemon=True).start()
+
+    def submit(self, fn: Callable[[], _GpuRead]) -> _Job:
+        job = _Job(fn)
+        with self._cv:
+            self._job, self.busy = job, True
+            self._cv.notify()
+        return job
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while self._job is None and not self._closed:
+                    self._cv.wait()
+                if self._job is None:
+                    return
+                job, self._job = self._job, None
+            job.run()
+            with self._cv:
+                self.busy = self._job is not None
+            job.done.set()  # after `busy` is clear: the coordinator may submit again at once
+
+
+class _LimitedLog:
+    """Logs each key at most once per LOG_EVERY_S, saying how many were held back."""
+
+    def __init__(self):
+        self._last: dict[Any, tuple[float, int]] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, key: Any, msg: str, exc_info: bool = False, **extra: Any) -> None:
+        now = time.monotonic()
+        with self._lock:
+            last, held = self._last.get(key, (-LOG_EVERY_S, 0))
+            if now - last < LOG_EVERY_S:
+                self._last[key] = (last, held + 1)
+                return
+            self._last[key] = (now, 0)
+        log.error(msg, exc_info=exc_info, extra={**extra, "suppressed": held})
 
 
 class Sampler:
     """Samples every GPU with the given families every `interval` seconds in a daemon thread.
 
     expected_gpus: how many GPUs the node should have (None: the most ever seen).
+    deadline: seconds each GPU's reads may take per pass (default 0.8 x interval): a GPU still
+    reading then is withheld from the pass. Served values are thus at most about 1.8 intervals
+    old; the exporter withholds a snapshot older than 2 intervals.
     on_snapshot: called with each new Snapshot (the exporter renders it there, once).
     """
 
     def __init__(self, session: Session, families: list[Family], interval: float = 5.0,
-                 expected_gpus: int | None = None, on_snapshot: Callable[[Snapshot], None] | None = None):
+                 expected_gpus: int | None = None, on_snapshot: Callable[[Snapshot], None] | None = None,
+                 deadline: float | None = None):
         self.session = session
         self.families = families
         self.interval = interval
+        self.deadline = 0.8 * interval if deadline is None else deadline
         self.expected_gpus = expected_gpus
         self.on_snapshot = on_snapshot
         self.latest: Snapshot | None = None
         self.dropped: collections.Counter[tuple[str, str]] = collections.Counter()
+        self.timeouts: collections.Counter[tuple[str, str]] = collections.Counter()  # (index, uuid)
+        self.collector_errors: collections.Counter[str] = collections.Counter()
+        self.collector_failed: set[str] = set()  # collectors that raised in the last pass
         self.samples = 0
         self.versions = ("", "", "")
         self._max_seen = 0
         self._known: dict[str, int] = {}  # uuid -> last index, for up=0 after loss
+        self._index_uuid: dict[int, str] = {}  # index -> last UUID read there (for a GPU that stops answering)
         self._caches: dict[str, dict] = {}  # uuid -> per-GPU cache kept across samples
         self._generation = -1
-        self._enumerated: tuple[int, list, bool] | None = None  # (NVML generation, devices, some missing)
+        self._count: tuple[int, int] | None = None  # (NVML generation, GPUs the driver counts)
+        self._handles: dict[int, tuple[Any, str]] = {}  # index -> (handle, uuid) of this generation
+        self._workers: dict[int, _Worker] = {}
+        self._reading: set[str] = set()  # UUIDs a worker is reading now
+        self._handles_were_cached = False  # the last _read_all used cached handles
+        self._lock = threading.Lock()
+        self._log = _LimitedLog()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.last_pass_end = time.monotonic()  # monotonic end of the last completed pass (liveness)
@@ -58,6 +158,8 @@ class Sampler:
 
     def stop(self) -> None:
         self._stop.set()
+        for worker in self._workers.values():
+            worker.close()
         if self._thread:
             self._thread.join(timeout=2)  # a pass stuck in NVML must not hold up shutdown
 
@@ -66,8 +168,10 @@ class Sampler:
         while not self._stop.is_set():
             try:
                 self.sample_once()
-            except Exception:  # noqa: BLE001 - the loop must survive anything; the cause is logged
-                log.exception("sampling pass failed")
+            except Exception:  # noqa: BLE001 - the loop must survive anything; counted and logged
+                self.collector_errors["sampler"] += 1
+                self.collector_failed.add("sampler")
+                self._log("sampler", "sampling pass failed", exc_info=True)
             next_at += self.interval
             self._stop.wait(max(0.0, next_at - time.monotonic()))
             next_at = max(next_at, time.monotonic() - self.interval)  # after a hang, do not catch up in a burst
@@ -78,6 +182,8 @@ class Sampler:
         """Take one complete pass and publish it as the latest Snapshot."""
         start, wall = time.monotonic(), time.time()
         calls_before = self.session.calls
+        failed = {"sampler"} & self.collector_failed  # the previous pass raised out of sample_once
+        self.collector_failed = set()
         out: list[Sample] = []
         present = 0
         if self.session.ensure():
@@ -85,18 +191,23 @@ class Sampler:
                 self._reset_caches()
                 self._generation = self.session.generation
                 self.versions = self._versions()
-            present = self._sample_gpus(out)
+            present = self._sample_gpus(out, start + self.deadline)
             for fam in self.families:
-                out.extend(fam.node_samples(self._known))
+                try:
+                    out.extend(fam.node_samples(self._known))
+                except Exception:  # noqa: BLE001 - one collector failing never affects the others
+                    self._family_failed(fam.name, "")
         self._max_seen = max(self._max_seen, present)
         self.samples += 1
+        self.collector_failed |= failed
         out.extend(self._self_samples(present, time.monotonic() - start, self.session.calls - calls_before, wall))
         duration = time.monotonic() - start
         if duration > self.interval:
-            log.warning("sampling pass took longer than the interval", extra={"seconds": round(duration, 3),
-                                                                             "interval": self.interval})
-        # stamped when complete: its age is how old its newest value is, whatever the pass took
-        snap = Snapshot(time.time(), duration, tuple(out), self.session.up, present)
+            self._log("slow", "sampling pass took longer than the interval", seconds=round(duration, 3),
+                      interval=self.interval)
+        # stamped with the pass's start: no value in it was read before then, so the snapshot's
+        # age bounds the age of every value it holds
+        snap = Snapshot(wall, duration, tuple(out), self.session.up, present)
         self.latest = snap
         self.last_pass_end = time.monotonic()
         if self.on_snapshot:
@@ -115,73 +226,130 @@ class Sampler:
                 safe("nvmlSystemGetNVMLVersion", N.nvmlSystemGetNVMLVersion), cuda)
 
     def _reset_caches(self) -> None:
-        for cache in self._caches.values():
-            self._release(cache)
-        self._caches.clear()
+        for uuid in list(self._caches):
+            if uuid not in self._reading:  # a hung read still uses its cache
+                self._release(self._caches.pop(uuid))
+        self._handles.clear()
+        self._count = None
 
     def _release(self, cache: dict) -> None:
         for fam in self.families:
             try:
                 fam.release(cache)
             except Exception:  # noqa: BLE001 - freeing must not stop sampling
-                log.exception("release failed")
+                self._log(("release", fam.name), "release failed", exc_info=True)
 
-    def _sample_gpus(self, out: list[Sample]) -> int:
-        for attempt in range(2):
-            devices = self._devices()
-            if devices is None:
-                return 0
-            seen: dict[str, int] = {}
-            gpus: list[Sample] = []
-            for index, handle, uuid in devices:
-                if self._sample_gpu(handle, index, uuid, gpus):
-                    seen[uuid] = index
-                else:
-                    self._enumerated = None  # a GPU was lost: enumerate afresh
-            if self._enumerated is not None or attempt:
-                break
-            # A GPU was lost in this pass, and the others' NVML indices may have shifted with it:
-            # sample once more with a fresh enumeration rather than serve the old indices.
-        out.extend(gpus)
-        for uuid, index in list(self._known.items()):
-            if uuid not in seen:
-                out.append(Sample(c.GPU_UP, (str(index), uuid), 0.0))
-        for uuid in set(self._caches) - set(seen):
-            self._release(self._caches.pop(uuid))
-        for uuid, index in seen.items():
-            out.append(Sample(c.GPU_UP, (str(index), uuid), 1.0))
-        self._known.update(seen)
-        return len(seen)
+    # ---- GPUs -------------------------------------------------------------------------------
 
-    def _devices(self) -> list[tuple[int, object, str]] | None:
-        """[(index, handle, UUID)] of the answering GPUs; None if NVML cannot count them. The GPUs
-        are counted and looked up again only on slow samples, after a GPU was lost or missing, or
-        after NVML re-initialised: 2 calls per GPU and 1 per node saved on the other passes. A GPU
-        that vanishes answers GPU_IS_LOST at once; one that appears shows within slow_every samples."""
+    def _device_count(self) -> int | None:
+        """GPUs the driver counts; asked on slow samples, after a GPU was lost or unreadable, and
+        after NVML re-initialised (1 call per node saved on the other passes). None if NVML
+        cannot count them."""
         slow = self.samples % Family.slow_every == 0
-        if self._enumerated is not None and not slow \
-                and self._enumerated[0] == self.session.generation and not self._enumerated[2]:
-            return self._enumerated[1]
+        if self._count is not None and not slow and self._count[0] == self.session.generation:
+            return self._count[1]
         try:
             count = self.session.call("nvmlDeviceGetCount_v2", N.nvmlDeviceGetCount)
         except N.NVMLError:
+            self._count = None
             return None
-        devices, missing = [], False
+        if slow or self._count is None or self._count[1] != count:
+            self._handles.clear()  # looked up again: a GPU that appears shows within slow_every samples
+        self._count = (self.session.generation, count)
+        return count
+
+    def _sample_gpus(self, out: list[Sample], deadline: float) -> int:
+        count = self._device_count()
+        if count is None:
+            return 0
+        results = self._read_all(count, deadline)
+        if any(r.reason in ("lost", "unreadable") for r in results.values()) and self._handles_were_cached:
+            # A GPU was lost in this pass, and the others' NVML indices may have shifted with it:
+            # read once more with a fresh count and lookup rather than serve the old indices.
+            self._handles.clear()
+            self._count = None
+            count = self._device_count()
+            if count is None:
+                return 0
+            results = self._read_all(count, deadline)
+        accounted: dict[str, int] = {}
         for index in range(count):
+            r = results[index]
+            accounted[r.uuid] = index
+            if r.reason is None:
+                out.extend(r.samples)
+                out.append(Sample(c.GPU_UP, (str(index), r.uuid), 1.0))
+                self._handles[index] = (r.handle, r.uuid)
+                self._known[r.uuid] = index
+                self._index_uuid[index] = r.uuid
+            else:
+                self._down(out, index, r.uuid, r.reason)
+                if r.reason != "timeout":
+                    self._handles.pop(index, None)
+            for fam in r.failed:
+                self._family_failed(fam, r.uuid)
+        for uuid, index in list(self._known.items()):
+            if uuid not in accounted:  # no longer counted by the driver: fell off the bus
+                self._down(out, index, uuid, "lost")
+        for uuid in set(self._caches) - set(accounted) - self._reading:
+            self._release(self._caches.pop(uuid))
+        return count
+
+    def _down(self, out: list[Sample], index: int, uuid: str, reason: str) -> None:
+        labels = (str(index), uuid)
+        out.append(Sample(c.GPU_UP, labels, 0.0))
+        out.append(Sample(c.GPU_UNHEALTHY, labels + (reason,), 1.0))
+        if reason == "timeout":
+            self.timeouts[labels] += 1
+
+    def _read_all(self, count: int, deadline: float) -> dict[int, _GpuRead]:
+        """Every counted GPU read on its worker, waited for until `deadline` (monotonic)."""
+        self._handles_were_cached = bool(self._handles)
+        jobs: dict[int, _Job] = {}
+        results: dict[int, _GpuRead] = {}
+        for index in range(count):
+            worker = self._workers.get(index)
+            if worker is None:
+                worker = self._workers[index] = _Worker(f"gpuobs-gpu{index}")
+            handle, uuid = self._handles.get(index, (None, ""))
+            if worker.busy or (uuid and uuid in self._reading):  # still hung in an earlier pass
+                results[index] = _GpuRead(index, uuid or self._index_uuid.get(index, ""), reason="timeout")
+                continue
+            jobs[index] = worker.submit(lambda i=index, h=handle, u=uuid: self._read_gpu(i, h, u))
+        for index, job in jobs.items():
+            job.done.wait(max(0.0, deadline - time.monotonic()))
+            result = job.result if job.done.is_set() else None
+            if result is None:  # late (or raised): withheld from this pass
+                if job.done.is_set():
+                    self._family_failed("sampler", "")
+                uuid = self._handles.get(index, (None, ""))[1] or self._index_uuid.get(index, "")
+                result = _GpuRead(index, uuid, reason="timeout" if not job.done.is_set() else "unreadable")
+            results[index] = result
+        return results
+
+    def _read_gpu(self, index: int, handle: Any, uuid: str) -> _GpuRead:
+        """One GPU's pass, on its worker: look it up if needed, then every family."""
+        if handle is None:
             try:
                 handle = self.session.call("nvmlDeviceGetHandleByIndex_v2", N.nvmlDeviceGetHandleByIndex, index)
                 uuid = self.session.call("nvmlDeviceGetUUID", N.nvmlDeviceGetUUID, handle)
-            except (N.NVMLError, UnicodeDecodeError):
-                missing = True  # lost or unreadable: reported as up=0 under its last known UUID
-                continue
-            devices.append((index, handle, uuid))
-        self._enumerated = (self.session.generation, devices, missing)
-        return devices
+            except N.NVMLError as e:
+                return _GpuRead(index, self._index_uuid.get(index, ""), reason=UNUSABLE.get(e.value, "unreadable"))
+            except UnicodeDecodeError:
+                return _GpuRead(index, self._index_uuid.get(index, ""), reason="unreadable")
+        with self._lock:
+            if uuid in self._reading:  # its earlier read (under another index) still hangs
+                return _GpuRead(index, uuid, handle, reason="timeout")
+            self._reading.add(uuid)
+        try:
+            return self._read_families(index, handle, uuid)
+        finally:
+            with self._lock:
+                self._reading.discard(uuid)
 
-    def _sample_gpu(self, handle, index: int, uuid: str, out: list[Sample]) -> bool:
-        """All families for one GPU into `out`; False (and nothing added) if the GPU is lost."""
-        mine: list[Sample] = []
-        gpu = GpuCtx(self.session, handle, index, uuid, self.samples, mine, self._drop,
+    def _read_families(self, index: int, handle: Any, uuid: str) -> _GpuRead:
+        result = _GpuRead(index, uuid, handle)
+        gpu = GpuCtx(self.session, handle, index, uuid, self.samples, result.samples, self._drop,
                      cache=self._caches.setdefault(uuid, {}))
         gpu.cache["versions"] = (self.versions[0], self.versions[2])
         try:
@@ -189,15 +357,15 @@ class Sampler:
             for fam in self.families:
                 try:
                     fam.collect(gpu)
-                except GpuLost:
+                except GpuUnusable:
                     raise
                 except Exception:  # noqa: BLE001 - one family failing never affects the others
-                    log.exception("family failed", extra={"family": fam.name, "uuid": uuid})
-        except GpuLost:
-            log.warning("gpu lost", extra={"uuid": uuid, "index": index})
-            return False
-        out.extend(mine)
-        return True
+                    result.failed.append(fam.name)
+                    self._log(("family", fam.name), "collector failed", exc_info=True, collector=fam.name, uuid=uuid)
+        except GpuUnusable as e:
+            self._log(("unusable", uuid, e.reason), "gpu unusable", uuid=uuid, index=index, reason=e.reason)
+            return _GpuRead(index, uuid, handle, reason=e.reason, failed=result.failed)
+        return result
 
     def _read_fields(self, gpu: GpuCtx) -> None:
         batch = self._field_batch(gpu)
@@ -212,27 +380,33 @@ class Sampler:
                 gpu.fields[(spec.field_id, spec.scope)] = raw
                 if spec.metric is not None:
                     gpu.emit(spec.metric, raw, *spec.extra, scale=spec.scale)
-            elif ret == N.NVML_ERROR_NOT_SUPPORTED:
-                self.session.unsupported.add((gpu.uuid, f"field:{spec.field_id}:{spec.scope}"))
+            elif ret in UNAVAILABLE:
+                self.session.mark_unavailable((gpu.uuid, f"field:{spec.field_id}:{spec.scope}"),
+                                              f"nvmlDeviceGetFieldValues:{spec.field_id}", ret)
             else:
-                self.session.errors[(f"nvmlDeviceGetFieldValues:{spec.field_id}", code_name(N.NVMLError(ret)))] += 1
+                self.session._count_error(f"nvmlDeviceGetFieldValues:{spec.field_id}", code_name(N.NVMLError(ret)))
 
     def _field_batch(self, gpu: GpuCtx) -> tuple[list[FieldSpec], FieldValues] | None:
-        """The fields the families want from this GPU now, less those it does not support, and
-        their reusable reader; rebuilt only when the wanted fields or the unsupported set change
-        (the set only grows between re-initialisations, which clear the GPU caches)."""
+        """The fields the families want from this GPU now, less those it does not give, and their
+        reusable reader; rebuilt only when the wanted fields or the capability answers change."""
         wanted = tuple(s for fam in self.families for s in fam.fields(gpu))
-        key = (wanted, len(self.session.unsupported))
+        key = (wanted, self.session.capability_version)
         cached = gpu.cache.get("field_batch")
         if cached is not None and cached[0] == key:  # same FieldSpec objects: compared by identity, in C
             return cached[1]
-        specs = [s for s in wanted if (gpu.uuid, f"field:{s.field_id}:{s.scope}") not in self.session.unsupported]
+        specs = [s for s in wanted if not self.session.is_unavailable((gpu.uuid, f"field:{s.field_id}:{s.scope}"))]
         batch = (specs, FieldValues([(s.field_id, s.scope) for s in specs])) if specs else None
-        gpu.cache["field_batch"] = (key, batch)
+        gpu.cache["field_batch"] = ((wanted, self.session.capability_version), batch)
         return batch
 
     def _drop(self, metric: c.Metric, reason: str) -> None:
-        self.dropped[(metric.name, reason)] += 1
+        with self._lock:
+            self.dropped[(metric.name, reason)] += 1
+
+    def _family_failed(self, name: str, uuid: str) -> None:
+        with self._lock:
+            self.collector_errors[name] += 1
+            self.collector_failed.add(name)
 
     # ---- self-health ---------------------------------------------------------------------------
 
@@ -253,6 +427,23 @@ class Sampler:
             out.extend(x for x in self.latest.samples if x.metric is c.LAST_SUCCESS)
         if s.init_error:
             out.append(Sample(c.NVML_INIT_ERROR, (s.init_error,), 1.0))
-        out.extend(Sample(c.NVML_ERRORS, key, float(n)) for key, n in sorted(s.errors.items()))
-        out.extend(Sample(c.DROPPED, key, float(n)) for key, n in sorted(self.dropped.items()))
+        with s._count_lock:
+            errors = sorted(s.errors.items())
+        out.extend(Sample(c.NVML_ERRORS, key, float(n)) for key, n in errors)
+        out.extend(Sample(c.NVML_UNAVAILABLE, key, float(n)) for key, n in sorted(s.unavailable_counts().items()))
+        with self._lock:
+            out.extend(Sample(c.DROPPED, key, float(n)) for key, n in sorted(self.dropped.items()))
+            out.extend(Sample(c.GPU_TIMEOUTS, key, float(n)) for key, n in sorted(self.timeouts.items()))
+            out.extend(Sample(c.COLLECTOR_ERRORS, (name,), float(n)) for name, n in sorted(self.collector_errors.items()))
+            failed = set(self.collector_failed)
+        for name in ["sampler"] + [f.name for f in self.families]:
+            out.append(Sample(c.COLLECTOR_SUCCESS, (name,), float(name not in failed)))
+        out.append(Sample(c.LOGS_DROPPED, (), float(_log_records_dropped())))
         return out
+
+
+def _log_records_dropped() -> int:
+    """Log records this process's Fluentd handlers dropped (0 without Fluentd)."""
+    from ..logs import records_dropped_total
+
+    return records_dropped_total()

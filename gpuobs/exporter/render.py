@@ -13,7 +13,7 @@ from .. import catalog as c
 from ..collect.base import Sample, Snapshot
 
 NAMINGS = ("gpuobs", "dcgm")
-SELF_FAMILY = "exporter"
+SELF_FAMILIES = ("exporter", "telemetry")  # self-health: served even when the GPU values are stale
 # Attribution labels (gpuobs.attribution), by naming. Native names stay clear of the target labels
 # Prometheus's Kubernetes service discovery adds (pod, namespace, container); dcgm naming uses
 # dcgm-exporter's names, which its users scrape with honor_labels or relabel.
@@ -171,8 +171,8 @@ class Renderer:
 
     def render(self, snap: Snapshot) -> None:
         """Render a new snapshot (called on the sampling thread, once per snapshot)."""
-        own = [s for s in snap.samples if s.metric.family == SELF_FAMILY]
-        gpu = [s for s in snap.samples if s.metric.family != SELF_FAMILY]
+        own = [s for s in snap.samples if s.metric.family in SELF_FAMILIES]
+        gpu = [s for s in snap.samples if s.metric.family not in SELF_FAMILIES]
         extra = self._attributor(gpu)
         if self.naming == "dcgm":
             body = _to_text(dcgm_families(gpu, self.hostname, extra))

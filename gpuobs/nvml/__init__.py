@@ -1,7 +1,16 @@
 """One NVML session over pynvml: initialisation with backoff, re-initialisation after repeated
-driver-level errors, NOT_SUPPORTED remembered per device and call, and error/call accounting.
+driver-level errors, capability answers (NOT_SUPPORTED, NO_PERMISSION, a function the driver or
+binding lacks) remembered per device and call and re-probed, and error/call accounting.
 
-Everything that talks to NVML goes through `Session.call`, so counts and errors are complete.
+Everything that talks to NVML goes through `Session.call`, so counts and errors are complete, and
+every string it returns is `str` (pynvml releases before 11.5 return `bytes`).
+
+Binding drift: older pynvml releases (11.4.1 was pip's default for years) lack field ids, value
+types and whole functions that gpuobs uses. At import, the names gpuobs needs and the binding
+lacks are filled in: constants with their values from nvml.h, functions with a stub that raises
+NVMLError(FUNCTION_NOT_FOUND) -- the same answer pynvml gives when the driver lacks the symbol, so
+one code path (a remembered capability, a fallback call) covers an old binding and an old driver.
+Nothing the binding has is replaced.
 """
 
 from __future__ import annotations
@@ -16,12 +25,59 @@ import pynvml
 
 log = logging.getLogger("gpuobs.nvml")
 
+# nvml.h values of the constants gpuobs uses that pynvml releases before 11.5/12 lack.
+ABI_CONSTANTS = {
+    "NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY": 161, "NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY": 162,
+    "NVML_FI_DEV_NVLINK_ERROR_DL_CRC": 163, "NVML_FI_DEV_NVLINK_GET_STATE": 165,
+    "NVML_FI_DEV_POWER_INSTANT": 186, "NVML_FI_DEV_POWER_MIN_LIMIT": 187, "NVML_FI_DEV_POWER_MAX_LIMIT": 188,
+    "NVML_FI_DEV_POWER_DEFAULT_LIMIT": 189, "NVML_FI_DEV_POWER_CURRENT_LIMIT": 190,
+    "NVML_FI_DEV_PCIE_COUNT_TX_BYTES": 197, "NVML_FI_DEV_PCIE_COUNT_RX_BYTES": 198,
+    "NVML_GPM_METRICS_GET_VERSION": 1, "NVML_VALUE_TYPE_SIGNED_INT": 5, "NVML_VALUE_TYPE_UNSIGNED_SHORT": 6,
+}
+# Functions gpuobs calls that older bindings lack (each has a fallback or is optional).
+ABI_FUNCTIONS = ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetComputeRunningProcesses_v2",
+                 "nvmlDeviceGetGraphicsRunningProcesses_v2", "nvmlGpmQueryDeviceSupport", "nvmlGpmSampleAlloc",
+                 "nvmlGpmSampleFree", "nvmlGpmSampleGet", "nvmlGpmMigSampleGet", "nvmlGpmMetricsGet",
+                 "nvmlEventSetWait_v2")
+
+
+def _missing(name: str) -> Callable[..., Any]:
+    def stub(*_args: Any, **_kw: Any) -> Any:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+    stub.__name__ = name
+    stub.__doc__ = f"{name} is not in this pynvml release: raises NVMLError(FUNCTION_NOT_FOUND)."
+    return stub
+
+
+def _backfill() -> list[str]:
+    """Add the ABI names this pynvml lacks (never replacing one it has); the names added."""
+    added = []
+    for name, value in ABI_CONSTANTS.items():
+        if not hasattr(pynvml, name):
+            setattr(pynvml, name, value)
+            added.append(name)
+    for name in ABI_FUNCTIONS:
+        if not hasattr(pynvml, name):
+            setattr(pynvml, name, _missing(name))
+            added.append(name)
+    return added
+
+
+BACKFILLED = _backfill()
+
 # Return codes that mean the driver, not one GPU or one field, is in trouble.
 DRIVER_LEVEL = {pynvml.NVML_ERROR_UNINITIALIZED, pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
                 pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH, pynvml.NVML_ERROR_UNKNOWN,
                 pynvml.NVML_ERROR_LIBRARY_NOT_FOUND}
 CODE_NAMES = {v: k.removeprefix("NVML_ERROR_") for k, v in vars(pynvml).items()
               if k.startswith("NVML_ERROR_") and isinstance(v, int)}
+# Codes that are answers about a capability, not errors: the GPU, the driver, the binding or our
+# privileges do not give this value. Remembered per device and call, re-probed now and then.
+UNAVAILABLE = {pynvml.NVML_ERROR_NOT_SUPPORTED: "not_supported", pynvml.NVML_ERROR_NO_PERMISSION: "no_permission",
+               pynvml.NVML_ERROR_FUNCTION_NOT_FOUND: "function_not_found",
+               pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH: "argument_version_mismatch"}
+# Codes that mean the GPU itself is unusable until someone acts (reseat, reboot, reset).
+UNUSABLE = {pynvml.NVML_ERROR_GPU_IS_LOST: "lost", pynvml.NVML_ERROR_RESET_REQUIRED: "reset_required"}
 
 
 def code_name(err: BaseException) -> str:
@@ -31,18 +87,30 @@ def code_name(err: BaseException) -> str:
     return type(err).__name__
 
 
+def text(value: Any) -> Any:
+    """`bytes` (older pynvml releases) as `str`; anything else unchanged. Raises UnicodeDecodeError
+    for bytes that are not UTF-8 (a corrupted VBIOS string), which callers count as an error."""
+    return value.decode("utf-8") if type(value) is bytes else value
+
+
 class Session:
     """NVML state shared by the sampling thread and the event thread.
 
     reinit_after: consecutive driver-level errors (with no success between) that trigger
     nvmlShutdown + nvmlInit. Backoff for failed inits doubles from 1 s to backoff_max seconds.
+    reprobe_after: seconds a capability answer (UNAVAILABLE) is trusted before the call is tried
+    again, so an NVLink link that comes up, a fabric that starts or a permission granted later
+    gives values without a restart. Thread-safe: per-GPU sampling threads share one session.
     """
 
-    def __init__(self, reinit_after: int = 20, backoff_max: float = 30.0, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, reinit_after: int = 20, backoff_max: float = 30.0, clock: Callable[[], float] = time.monotonic,
+                 reprobe_after: float = 300.0):
         self.reinit_after = reinit_after
         self.backoff_max = backoff_max
+        self.reprobe_after = reprobe_after
         self._clock = clock
         self._lock = threading.RLock()
+        self._count_lock = threading.Lock()
         self.up = False
         self.init_error: str | None = None
         self.generation = 0  # increments on every successful init: handles of older generations are void
@@ -52,7 +120,10 @@ class Session:
         self.reinits = 0
         self.calls = 0
         self.errors: collections.Counter[tuple[str, str]] = collections.Counter()
-        self.unsupported: set[tuple[str, str]] = set()  # (device key, call) answered NOT_SUPPORTED
+        # (device key, call key) -> (call, reason, monotonic time of the answer)
+        self.unavailable: dict[tuple[str, str], tuple[str, str, float]] = {}
+        self.capability_version = 0  # changes whenever `unavailable` does (callers cache on it)
+        self._announced: set[tuple[str, str]] = set()  # (call, reason) logged once per process
 
     def ensure(self) -> bool:
         """Initialise NVML if it is down and the backoff allows; True when NVML is up."""
@@ -73,7 +144,7 @@ class Session:
             self.up, self.init_error = True, None
             self._backoff, self._driver_errors = 1.0, 0
             self.generation += 1
-            self.unsupported.clear()  # capabilities are re-probed after (re-)init
+            self.forget()  # capabilities are re-probed after (re-)init
             log.info("nvml initialised", extra={"generation": self.generation})
             return True
 
@@ -87,28 +158,78 @@ class Session:
                 except pynvml.NVMLError:
                     pass
 
+    # ---- capabilities ---------------------------------------------------------------------
+
+    def is_unavailable(self, key: tuple[str, str]) -> bool:
+        """True if `key` (device, call) gave a capability answer less than reprobe_after ago."""
+        entry = self.unavailable.get(key)
+        if entry is None:
+            return False
+        if self._clock() - entry[2] < self.reprobe_after:
+            return True
+        with self._count_lock:  # expired: the next call probes again
+            if self.unavailable.pop(key, None) is not None:
+                self.capability_version += 1
+        return False
+
+    def mark_unavailable(self, key: tuple[str, str], call: str, code: int) -> None:
+        """Remember a capability answer (an UNAVAILABLE code) for key; log each (call, reason)
+        once per process -- a driver without a call answers so for every GPU on every pass."""
+        reason = UNAVAILABLE.get(code, CODE_NAMES.get(code, str(code)).lower())
+        with self._count_lock:
+            self.unavailable[key] = (call, reason, self._clock())
+            self.capability_version += 1
+            first = (call, reason) not in self._announced
+            self._announced.add((call, reason))
+        if first:
+            level = logging.WARNING if code == pynvml.NVML_ERROR_NO_PERMISSION else logging.INFO
+            log.log(level, "nvml call unavailable", extra={"call": call, "reason": reason, "device": key[0]})
+
+    def forget(self, device: str | None = None) -> None:
+        """Drop remembered capability answers: of one device (its MIG mode changed), or all."""
+        with self._count_lock:
+            if device is None:
+                self.unavailable.clear()
+            else:
+                for key in [k for k in self.unavailable if k[0] == device]:
+                    del self.unavailable[key]
+            self.capability_version += 1
+
+    def unavailable_counts(self) -> collections.Counter[tuple[str, str]]:
+        """{(call, reason): devices} of the capability answers remembered now."""
+        with self._count_lock:
+            return collections.Counter((call, reason) for call, reason, _ in self.unavailable.values())
+
+    # ---- calls ------------------------------------------------------------------------------
+
     def call(self, name: str, fn: Callable[..., Any], *args: Any, expected: tuple[int, ...] = ()) -> Any:
-        """Call one pynvml function; count it; count and re-raise its error.
+        """Call one pynvml function; count it; count and re-raise its error. A `bytes` result is
+        returned as `str` (UnicodeDecodeError, counted, when it is not UTF-8).
 
         expected: return codes that are answers, not errors (e.g. NOT_FOUND past the last MIG
-        device): re-raised but not counted; NOT_SUPPORTED is always such an answer. Repeated driver-level errors shut NVML down so that
-        the next ensure() re-initialises it.
+        device): re-raised but not counted; the UNAVAILABLE codes are always such answers.
+        Repeated driver-level errors shut NVML down so that the next ensure() re-initialises it.
         """
-        self.calls += 1
+        with self._count_lock:
+            self.calls += 1
         try:
-            result = fn(*args)
+            result = text(fn(*args))
         except pynvml.NVMLError as e:
-            if e.value in expected or e.value == pynvml.NVML_ERROR_NOT_SUPPORTED:
-                raise  # an answer (the GPU lacks it, or nothing is there), not an error
-            self.errors[(name, code_name(e))] += 1
+            if e.value in expected or e.value in UNAVAILABLE:
+                raise  # an answer (the GPU, driver or binding lacks it, or nothing is there), not an error
+            self._count_error(name, code_name(e))
             if e.value in DRIVER_LEVEL:
                 self._driver_error()
             raise
         except (UnicodeDecodeError, ValueError, TypeError) as e:  # e.g. a name that is not UTF-8
-            self.errors[(name, code_name(e))] += 1
+            self._count_error(name, code_name(e))
             raise
         self._driver_errors = 0
         return result
+
+    def _count_error(self, name: str, code: str) -> None:
+        with self._count_lock:
+            self.errors[(name, code)] += 1
 
     def _driver_error(self) -> None:
         self._driver_errors += 1
