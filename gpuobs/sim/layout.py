@@ -91,7 +91,8 @@ class Proc(C.Structure):
 
 
 class Gpu(C.Structure):
-    """One physical GPU slot. `present` = 0 takes it out of the device count."""
+    """One physical GPU slot. `present` = 0 takes it out of the device count; `lost` and
+    `reset_required` make every call with its handle answer GPU_IS_LOST / RESET_REQUIRED."""
     _fields_ = [
         ("present", C.c_int32), ("lost", C.c_int32),
         ("name", Str), ("uuid", Str), ("serial", Str), ("vbios", Str),
@@ -123,7 +124,7 @@ class Gpu(C.Structure):
         ("gpm_supported", Val), ("gpm", Val * GPM_SLOTS),
         ("mig_current", Val), ("mig_pending", Val),
         ("link_count", C.c_int32), ("mig_count", C.c_int32), ("proc_count", C.c_int32),
-        ("pad0", C.c_int32),
+        ("reset_required", C.c_int32),  # 1: every call with its handle answers NVML_ERROR_RESET_REQUIRED
         ("supported_events", C.c_uint64),
         ("links", Link * MAX_LINKS),
         ("migs", Mig * MAX_MIG),

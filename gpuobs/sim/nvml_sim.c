@@ -8,7 +8,11 @@
  * Rules kept throughout:
  *  - a handle is only ever compared against the tables below, never dereferenced unchecked;
  *  - every public function counts its call (S->calls) and passes the fault table first;
- *  - a lost or absent GPU answers NVML_ERROR_GPU_IS_LOST to every call with its handle;
+ *  - a lost or absent GPU answers NVML_ERROR_GPU_IS_LOST to every call with its handle, and one
+ *    marked reset-required answers NVML_ERROR_RESET_REQUIRED (its handle can still be had);
+ *  - older versions of a call (nvmlDeviceGetMemoryInfo, ..._v2 and v1 process lists,
+ *    nvmlEventSetWait) fill the older, smaller structs exactly, never past their end, so that a
+ *    library built without the newer symbols (builder.build(hide=...)) behaves as an old driver;
  *  - per-process tables (event sets, GPM samples) are guarded by one mutex; shared state
  *    is read lock-free and written with atomics where C writes it (call counts, faults).
  */
@@ -34,7 +38,7 @@ enum {
     NVML_SUCCESS = 0, NVML_ERROR_UNINITIALIZED = 1, NVML_ERROR_INVALID_ARGUMENT = 2,
     NVML_ERROR_NOT_SUPPORTED = 3, NVML_ERROR_NO_PERMISSION = 4, NVML_ERROR_NOT_FOUND = 6,
     NVML_ERROR_INSUFFICIENT_SIZE = 7, NVML_ERROR_DRIVER_NOT_LOADED = 9, NVML_ERROR_TIMEOUT = 10,
-    NVML_ERROR_GPU_IS_LOST = 15, NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18, NVML_ERROR_MEMORY = 20,
+    NVML_ERROR_GPU_IS_LOST = 15, NVML_ERROR_RESET_REQUIRED = 16, NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18, NVML_ERROR_MEMORY = 20,
     NVML_ERROR_NO_DATA = 21, NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25, NVML_ERROR_UNKNOWN = 999,
 };
 
@@ -211,6 +215,7 @@ static nvmlReturn_t enter(int fid, nvmlDevice_t dev, int flags, sim_gpu_t **gp, 
     if (!dev || !resolve(dev, &slot, &mig) || slot >= S->gpu_slots) return NVML_ERROR_INVALID_ARGUMENT;
     sim_gpu_t *g = &S->gpus[slot];
     if (!g->present || g->lost) return NVML_ERROR_GPU_IS_LOST;
+    if (g->reset_required) return NVML_ERROR_RESET_REQUIRED;
     if (mig >= 0 && (mig >= g->mig_count || g->mig_current.base != 1)) return NVML_ERROR_INVALID_ARGUMENT;
     nvmlReturn_t r = fault(fid, slot, -1);
     if (r) return r;
@@ -1059,19 +1064,25 @@ API nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t dev, nvmlDeviceAttribut
 
 /* ---- processes ---------------------------------------------------------------------------- */
 
+/* nvmlProcessInfo_v2_t, which the _v2 and _v3 calls take (R535.43-535.86 headers gave _v3 a larger
+ * struct without a version bump; later drivers went back to this one, as pynvml does), and the
+ * v1 struct of the unsuffixed calls, the only ones drivers before R450 have. */
 typedef struct { unsigned pid; unsigned long long usedGpuMemory; unsigned gpuInstanceId, computeInstanceId; } nvmlProcessInfo_t;
+typedef struct { unsigned pid; unsigned long long usedGpuMemory; } nvmlProcessInfo_v1_t;
 
-static nvmlReturn_t procs(sim_gpu_t *g, sim_mig_t *m, unsigned kind, unsigned *n, nvmlProcessInfo_t *out) {
+/* v1: write nvmlProcessInfo_v1_t records (16 bytes each) instead of nvmlProcessInfo_t (24). */
+static nvmlReturn_t procs(sim_gpu_t *g, sim_mig_t *m, unsigned kind, unsigned *n, void *out, int v1) {
     NEED(n);
     unsigned have = 0;
     for (int i = 0; i < g->proc_count && i < SIM_MAX_PROCS; i++) {
         sim_proc_t *p = &g->procs[i];
         if (!(p->kind & kind) || (m && (p->gi_id != m->gi_id || p->ci_id != m->ci_id))) continue;
         if (out && have < *n) {
-            out[have].pid = p->pid;
-            out[have].usedGpuMemory = p->used_mem;
-            out[have].gpuInstanceId = p->gi_id;
-            out[have].computeInstanceId = p->ci_id;
+            if (v1) {
+                ((nvmlProcessInfo_v1_t *)out)[have] = (nvmlProcessInfo_v1_t){p->pid, p->used_mem};
+            } else {
+                ((nvmlProcessInfo_t *)out)[have] = (nvmlProcessInfo_t){p->pid, p->used_mem, p->gi_id, p->ci_id};
+            }
         }
         have++;
     }
@@ -1083,9 +1094,15 @@ static nvmlReturn_t procs(sim_gpu_t *g, sim_mig_t *m, unsigned kind, unsigned *n
     *n = have;
     return NVML_SUCCESS;
 }
-API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t dev, unsigned *n, nvmlProcessInfo_t *p) { DEV(F_nvmlDeviceGetComputeRunningProcesses_v3, ALLOW_MIG); return procs(g, m, 1, n, p); }
-API nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t dev, unsigned *n, nvmlProcessInfo_t *p) { DEV(F_nvmlDeviceGetGraphicsRunningProcesses_v3, ALLOW_MIG); return procs(g, m, 2, n, p); }
-API nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t dev, unsigned *n, nvmlProcessInfo_t *p) { DEV(F_nvmlDeviceGetMPSComputeRunningProcesses_v3, ALLOW_MIG); return procs(g, m, 4, n, p); }
+API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t dev, unsigned *n, nvmlProcessInfo_t *p) { DEV(F_nvmlDeviceGetComputeRunningProcesses_v3, ALLOW_MIG); return procs(g, m, 1, n, p, 0); }
+API nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t dev, unsigned *n, nvmlProcessInfo_t *p) { DEV(F_nvmlDeviceGetGraphicsRunningProcesses_v3, ALLOW_MIG); return procs(g, m, 2, n, p, 0); }
+API nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t dev, unsigned *n, nvmlProcessInfo_t *p) { DEV(F_nvmlDeviceGetMPSComputeRunningProcesses_v3, ALLOW_MIG); return procs(g, m, 4, n, p, 0); }
+API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t dev, unsigned *n, nvmlProcessInfo_t *p) { DEV(F_nvmlDeviceGetComputeRunningProcesses_v2, ALLOW_MIG); return procs(g, m, 1, n, p, 0); }
+API nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t dev, unsigned *n, nvmlProcessInfo_t *p) { DEV(F_nvmlDeviceGetGraphicsRunningProcesses_v2, ALLOW_MIG); return procs(g, m, 2, n, p, 0); }
+API nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v2(nvmlDevice_t dev, unsigned *n, nvmlProcessInfo_t *p) { DEV(F_nvmlDeviceGetMPSComputeRunningProcesses_v2, ALLOW_MIG); return procs(g, m, 4, n, p, 0); }
+API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t dev, unsigned *n, nvmlProcessInfo_v1_t *p) { DEV(F_nvmlDeviceGetComputeRunningProcesses, ALLOW_MIG); return procs(g, m, 1, n, p, 1); }
+API nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses(nvmlDevice_t dev, unsigned *n, nvmlProcessInfo_v1_t *p) { DEV(F_nvmlDeviceGetGraphicsRunningProcesses, ALLOW_MIG); return procs(g, m, 2, n, p, 1); }
+API nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses(nvmlDevice_t dev, unsigned *n, nvmlProcessInfo_v1_t *p) { DEV(F_nvmlDeviceGetMPSComputeRunningProcesses, ALLOW_MIG); return procs(g, m, 4, n, p, 1); }
 
 typedef struct { unsigned pid; unsigned long long timeStamp; unsigned smUtil, memUtil, encUtil, decUtil; } nvmlProcessUtilizationSample_t;
 
@@ -1197,8 +1214,7 @@ static int next_event(sim_set_t *s, nvmlEventData_t *d) {
     return 0;
 }
 
-API nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned timeout_ms) {
-    SYS(F_nvmlEventSetWait_v2);
+static nvmlReturn_t wait_event(nvmlEventSet_t set, nvmlEventData_t *data, unsigned timeout_ms) {
     NEED(data);
     double deadline = now_s() + timeout_ms / 1000.0;
     for (;;) {
@@ -1214,6 +1230,23 @@ API nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, 
            at 20 Hz: fast enough for XID tests, cheap enough not to dominate a benchmark. */
         usleep((useconds_t)((left < 0.05 ? left : 0.05) * 1e6));
     }
+}
+
+API nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned timeout_ms) {
+    SYS(F_nvmlEventSetWait_v2);
+    return wait_event(set, data, timeout_ms);
+}
+
+/* The pre-R450 event struct: no MIG instance ids. nvmlEventSetWait fills only these 24 bytes. */
+typedef struct { nvmlDevice_t device; unsigned long long eventType, eventData; } nvmlEventData_v1_t;
+
+API nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_v1_t *data, unsigned timeout_ms) {
+    SYS(F_nvmlEventSetWait);
+    NEED(data);
+    nvmlEventData_t full;
+    nvmlReturn_t r = wait_event(set, &full, timeout_ms);
+    if (r == NVML_SUCCESS) *data = (nvmlEventData_v1_t){full.device, full.eventType, full.eventData};
+    return r;
 }
 
 /* ---- GPM ----------------------------------------------------------------------------------- */
@@ -1311,6 +1344,7 @@ API nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *mg) {
         return NVML_ERROR_INVALID_ARGUMENT;
     sim_gpu_t *g = &S->gpus[s1.slot];
     if (!g->present || g->lost) return NVML_ERROR_GPU_IS_LOST;
+    if (g->reset_required) return NVML_ERROR_RESET_REQUIRED;
     sim_val_t *vals = g->gpm;
     if (s1.gi >= 0) {
         vals = NULL;

@@ -3,6 +3,8 @@
 ```yaml
 driver_version: "590.48.01"      # optional
 cuda_version: "13.1"             # optional
+driver: r470                      # optional: an older driver's symbol set for child processes
+                                  # (gpuobs.sim.builder.DRIVERS); also its version strings by default
 gpus:
   - profile: h100-sxm-80gb        # a built-in profile (gpuobs.sim.profiles) ...
     count: 8
@@ -29,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from . import layout, profiles
+from . import builder, layout, profiles
 from .layout import Gpu, Val
 from .state import SimState, set_counter, set_val
 
@@ -400,8 +402,15 @@ def expand(spec: dict, base: Path | None = None) -> tuple[dict, list[tuple[dict,
     """Turn a scenario mapping into (driver info, [(profile, behaviour, period)] per GPU slot)."""
     if not isinstance(spec, dict) or not isinstance(spec.get("gpus"), list):
         raise ScenarioError("a scenario needs a 'gpus' list")
-    info = {"driver_version": str(spec.get("driver_version", "590.48.01")),
-            "cuda_version": str(spec.get("cuda_version", "13.1"))}
+    driver = spec.get("driver", "current")
+    try:
+        builder.driver_symbols(driver)
+    except ValueError as e:
+        raise ScenarioError(f"driver: {e}") from None
+    versions = builder.DRIVER_VERSIONS.get(driver)
+    driver_version, cuda_version = versions or ("590.48.01", "13.1")
+    info = {"driver": driver, "driver_version": str(spec.get("driver_version", driver_version)),
+            "cuda_version": str(spec.get("cuda_version", cuda_version))}
     slots: list[tuple[dict, str, float]] = []
     if not spec["gpus"]:
         raise ScenarioError("a scenario needs at least one GPU in 'gpus'")
@@ -411,7 +420,7 @@ def expand(spec: dict, base: Path | None = None) -> tuple[dict, list[tuple[dict,
         if "capture" in entry:
             base_profile = _capture_profile(_resolve(entry["capture"], base), entry.get("phase", "load"))
             for key in ("driver_version", "cuda_version"):
-                if base_profile.get(key) and key not in spec:
+                if base_profile.get(key) and key not in spec and not versions:  # a named driver wins
                     info[key] = base_profile[key]
         elif "profile" in entry:
             try:
@@ -459,7 +468,7 @@ def _apply(st: SimState, spec: dict, base: Path | None, node: str) -> None:
     _str(st.s.driver_version, info["driver_version"])
     major, _, minor = info["cuda_version"].partition(".")
     st.s.cuda_version = int(major) * 1000 + int(minor or 0) * 10
-    _str(st.s.nvml_version, "13." + info["driver_version"])
+    _str(st.s.nvml_version, f"{int(major)}.{info['driver_version']}")  # e.g. 11.470.256.02, as NVML reports
     st.s.gpu_slots = len(slots)
     for slot, (p, behaviour, period) in enumerate(slots):
         apply_profile(st, slot, p, node)

@@ -16,7 +16,10 @@ from . import builder, layout
 from .layout import Gpu, State, Val
 
 NOT_SUPPORTED = 3  # NVML_ERROR_NOT_SUPPORTED
+NO_PERMISSION = 4  # NVML_ERROR_NO_PERMISSION
+RESET_REQUIRED = 16  # NVML_ERROR_RESET_REQUIRED
 EVENT_XID = 0x8  # nvmlEventTypeXidCriticalError
+NO_INSTANCE = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId of an event no MIG instance is blamed for
 
 
 def set_val(v: Val, value: float | None, shape: str = "const", amp: float = 0.0,
@@ -111,6 +114,15 @@ class SimState:
         """GPU fell off the bus: every call with its handle returns NVML_ERROR_GPU_IS_LOST."""
         self.gpu(slot).lost = int(lost)
 
+    def require_reset(self, slot: int, on: bool = True) -> None:
+        """GPU needs a reset: every call with its handle returns NVML_ERROR_RESET_REQUIRED (16).
+
+        Its handle can still be had (lookups by index, UUID, serial or bus id succeed; queries fail);
+        to fail handle lookups too, add fail("nvmlDeviceGetHandleByIndex_v2", 16, gpu=slot).
+        `on=False` clears it. A lost GPU answers GPU_IS_LOST first.
+        """
+        self.gpu(slot).reset_required = int(on)
+
     def remove_gpu(self, slot: int, present: bool = False) -> None:
         """Take a GPU out of the device count (indexes of later GPUs shift down), or put it back."""
         self.gpu(slot).present = int(present)
@@ -172,6 +184,13 @@ class SimState:
         """Make one function answer NVML_ERROR_NOT_SUPPORTED for one GPU."""
         self.gpu(slot).unsupported[self.func_id(func)] = int(value)
 
+    def no_permission(self, slot: int | None, func: str) -> int:
+        """Make `func` answer NVML_ERROR_NO_PERMISSION (4) for one GPU slot (None: every GPU), as for
+        a non-root reader of a root-only value. Returns the fault index for clear_fault."""
+        if slot is not None:
+            self.gpu(slot)
+        return self.fail(func, NO_PERMISSION, gpu=slot)
+
     # ---- events ------------------------------------------------------------------------
 
     def queue_event(self, slot: int, event_type: int, data: int = 0,
@@ -182,9 +201,18 @@ class SimState:
         e.seq, e.gpu, e.type, e.data, e.gi_id, e.ci_id = head, slot, event_type, data, gi_id, ci_id
         self.s.event_head = head + 1  # published last: readers only look below the head
 
-    def xid(self, slot: int, code: int) -> None:
-        """Queue an XID error (nvmlEventTypeXidCriticalError with eventData = the XID code)."""
-        self.queue_event(slot, EVENT_XID, code)
+    def xid(self, slot: int, code: int, gi: int | None = None, ci: int | None = None) -> None:
+        """Queue an XID error (nvmlEventTypeXidCriticalError with eventData = the XID code).
+
+        gi / ci: the MIG GPU instance / compute instance the XID is attributed to, which
+        nvmlEventSetWait_v2 reports as gpuInstanceId / computeInstanceId (None: 0xFFFFFFFF, not
+        attributable, as for a whole-GPU XID); the event's device is the physical GPU either way.
+        nvmlEventSetWait (v1) has no such fields.
+        """
+        if ci is not None and gi is None:
+            raise ValueError("a compute instance id needs its GPU instance id (gi)")
+        self.queue_event(slot, EVENT_XID, code, NO_INSTANCE if gi is None else gi,
+                         NO_INSTANCE if ci is None else ci)
 
     # ---- call accounting ---------------------------------------------------------------
 
