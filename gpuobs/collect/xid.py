@@ -1,6 +1,9 @@
 """XID events, on their own thread: an NVML event set waits for nvmlEventTypeXidCriticalError and
-counts each event once per GPU and XID code. Exported as counters plus a last-seen time, so alerts
-on increase() resolve, unlike a last-value gauge."""
+counts each event once per GPU, XID code and MIG instance. Exported as counters plus a last-seen
+time, so alerts on increase() resolve, unlike a last-value gauge.
+
+The thread reports its own health (gpuobs_exporter_xid_watcher_up, ..._errors_total{code}), is
+restarted by the sampler (through Xid.node_samples) when it dies, and rate-limits its logs."""
 
 from __future__ import annotations
 
@@ -9,70 +12,216 @@ import ctypes
 import logging
 import threading
 import time
+from typing import Any, Callable, Hashable
 
 import pynvml as N
 
 from .. import catalog as c
-from ..nvml import Session
+from ..nvml import Session, code_name
 from .base import Family, GpuCtx, Sample
 
 log = logging.getLogger("gpuobs.xid")
+
+NO_ID = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId of an event that names no MIG instance
+RESTARTED = "restarted"  # XID_WATCHER_ERRORS code of a restart by supervision
 
 
 def _addr(handle) -> int | None:
     return ctypes.cast(handle, ctypes.c_void_p).value
 
 
+def _text(value: Any) -> str:
+    """A UUID as text: older pynvml returns bytes. Raises UnicodeDecodeError on garbage."""
+    return value.decode() if isinstance(value, (bytes, bytearray)) else str(value)
+
+
+def _instance_id(event: Any, name: str) -> str:
+    """A MIG instance id of an event as a label value: '' when it names none (or the event is a v1
+    event, which has no such field)."""
+    value = getattr(event, name, None)
+    return "" if value is None or int(value) == NO_ID else str(int(value))
+
+
+class _EventDataV1(ctypes.Structure):
+    """nvmlEventData_t before NVML 11 (nvmlEventSetWait): no MIG instance ids."""
+    _fields_ = [("device", N.c_nvmlDevice_t),
+                ("eventType", ctypes.c_ulonglong),
+                ("eventData", ctypes.c_ulonglong)]
+
+
+def wait_v1(event_set: Any, timeout_ms: int) -> _EventDataV1:
+    """nvmlEventSetWait, the pre-v2 call, made directly: recent pynvml maps its nvmlEventSetWait onto
+    nvmlEventSetWait_v2, which is exactly what an older driver lacks. Raises NVMLError as pynvml does."""
+    fn = N._nvmlGetFunctionPointer("nvmlEventSetWait")
+    data = _EventDataV1()
+    N._nvmlCheckReturn(fn(event_set, ctypes.byref(data), ctypes.c_uint(timeout_ms)))
+    return data
+
+
+class LogLimiter:
+    """Per key, at most `burst` records in each `per`-second window; the others are counted and the
+    count is handed to the next record allowed (so that it can say how many were left out)."""
+
+    def __init__(self, per: float = 60.0, burst: int = 1, clock: Callable[[], float] = time.monotonic):
+        self.per, self.burst, self._clock = per, burst, clock
+        self._lock = threading.Lock()
+        self._state: dict[Hashable, list] = {}  # key -> [window start, allowed in window, suppressed]
+
+    def allow(self, key: Hashable) -> int | None:
+        """None: leave this record out. Else: how many records of this key were left out since the
+        last one allowed (0 if none)."""
+        now = self._clock()
+        with self._lock:
+            st = self._state.get(key)
+            if st is None or now - st[0] >= self.per:
+                st = self._state[key] = [now, 0, st[2] if st else 0]
+            if st[1] >= self.burst:
+                st[2] += 1
+                return None
+            st[1] += 1
+            suppressed, st[2] = st[2], 0
+            return suppressed
+
+
 class XidWatcher:
     """Waits on an event set in a daemon thread. `register(uuid, handle)` adds GPUs as the sampler
-    sees them; counts survive NVML re-initialisation (the set is rebuilt)."""
+    sees them; counts survive NVML re-initialisation (the set is rebuilt).
 
-    def __init__(self, session: Session, wait_ms: int = 500):
+    For the sampler (through the Xid family): register(), supervise() (restart a dead thread, with
+    back-off), up (health), errors() (error counts by code), totals() (the XID counts).
+    """
+
+    def __init__(self, session: Session, wait_ms: int = 500, retry_s: float = 0.5, retry_max_s: float = 5.0,
+                 restart_backoff_s: float = 1.0, restart_backoff_max_s: float = 60.0,
+                 log_every_s: float = 60.0, xid_logs_per_window: int = 100,
+                 clock: Callable[[], float] = time.monotonic):
         self.session = session
         self.wait_ms = wait_ms
-        self.counts: collections.Counter[tuple[str, int]] = collections.Counter()
-        self.last_seen: dict[tuple[str, int], float] = {}
-        self._lock = threading.Lock()
+        self.retry_s, self.retry_max_s = retry_s, retry_max_s  # after a failed create/wait, doubling
+        self.restart_backoff_s, self.restart_backoff_max_s = restart_backoff_s, restart_backoff_max_s
+        self._clock = clock
+        self.counts: collections.Counter[tuple[str, int, str, str]] = collections.Counter()
+        self.last_seen: dict[tuple[str, int, str, str], float] = {}
+        self._errors: collections.Counter[str] = collections.Counter()
+        self._lock = threading.Lock()  # counts, errors, handles
         self._handles: dict[str, object] = {}
-        self._registered: set[str] = set()
+        self._registered: set[str] = set()  # attempted in the current set (done, unsupported, or failed)
+        self._watched: set[str] = set()  # registered in the current set
+        self._retry_at: dict[str, float] = {}  # failed registrations: when to try again
         self._set = None
         self._sync_lock = threading.Lock()  # event set and registrations: watcher and sampler threads
         self._generation = -1
+        self._use_v1 = False  # nvmlEventSetWait_v2 missing (older driver or binding): nvmlEventSetWait
+        self._failing = False  # the last wait (or the thread) failed; cleared by a wait that returns
+        self._delay = retry_s
+        self._warn = LogLimiter(log_every_s, 1, clock)
+        self._xid_log = LogLimiter(log_every_s, xid_logs_per_window, clock)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="gpuobs-xid", daemon=True)
+        self._thread_lock = threading.Lock()  # start, stop, supervise
+        self._thread: threading.Thread | None = None
+        self._started = False
+        self._thread_started_at = 0.0
+        self._next_restart = 0.0
+        self._backoff = restart_backoff_s
+
+    # ---- public surface --------------------------------------------------------------------------
 
     def start(self) -> "XidWatcher":
-        self._thread.start()
+        with self._thread_lock:
+            if not self._started:
+                self._started = True
+                self._spawn()
         return self
 
-    def stop(self) -> None:
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop the thread; waits at most `timeout` seconds (default: one wait plus 0.5 s), so a wait
+        stuck in NVML does not hold up shutdown (the thread is a daemon)."""
         self._stop.set()
-        self._thread.join(timeout=self.wait_ms / 1000 + 0.5)
+        with self._thread_lock:
+            thread = self._thread
+        if thread is not None and thread.is_alive():
+            thread.join(timeout=self.wait_ms / 1000 + 0.5 if timeout is None else timeout)
+
+    @property
+    def alive(self) -> bool:
+        """The thread runs (started, not stopped, not dead)."""
+        t = self._thread
+        return t is not None and t.is_alive() and not self._stop.is_set()
+
+    @property
+    def up(self) -> bool:
+        """Healthy: the thread is alive and waits on a valid event set with at least one GPU
+        registered, and its last wait did not fail."""
+        return (self.alive and self.session.up and self._set is not None and bool(self._watched)
+                and not self._failing)
+
+    def supervise(self) -> bool:
+        """Restart the thread if it died (a new Thread), at once the first time, then after a back-off
+        doubling from restart_backoff_s to restart_backoff_max_s (reset once a thread has lived that
+        long); counted as code 'restarted'. True if it restarted it. Cheap: call it every pass."""
+        with self._thread_lock:
+            if not self._started or self._stop.is_set() or self._thread is None:
+                return False
+            now = self._clock()
+            if self._thread.is_alive():
+                if now - self._thread_started_at >= self.restart_backoff_max_s:
+                    self._backoff = self.restart_backoff_s
+                return False
+            if now < self._next_restart:
+                return False
+            self._next_restart = now + self._backoff
+            self._backoff = min(self._backoff * 2, self.restart_backoff_max_s)
+            self._count(RESTARTED)
+            self._warning("xid watcher thread died: restarting it", RESTARTED)
+            self._spawn()
+            return True
+
+    def errors(self) -> dict[str, int]:
+        """{code: errors}: NVML code names, exception type names, and 'restarted'."""
+        with self._lock:
+            return dict(self._errors)
 
     def register(self, uuid: str, handle: object) -> None:
         """Watch this GPU (called by the sampler for every GPU it sees). A new GPU is registered at
         once, on the caller's thread, so that no XID is missed while the watcher waits."""
+        uuid = _text(uuid)
         with self._lock:
             new = self._handles.get(uuid) is not handle
             self._handles[uuid] = handle
         if new and self.session.up:
             try:
                 self._sync()
-            except N.NVMLError as e:
-                log.warning("cannot create the XID event set", extra={"error": str(e)})
+            except N.NVMLError:
+                pass  # counted and logged in _sync
+
+    def totals(self) -> list[tuple[str, int, str, str, int, float]]:
+        """[(uuid, xid, gpu instance id, compute instance id, count, last seen unix time)]; the
+        instance ids are '' when the events named none."""
+        with self._lock:
+            return [(u, x, gi, ci, n, self.last_seen[(u, x, gi, ci)]) for (u, x, gi, ci), n in self.counts.items()]
+
+    # ---- event set -------------------------------------------------------------------------------
 
     def _sync(self) -> None:
+        """Create the set if needed (after re-initialisation, anew) and register pending GPUs.
+        Raises NVMLError (counted and logged) when the set cannot be created."""
         with self._sync_lock:
             if self.session.generation != self._generation:  # NVML re-initialised: set and handles are void
                 self._free_set()
-                self._registered = set()
                 self._generation = self.session.generation
+                self._use_v1 = False  # probe the v2 call again
             if self._set is None:
-                self._set = self.session.call("nvmlEventSetCreate", N.nvmlEventSetCreate)
+                try:
+                    self._set = self.session.call("nvmlEventSetCreate", N.nvmlEventSetCreate)
+                except N.NVMLError as e:
+                    self._failed("cannot create the XID event set", e)
+                    raise
             self._register_pending()
 
     def _free_set(self) -> None:
         old, self._set = self._set, None
+        self._registered, self._watched = set(), set()
+        self._retry_at.clear()
         if old is not None:
             try:
                 N.nvmlEventSetFree(old)
@@ -80,57 +229,144 @@ class XidWatcher:
                 pass  # already void after re-initialisation
 
     def _register_pending(self) -> None:
+        now = self._clock()
         with self._lock:
-            pending = [(u, h) for u, h in self._handles.items() if u not in self._registered]
+            pending = [(u, h) for u, h in self._handles.items()
+                       if u not in self._registered or (u in self._retry_at and now >= self._retry_at[u])]
         for uuid, handle in pending:
+            self._registered.add(uuid)
+            self._retry_at.pop(uuid, None)
             try:
                 self.session.call("nvmlDeviceRegisterEvents", N.nvmlDeviceRegisterEvents, handle,
                                   N.nvmlEventTypeXidCriticalError, self._set)
             except N.NVMLError as e:
-                log.warning("cannot watch XID events", extra={"uuid": uuid, "error": str(e)})
-            self._registered.add(uuid)  # registered or unsupported: do not retry every loop
+                self._watched.discard(uuid)
+                if e.value != N.NVML_ERROR_NOT_SUPPORTED:  # an answer: not retried in this set
+                    self._retry_at[uuid] = now + self.retry_max_s
+                self._count(code_name(e))  # health: `up` needs one GPU watched, not every one
+                self._warning("cannot watch XID events", code_name(e), uuid=uuid)
+            else:
+                self._watched.add(uuid)
+
+    # ---- thread ----------------------------------------------------------------------------------
+
+    def _spawn(self) -> None:
+        self._thread = threading.Thread(target=self._main, name="gpuobs-xid", daemon=True)
+        self._thread_started_at = self._clock()
+        self._thread.start()
+
+    def _main(self) -> None:
+        try:
+            self._run()
+        except BaseException as e:  # noqa: BLE001 - a daemon thread: nothing above it; supervise() restarts it
+            self._failing = True
+            self._count(code_name(e))
+            if self._warn.allow(("died", code_name(e))) is not None:
+                log.error("xid watcher thread died", exc_info=True, extra={"error": code_name(e)})
 
     def _run(self) -> None:
         while not self._stop.is_set():
             if not self.session.up:
-                self._stop.wait(0.5)
+                self._stop.wait(self.retry_s)
                 continue
             try:
-                self._sync()
-                event = N.nvmlEventSetWait_v2(self._set, self.wait_ms)
-            except N.NVMLError_Timeout:
-                continue
+                self._step()
+            except Exception as e:  # noqa: BLE001 - anything else: counted, logged, retried after a pause
+                self._failed("xid watcher failed", e, exc_info=True)
+                self._pause()
+
+    def _step(self) -> None:
+        """Sync the set, wait once, and record what came."""
+        try:
+            self._sync()
+        except N.NVMLError:  # counted and logged in _sync
+            self._pause()
+            return
+        try:
+            event = self._wait()
+        except N.NVMLError_Timeout:
+            self._ok()
+            return
+        except N.NVMLError as e:
+            self._failed("xid event wait failed", e)
+            with self._sync_lock:  # build the set anew: it may be what is broken
+                self._free_set()
+            self._pause()
+            return
+        self._ok()
+        if event.eventType & N.nvmlEventTypeXidCriticalError:
+            self._record(event)
+
+    def _wait(self) -> Any:
+        """One wait on the set with nvmlEventSetWait_v2, else (FUNCTION_NOT_FOUND: an older driver or
+        binding) with nvmlEventSetWait from then on; its events carry no MIG instance ids."""
+        if not self._use_v1:
+            try:
+                return N.nvmlEventSetWait_v2(self._set, self.wait_ms)
+            except AttributeError:  # a binding older than the v2 call
+                pass
             except N.NVMLError as e:
-                log.warning("xid event wait failed", extra={"error": str(e)})
-                with self._sync_lock:
-                    self._free_set()
-                    self._registered = set()
-                self._stop.wait(0.5)
-                continue
-            if event.eventType & N.nvmlEventTypeXidCriticalError:
-                self._record(event)
+                if e.value != N.NVML_ERROR_FUNCTION_NOT_FOUND:
+                    raise
+            self._use_v1 = True
+            mark = getattr(self.session, "mark_unavailable", None)  # exported as an unavailable call
+            if mark is not None:
+                mark(("", "nvmlEventSetWait_v2"), "nvmlEventSetWait_v2", N.NVML_ERROR_FUNCTION_NOT_FOUND)
+            log.info("nvmlEventSetWait_v2 not available: using nvmlEventSetWait (XIDs without MIG instance ids)")
+        return wait_v1(self._set, self.wait_ms)
+
+    def _ok(self) -> None:
+        self._failing = False
+        self._delay = self.retry_s
+
+    def _pause(self) -> None:
+        self._stop.wait(self._delay)
+        self._delay = min(self._delay * 2, self.retry_max_s)
+
+    def _failed(self, message: str, err: BaseException, exc_info: bool = False, **extra: Any) -> None:
+        """Count an error by code, mark the watcher failing, and log it (rate-limited per code)."""
+        self._failing = True
+        self._count(code_name(err))
+        self._warning(message, code_name(err), exc_info=exc_info, **extra)
+
+    def _count(self, code: str) -> None:
+        with self._lock:
+            self._errors[code] += 1
+
+    def _warning(self, message: str, code: str, exc_info: bool = False, **extra: Any) -> None:
+        """At most one record per message and code a minute; the next says how many were left out."""
+        suppressed = self._warn.allow((message, code))
+        if suppressed is None:
+            return
+        extra["error"] = code
+        if suppressed:
+            extra["suppressed"] = suppressed
+        log.warning(message + (f" ({suppressed} similar left out)" if suppressed else ""),
+                    exc_info=exc_info, extra=extra)
 
     def _record(self, event) -> None:
         try:
-            uuid = self.session.call("nvmlDeviceGetUUID", N.nvmlDeviceGetUUID, event.device)
+            uuid = _text(self.session.call("nvmlDeviceGetUUID", N.nvmlDeviceGetUUID, event.device))
         except (N.NVMLError, UnicodeDecodeError):
             with self._lock:  # a lost GPU's handle may not answer: find it among ours
                 uuid = next((u for u, h in self._handles.items() if _addr(h) == _addr(event.device)), "")
-        key = (uuid, int(event.eventData))
+        key = (uuid, int(event.eventData), _instance_id(event, "gpuInstanceId"),
+               _instance_id(event, "computeInstanceId"))
         with self._lock:
             self.counts[key] += 1
             self.last_seen[key] = time.time()
-        log.error("xid error", extra={"uuid": uuid, "xid": key[1]})
-
-    def totals(self) -> list[tuple[str, int, int, float]]:
-        """[(uuid, xid, count, last seen unix time)]."""
-        with self._lock:
-            return [(u, x, n, self.last_seen[(u, x)]) for (u, x), n in self.counts.items()]
+        suppressed = self._xid_log.allow("xid error")  # the event itself; bounded against a flood
+        if suppressed is not None:
+            extra = {"uuid": uuid, "xid": key[1], "gpu_instance_id": key[2], "compute_instance_id": key[3]}
+            if suppressed:
+                extra["suppressed"] = suppressed
+            log.error("xid error" + (f" ({suppressed} more left out)" if suppressed else ""), extra=extra)
 
 
 class Xid(Family):
     """Registers each GPU with the watcher, and exports its counters for every GPU ever seen: an
-    XID 79 arrives as its GPU falls off the bus, and must stay visible while the GPU is lost."""
+    XID 79 arrives as its GPU falls off the bus, and must stay visible while the GPU is lost. Also
+    the watcher's health, and restarts its thread if it died."""
     name = "xid"
 
     def __init__(self, watcher: XidWatcher):
@@ -140,8 +376,11 @@ class Xid(Family):
         self.watcher.register(gpu.uuid, gpu.handle)
 
     def node_samples(self, known: dict[str, int]) -> list[Sample]:
+        self.watcher.supervise()
         out = []
-        for uuid, xid, count, seen in self.watcher.totals():
-            labels = (str(known.get(uuid, "")), uuid, str(xid))
+        for uuid, xid, gi, ci, count, seen in self.watcher.totals():
+            labels = (str(known.get(uuid, "")), uuid, str(xid), gi, ci)
             out += [Sample(c.XID_ERRORS, labels, float(count)), Sample(c.XID_LAST_SEEN, labels, seen)]
+        out.append(Sample(c.XID_WATCHER_UP, (), float(self.watcher.up)))
+        out += [Sample(c.XID_WATCHER_ERRORS, (code,), float(n)) for code, n in sorted(self.watcher.errors().items())]
         return out
