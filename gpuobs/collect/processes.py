@@ -16,10 +16,12 @@ import pynvml as N
 from .. import catalog as c
 from .base import Family, GpuCtx
 
-# newest first: _v3 (R510+), then _v2 for older drivers and bindings
-COMPUTE = (("nvmlDeviceGetComputeRunningProcesses_v3", N.nvmlDeviceGetComputeRunningProcesses),
+# Newest first: _v3 (R510+), then _v2 for older drivers and bindings. The versioned functions, not
+# pynvml's unversioned ones: on a driver without _v3 those raise NVMLLibraryMismatchError, which
+# is not an NVMLError.
+COMPUTE = (("nvmlDeviceGetComputeRunningProcesses_v3", N.nvmlDeviceGetComputeRunningProcesses_v3),
            ("nvmlDeviceGetComputeRunningProcesses_v2", N.nvmlDeviceGetComputeRunningProcesses_v2))
-GRAPHICS = (("nvmlDeviceGetGraphicsRunningProcesses_v3", N.nvmlDeviceGetGraphicsRunningProcesses),
+GRAPHICS = (("nvmlDeviceGetGraphicsRunningProcesses_v3", N.nvmlDeviceGetGraphicsRunningProcesses_v3),
             ("nvmlDeviceGetGraphicsRunningProcesses_v2", N.nvmlDeviceGetGraphicsRunningProcesses_v2))
 
 
