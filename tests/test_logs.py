@@ -1,6 +1,8 @@
-"""Structured logs: records shipped to a real Fluentd forward-protocol receiver (a msgpack TCP server
-in this test), JSON lines when no Fluentd is configured, and the faults a training job meets: a
-refused port, a Fluentd that accepts and never reads, and fork (DataLoader workers)."""
+"""Structured logs: records shipped to a Fluentd forward-protocol receiver (a msgpack TCP server in
+this test that acknowledges chunks as in_forward does; neither Fluentd nor Fluent Bit is packaged
+for Debian bookworm), JSON lines when no Fluentd is configured, and the faults a training job
+meets: a refused port, a Fluentd that accepts and never reads, one that reads and never
+acknowledges, and fork (DataLoader workers)."""
 
 from __future__ import annotations
 
@@ -13,8 +15,12 @@ import signal
 import socket
 import socketserver
 import struct
+import subprocess
+import sys
+import textwrap
 import threading
 import time
+from pathlib import Path
 
 import msgpack
 import pynvml as N
@@ -27,6 +33,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from gpuobs import logs
 from gpuobs.logs import FluentdHandler
 
+REPO = Path(__file__).resolve().parents[1]
 ENV_VARS = ("GPUOBS_FLUENTD", "FLUENTD_HOST", "FLUENTD_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE",
             "GPUOBS_JOB_ID", "SLURM_JOB_ID", "SLURM_PROCID", "TORCHELASTIC_RUN_ID", "JOB_ID", "NODE_NAME")
 
@@ -40,19 +47,45 @@ def _ext(code: int, data: bytes):
     return msgpack.ExtType(code, data)
 
 
-class Receiver:
-    """Accepts Message [tag, time, record], Forward [tag, [[time, record], ...]] and PackedForward
-    [tag, bin] entries; `events` is a list of (tag, time, record)."""
+def _entries(message) -> tuple[str, str, list[tuple[float, dict]], dict]:
+    """(mode, tag, [(time, record)], options) of one forward-protocol message."""
+    tag, second = message[0], message[1]
+    if isinstance(second, (int, float)):  # Message: [tag, time, record, option?]
+        return "message", tag, [(second, message[2])], (message[3] if len(message) > 3 else None) or {}
+    options = (message[2] if len(message) > 2 else None) or {}
+    if isinstance(second, list):  # Forward: [tag, [[time, record], ...], option?]
+        return "forward", tag, [(t, r) for t, r in second], options
+    # PackedForward: [tag, bin (or str) of msgpack entries, option?]
+    data = second.encode() if isinstance(second, str) else second
+    return "packed", tag, [tuple(e) for e in msgpack.Unpacker(io.BytesIO(data), raw=False, ext_hook=_ext)], options
 
-    def __init__(self):
+
+class Receiver:
+    """A forward-protocol server written from the v1 spec: accepts Message, Forward and
+    PackedForward entries and, like Fluentd's and Fluent Bit's in_forward, answers {"ack": chunk}
+    to a message that carries the `chunk` option (after taking its records). `events` is a list
+    of (tag, time, record); `chunks` the chunk ids received (a resent chunk appears again);
+    `acks` how many acknowledgements were sent. ack=False: a server that reads and never answers.
+    drop_first: close this many connections after reading one message, without answering
+    (Fluentd restarting)."""
+
+    def __init__(self, ack: bool = True, drop_first: int = 0):
         self.events: list[tuple[str, float, dict]] = []
         self.modes: set[str] = set()
+        self.chunks: list[str] = []
+        self.sizes_ok = True
+        self.acks = 0
+        self.ack = ack
+        self.drop_first = drop_first
         self.cond = threading.Condition()
         receiver = self
 
         class Handler(socketserver.BaseRequestHandler):
             def handle(self):
                 unpacker = msgpack.Unpacker(raw=False, ext_hook=_ext, strict_map_key=False)
+                with receiver.cond:
+                    drop = receiver.drop_first > 0
+                    receiver.drop_first -= drop
                 while True:
                     try:
                         data = self.request.recv(65536)
@@ -62,7 +95,13 @@ class Receiver:
                         return
                     unpacker.feed(data)
                     for message in unpacker:
-                        receiver._accept(message)
+                        if drop:  # a restart: the message is lost, never acknowledged
+                            return
+                        chunk = receiver._accept(message)
+                        if chunk is not None and receiver.ack:
+                            with receiver.cond:  # counted first: the client may act on the ack at once
+                                receiver.acks += 1
+                            self.request.sendall(msgpack.packb({"ack": chunk}))
 
         self.server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
@@ -70,18 +109,17 @@ class Receiver:
         self.address = f"127.0.0.1:{self.port}"
         threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
 
-    def _accept(self, message) -> None:
-        tag, second = message[0], message[1]
-        if isinstance(second, (int, float)):
-            mode, entries = "message", [(second, message[2])]
-        elif isinstance(second, list):
-            mode, entries = "forward", [(t, r) for t, r in second]
-        else:
-            mode, entries = "packed", list(msgpack.Unpacker(io.BytesIO(second), raw=False, ext_hook=_ext))
+    def _accept(self, message) -> str | None:
+        mode, tag, entries, options = _entries(message)
         with self.cond:
             self.modes.add(mode)
             self.events += [(tag, t, r) for t, r in entries]
+            if "chunk" in options:
+                self.chunks.append(options["chunk"])
+            if "size" in options and options["size"] != len(entries):
+                self.sizes_ok = False
             self.cond.notify_all()
+        return options.get("chunk")
 
     def wait(self, predicate, timeout: float = 5.0) -> list[tuple[str, float, dict]]:
         """Events matching predicate(tag, record), once at least one arrived."""
@@ -99,7 +137,9 @@ class Receiver:
 
 
 class Stalled:
-    """Accepts connections and never reads from them (a tiny receive buffer fills at once)."""
+    """A Fluentd that accepts connections and never reads from them: a small receive buffer on the
+    listening socket (inherited by the accepted ones, which also get it set) fills at once, and
+    the rest waits in the client's send buffer, so a plain sendall() succeeds for a while."""
 
     def __init__(self):
         self.sock = socket.socket()
@@ -107,6 +147,7 @@ class Stalled:
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(64)
         self.port = self.sock.getsockname()[1]
+        self.address = f"127.0.0.1:{self.port}"
         self.sock.settimeout(0.02)
         self.conns: list[socket.socket] = []
         self.stop = threading.Event()
@@ -116,15 +157,17 @@ class Stalled:
     def _accept(self):
         while not self.stop.is_set():
             try:
-                self.conns.append(self.sock.accept()[0])
+                conn = self.sock.accept()[0]
             except socket.timeout:
                 continue
             except OSError:
                 return
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            self.conns.append(conn)
 
-    def drain(self) -> list:
-        """Accept what waits in the backlog, then read every connection to its end: the complete
-        messages sent."""
+    def drain(self) -> list[tuple[str, dict]]:
+        """Accept what waits in the backlog, then read every connection to its end: (tag, record)
+        of each complete message that reached it."""
         self.stop.set()
         self.acceptor.join()
         self.sock.setblocking(False)
@@ -134,7 +177,7 @@ class Stalled:
             except OSError:
                 break
         self.sock.close()
-        messages = []
+        events = []
         for c in list(self.conns):
             c.settimeout(0.5)
             unpacker = msgpack.Unpacker(raw=False, ext_hook=_ext)
@@ -146,8 +189,10 @@ class Stalled:
                 if not data:
                     break
                 unpacker.feed(data)
-                messages += list(unpacker)
-        return messages
+                for message in unpacker:
+                    _, tag, entries, _ = _entries(message)
+                    events += [(tag, r) for _, r in entries]
+        return events
 
     def close(self):
         self.stop.set()
@@ -390,9 +435,11 @@ def test_fluentd_that_never_reads_costs_little_and_drops_counted(run_env, make_l
         assert not pipe.thread.is_alive()
         # every record reached the socket or is counted dropped (a record resent after a
         # timed-out send may be both); none is lost silently
-        sent = {(m[2]["run"], m[2]["step"]) for m in stalled.drain()}
-        assert len(sent) + handler.dropped >= n + 200
-        assert handler.dropped_queue_full <= handler.dropped <= n + 200
+        # records reached the socket (some twice: a chunk is resent on a new connection), yet
+        # none was acknowledged: every one is counted dropped, once
+        sent = {(r["run"], r["step"]) for _, r in stalled.drain()}
+        assert sent and handler.acknowledged == 0
+        assert handler.dropped == n + 200 and handler.dropped_queue_full > 0
         assert logs.records_dropped_total() >= handler.dropped
         registry = CollectorRegistry()
         registry.register(logs.DroppedRecordsCollector())
@@ -421,11 +468,159 @@ def test_close_gives_up_on_a_wedged_send_within_its_timeout(run_env, make_logger
         assert pipe.abort and handler.dropped > 0  # given up, not waited for
         pipe.thread.join(3)
         assert not pipe.thread.is_alive()
-        sent = {(m[2]["run"], m[2]["step"]) for m in stalled.drain()}
-        assert len(sent) + handler.dropped >= 10_000  # every record sent or counted
-        assert handler.dropped <= 10_000
+        assert handler.dropped == 10_000 and handler.acknowledged == 0  # every record counted, once
+        assert stalled.drain()  # though bytes did reach the socket
     finally:
         stalled.close()
+
+
+N_RECORDS = 2000
+
+
+def _log_timed(log: logging.Logger, n: int, run: str) -> tuple[float, float]:
+    """Log n records; (total seconds, slowest single call)."""
+    worst, start = 0.0, time.perf_counter()
+    for i in range(n):
+        t = time.perf_counter()
+        log.info("step %d", i, extra={"step": i, "loss": 0.5, "run": run})
+        worst = max(worst, time.perf_counter() - t)
+    return time.perf_counter() - start, worst
+
+
+def _wait_dropped(handler: FluentdHandler, n: int, limit: float) -> None:
+    deadline = time.monotonic() + limit
+    while handler.dropped < n and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("fault", ["never-reads", "reads-never-acks"])
+def test_unacknowledged_records_are_counted_dropped_within_the_bound(fault, run_env, make_logger):
+    """Issue 13: a Fluentd that accepts and never reads (its kernel buffers take the bytes, so a
+    plain send succeeds) or one that reads and never acknowledges: sends time out, every record
+    is counted dropped within delivery_timeout of its logging call, flush() reports failure, and
+    no logging call waited on the network."""
+    server = Stalled() if fault == "never-reads" else Receiver(ack=False)
+    timeout, delivery = 0.5, 1.0
+    handler = FluentdHandler("127.0.0.1", server.port, timeout=timeout, delivery_timeout=delivery,
+                             close_timeout=1.0)
+    log = make_logger(handler)
+    before = logs.records_dropped_total()
+    try:
+        start = time.monotonic()
+        total, worst = _log_timed(log, N_RECORDS, fault)
+        assert worst < 0.1 and total < 2.0, (worst, total)  # a blocked call would take the 0.5 s timeout
+        assert handler.flush(0.1) is False  # records unacknowledged when the time is up
+        _wait_dropped(handler, N_RECORDS, delivery + 2.0)
+        settled_in = time.monotonic() - start
+        assert handler.dropped == handler.dropped_send == N_RECORDS, (handler.dropped, handler.unacknowledged)
+        assert handler.acknowledged == 0 and handler.unacknowledged == 0
+        assert delivery - 0.05 <= settled_in <= delivery + 2.0  # not given up before the bound, nor long after
+        assert handler.flush(1.0) is False  # nothing pending, but records were lost since the last flush
+        assert handler.flush(1.0) is True   # ... and reported once
+        assert logs.records_dropped_total() - before == N_RECORDS
+        if fault == "reads-never-acks":  # the first chunk arrived, and was sent again with its id
+            assert len(server.events) >= 512 and server.acks == 0
+            assert len(server.chunks) > len(set(server.chunks))
+    finally:
+        server.close()
+
+
+def test_acknowledging_fluentd_gets_everything(receiver, run_env, make_logger):
+    handler = FluentdHandler("127.0.0.1", receiver.port, timeout=2.0)
+    log = make_logger(handler)
+    total, worst = _log_timed(log, N_RECORDS, "acked")
+    assert handler.flush(10) is True
+    assert handler.dropped == 0 and handler.acknowledged == N_RECORDS and handler.unacknowledged == 0
+    steps = [r["step"] for _, _, r in receiver.events if r.get("run") == "acked"]
+    assert sorted(steps) == list(range(N_RECORDS))
+    # PackedForward chunks with the chunk and size options, each acknowledged once
+    assert receiver.modes == {"packed"} and receiver.sizes_ok
+    assert len(receiver.chunks) == len(set(receiver.chunks)) == receiver.acks >= N_RECORDS // 512
+    assert logs.records_dropped_total() >= 0 and handler.flush(1) is True
+
+
+def test_a_restarting_fluentd_loses_nothing(run_env, make_logger):
+    """The first two connections end without an acknowledgement (Fluentd restarting): the chunk
+    is sent again on a new connection and every record arrives, none counted dropped."""
+    receiver = Receiver(drop_first=2)
+    try:
+        handler = FluentdHandler("127.0.0.1", receiver.port, timeout=1.0, delivery_timeout=5.0)
+        log = make_logger(handler)
+        _log_timed(log, 300, "restart")
+        assert handler.flush(5) is True
+        assert handler.dropped == 0 and handler.acknowledged == 300
+        assert {r["step"] for _, _, r in receiver.events} == set(range(300))
+    finally:
+        receiver.close()
+
+
+def test_dropped_total_is_a_counter_that_outlives_its_handlers(run_env):
+    """records_dropped_total() (what the exporter and the training endpoint read) never goes
+    down: a closed, replaced and collected handler's drops stay in it."""
+    import gc
+
+    before = logs.records_dropped_total()
+    handler = FluentdHandler("127.0.0.1", refused_port(), connect_timeout=0.2, close_timeout=0.5)
+    for i in range(10):
+        handler.handle(logging.makeLogRecord({"msg": "r", "name": "x", "levelno": logging.INFO,
+                                              "levelname": "INFO", "i": i}))
+    handler.close()
+    assert handler.dropped == 10
+    del handler
+    gc.collect()
+    assert logs.records_dropped_total() - before == 10
+    registry = CollectorRegistry()
+    registry.register(logs.DroppedRecordsCollector())
+    assert registry.get_sample_value("gpuobs_log_records_dropped_total") == logs.records_dropped_total()
+
+
+TRAINING_ENDPOINT_SCRIPT = textwrap.dedent('''
+    import json, logging, sys, time, urllib.request
+    from gpuobs import instrument, logs
+
+    port, fluentd, n = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+    tel = instrument.configure(prometheus_port=port, prometheus_addr="127.0.0.1")
+    handler = logs.configure("info", fluentd=fluentd, timeout=0.3, delivery_timeout=0.6, close_timeout=0.5)
+    log = logging.getLogger("train")
+    for i in range(n):
+        log.info("step", extra={"step": i})
+    deadline = time.monotonic() + 5
+    while logs.records_dropped_total() < n and time.monotonic() < deadline:
+        time.sleep(0.02)
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        scrape = r.read().decode()
+    out = {"scrape": scrape, "dropped": handler.dropped, "total": logs.records_dropped_total()}
+    logging.getLogger().handlers.remove(handler)
+    handler.close()
+    tel.shutdown(timeout_s=2)
+    print(json.dumps(out))
+''')
+
+
+def test_training_metrics_endpoint_shows_log_drops_without_user_code(run_env):
+    """A process that calls instrument.configure(prometheus_port=...) and logs.configure(fluentd=...)
+    and nothing else: the never-reading Fluentd's drops appear on its /metrics as
+    gpuobs_telemetry_log_records_dropped_total (prometheus_client's global registry and HTTP
+    server: in a subprocess)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    stalled = Stalled()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in ENV_VARS and not k.startswith("OTEL_")}
+    env["PYTHONPATH"] = str(REPO)
+    try:
+        proc = subprocess.run([sys.executable, "-c", TRAINING_ENDPOINT_SCRIPT, str(port), stalled.address,
+                               str(N_RECORDS)], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    finally:
+        stalled.close()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["dropped"] == out["total"] == N_RECORDS
+    samples = [s for fam in text_string_to_metric_families(out["scrape"]) for s in fam.samples
+               if s.name == "gpuobs_telemetry_log_records_dropped_total"]
+    assert samples and sum(s.value for s in samples) == N_RECORDS, samples
 
 
 def test_connect_timeout_bounds_a_fluentd_that_does_not_answer(run_env, make_logger):

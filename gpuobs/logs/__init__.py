@@ -1,6 +1,12 @@
 """Structured logging for gpuobs processes: JSON lines on a stream, or records shipped to Fluentd
-(forward protocol) when one is configured. Both carry the same fields: time, level, logger, pid,
-message, any `extra` fields, trace_id/span_id of the active span, and rank/job_id/node/pod."""
+(forward protocol, each chunk acknowledged) when one is configured. Both carry the same fields:
+time, level, logger, pid, message, any `extra` fields, trace_id/span_id of the active span, and
+rank/job_id/node/pod.
+
+`records_dropped_total()` is the process's count of log records that Fluentd did not acknowledge
+in time or that never left the process (full queue, packing errors): a counter that never
+decreases. The exporter reads it for its /metrics; the training metrics endpoint of
+`gpuobs.instrument` serves it as gpuobs_telemetry_log_records_dropped_total, with no user code."""
 
 from __future__ import annotations
 
@@ -32,8 +38,9 @@ def configure(level: str | int = "info", fluentd: str | None = None, tag: str = 
     """Install one handler on the root logger and return it: a FluentdHandler when `fluentd`
     ('host:port') or the environment (GPUOBS_FLUENTD, or FLUENTD_HOST and FLUENTD_PORT) names a
     Fluentd, else JSON lines on `stream` (default sys.stdout). `fluentd_options` go to
-    FluentdHandler (queue_maxsize, timeout, connect_timeout, close_timeout, bufmax). A handler
-    installed by an earlier call is closed; the application's other handlers (files, ...) stay."""
+    FluentdHandler (queue_maxsize, timeout, delivery_timeout, connect_timeout, close_timeout,
+    bufmax). A handler installed by an earlier call is closed (its drops stay counted in
+    records_dropped_total()); the application's other handlers (files, ...) stay."""
     address = fluentd or address_from_env()
     if address:
         host, port = parse_address(address)

@@ -1,28 +1,56 @@
-"""A logging handler that ships structured records to Fluentd over the forward protocol, with
-fluent-logger's sender doing the wire work (msgpack packing, connection, reconnect buffer).
+"""A logging handler that ships structured records to Fluentd (or Fluent Bit) over the forward
+protocol, with at-least-once delivery: a record counts as delivered only when Fluentd has
+acknowledged it, and every record that is not acknowledged in time is counted as dropped.
 
 What a training loop needs from it, and how it is done:
 
 * `emit()` never blocks and never raises: the record is packed on the caller's thread (a snapshot
   of its `extra` values) and offered to a bounded queue with `put_nowait`; when the queue is full
   the *newest* record is dropped and counted (the queued, older records keep the start of an
-  incident). A sender thread drains the queue in batches into one socket write.
-* Nothing is lost silently: `dropped` counts records refused by the full queue, records that could
-  not be packed, and records given up by the sender (its reconnect buffer overflowed, or still
-  unsent at close).
-* Connect timeout and reconnect back-off (50 ms doubling to 2 s) so a down or black-holed Fluentd
-  costs the sender thread little; a send timeout so a Fluentd that stops reading cannot wedge it.
-* `close()` (and `flush()`) wait a bounded time, then abandon the daemon sender thread.
+  incident). A sender thread does all the network work.
+* Acknowledgements (the forward protocol's `chunk` option): the sender takes up to 512 records
+  (at most `bufmax` bytes) off the queue, groups them by tag into PackedForward messages
+  `[tag, entries, {"chunk": id, "size": n}]`, and waits for Fluentd's `{"ack": id}` for each, as
+  out_forward's `require_ack_response` and Fluent Bit's `Require_ack_response` do. in_forward of
+  Fluentd (v0.14.5 and later, v1) and of Fluent Bit answer these. A connection that does not
+  acknowledge within `timeout` is closed and the chunk is sent again on a new one (same chunk id),
+  with a back-off of 50 ms doubling to 2 s between attempts.
+* The bound: every record is acknowledged or counted in `dropped_send` no later than
+  `delivery_timeout` (default 2 x `timeout`, so one full attempt and one retry) after its logging
+  call, whatever Fluentd does: refuses connections, black-holes them, accepts and never reads (the
+  kernel's socket buffers would otherwise take the bytes and hide it), reads and never answers.
+  Each socket operation (connect, send, ack wait) is cut to the time left before the oldest
+  record's deadline, and records still queued past their deadline are dropped without a send.
+  A receiver that does not support acknowledgements therefore gets records that count as dropped:
+  there is no unacknowledged mode, because it could not tell a stalled Fluentd from a working one.
+* Nothing is lost silently: `dropped_queue_full` (refused by the full queue), `dropped_errors`
+  (could not be packed, or logged after close) and `dropped_send` (not acknowledged in time, or
+  given up at close) add up to `dropped`; `acknowledged` counts the records Fluentd confirmed.
+  `records_dropped_total()` is the process-wide total over all handlers, a counter that never
+  decreases (a closed or replaced handler's drops stay in it): the exporter reads it for its
+  /metrics, and the training metrics endpoint of `gpuobs.instrument` observes it as
+  `gpuobs_telemetry_log_records_dropped_total`, with no code on the user's side.
+* `flush(timeout)` waits until the records logged before the call are acknowledged or given up;
+  it returns True only if all were acknowledged and nothing was dropped since the previous flush.
+* `close()` waits at most `close_timeout`: the sender makes one last attempt (no back-off), and
+  if that fails the records still queued are dropped unsent; when close_timeout runs out the
+  connection is shut down, which ends a blocked send or ack wait at once, and whatever is left is
+  counted dropped.
 * Fork safety (DataLoader workers): an `os.register_at_fork` hook makes the child forget the
   parent's queue, thread and socket without touching their locks (the parent's sender thread may
   hold them at fork time); the child starts its own sender on its first record. In a
   multiprocessing child the queue is flushed at the child's exit; after a bare `os.fork()` call
   `flush()` before `os._exit()`.
+
+fluent-logger's FluentSender keeps the connection (host, port, socket and its shutdown); it has
+no acknowledgements, so sending and reading them is done here.
 """
 
 from __future__ import annotations
 
+import base64
 import errno
+import itertools
 import logging
 import os
 import queue
@@ -42,8 +70,17 @@ from .fields import ContextFilter, RecordFormatter
 DEFAULT_PORT = 24224
 _STOP = object()
 _BATCH_RECORDS = 512
-_BATCH_BYTES = 256 * 1024
+_MIN_WAIT = 0.01  # the shortest socket wait, when a deadline is that close
+_BACKOFF_MIN, _BACKOFF_MAX = 0.05, 2.0
 _HANDLERS: "weakref.WeakSet[FluentdHandler]" = weakref.WeakSet()
+
+
+class _Totals:
+    """Process-wide counts of every FluentdHandler (reset in a forked child)."""
+    dropped = 0
+
+
+_COUNT_LOCK = threading.Lock()  # guards the handlers' counters and _Totals; replaced in a forked child
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -79,146 +116,243 @@ def _coerce(obj: Any) -> Any:
     return str(obj)
 
 
+class _Chunk:
+    """The records of one tag from one batch: one PackedForward message with its own chunk id."""
+    __slots__ = ("tag", "entries", "records", "nbytes", "deadline", "id", "done")
+
+    def __init__(self, tag: str, deadline: float):
+        self.tag, self.deadline = tag, deadline
+        self.entries: list[bytes] = []
+        self.records = self.nbytes = 0
+        self.id = base64.b64encode(os.urandom(16)).decode("ascii")  # 128-bit unique id, as the spec says
+        self.done = False  # acknowledged or counted dropped
+
+    def add(self, entry: bytes) -> None:
+        self.entries.append(entry)
+        self.records += 1
+        self.nbytes += len(entry)
+
+    def message(self) -> bytes:
+        return msgpack.packb([self.tag, b"".join(self.entries), {"chunk": self.id, "size": self.records}])
+
+
 class _Sender(fluent_sender.FluentSender):
-    """fluent-logger's synchronous sender, used from one thread only, with a separate connect
-    timeout, reconnect back-off, and a count of the records in its reconnect buffer so that the
-    records it gives up are counted."""
+    """fluent-logger's sender for its connection (host, port, socket, `_close`), used from the
+    sender thread only, with what it lacks: a separate connect timeout, deadlines on every socket
+    operation, and chunks sent with the `chunk` option whose acknowledgements are read back."""
 
-    def __init__(self, host: str, port: int, timeout: float, connect_timeout: float, bufmax: int,
-                 on_lost: Callable[[int], None]):
-        super().__init__("", host=host, port=port, bufmax=bufmax, timeout=timeout,
-                         buffer_overflow_handler=self._overflowed)
+    def __init__(self, host: str, port: int, timeout: float, connect_timeout: float):
+        super().__init__("", host=host, port=port, timeout=timeout)
         self.connect_timeout = connect_timeout
-        self.records_pending = 0  # records in self.pendings (the reconnect buffer)
-        self._on_lost = on_lost
-        self._retry_at = 0.0
-        self._backoff = 0.0
+        self._unpacker: Any = None
 
-    def deliver(self, data: bytes, n: int) -> bool:
-        """Send n packed records (plus any earlier unsent ones); keep them for a retry on failure."""
-        self.records_pending += n
-        try:
-            ok = self._send_internal(data)
-        except Exception:  # not an OSError: give these records up rather than the thread
-            self.discard()
-            return False
-        if ok:
-            self.records_pending = 0
-        return ok
+    @staticmethod
+    def _left(until: float) -> float:
+        left = until - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(errno.ETIMEDOUT, "no acknowledgement from Fluentd in time")
+        return max(left, _MIN_WAIT)
 
-    def retry_now(self) -> None:
-        self._retry_at = 0.0
+    def deliver(self, chunks: list[_Chunk], until: float, on_ack: Callable[[_Chunk], None]) -> None:
+        """Send the chunks and read acknowledgements until all arrived; on_ack(chunk) for each.
+        Raises OSError (TimeoutError at `until`) when some were not acknowledged."""
+        sock = self._connection(until)
+        waiting: dict[str, _Chunk] = {}
+        for chunk in chunks:
+            sock.settimeout(self._left(until))
+            sock.sendall(chunk.message())  # the timeout bounds the whole call
+            waiting[chunk.id] = chunk
+        while waiting:
+            sock.settimeout(self._left(until))
+            data = sock.recv(65536)
+            if not data:
+                raise OSError(errno.EPIPE, "Fluentd closed the connection")
+            self._unpacker.feed(data)
+            for reply in self._unpacker:
+                ack = reply.get("ack") if isinstance(reply, dict) else None
+                chunk = waiting.pop(ack, None) if isinstance(ack, str) else None
+                if chunk is not None:
+                    on_ack(chunk)
 
-    def discard(self) -> None:
-        """Give up the reconnect buffer (counted) and close the connection."""
-        lost, self.records_pending, self.pendings = self.records_pending, 0, None
-        if lost:
-            self._on_lost(lost)
-        self._close()
-
-    def _overflowed(self, _pendings: bytes) -> None:
-        lost, self.records_pending = self.records_pending, 0
-        if lost:
-            self._on_lost(lost)
-
-    def _reconnect(self) -> None:
-        if self.socket:
-            return
-        now = time.monotonic()
-        if now < self._retry_at:
-            raise OSError(errno.ECONNREFUSED, "fluentd unreachable; waiting before reconnecting")
-        try:
+    def _connection(self, until: float) -> socket.socket:
+        sock = self.socket
+        if sock is not None and self._closed_by_peer(sock):
+            self.disconnect()
+            sock = None
+        if sock is None:
+            limit = min(self.connect_timeout, self._left(until))
             if self.host.startswith("unix://"):
                 sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 try:
-                    sock.settimeout(self.connect_timeout)
+                    sock.settimeout(limit)
                     sock.connect(self.host[len("unix://"):])
                 except BaseException:
                     sock.close()
                     raise
             else:
-                sock = socket.create_connection((self.host, self.port), timeout=self.connect_timeout)
+                sock = socket.create_connection((self.host, self.port), timeout=limit)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=1 << 20)
+            self.socket = sock
+        return sock
+
+    @staticmethod
+    def _closed_by_peer(sock: socket.socket) -> bool:
+        """Whether Fluentd closed an idle kept connection (sending on it would cost a round)."""
+        try:
+            sock.settimeout(0.0)
+            return sock.recv(1, socket.MSG_PEEK) == b""
+        except BlockingIOError:
+            return False
         except OSError:
-            self._backoff = min(max(self._backoff * 2, 0.05), 2.0)
-            self._retry_at = now + self._backoff
-            raise
-        sock.settimeout(self.timeout)
-        self._backoff = 0.0
-        self.socket = sock
+            return True
+
+    def disconnect(self) -> None:
+        self._close()
+        self._unpacker = None
+
+    def interrupt(self) -> None:
+        """From another thread: end a blocked send or ack wait now (the sender thread then closes)."""
+        sock = self.socket
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
 
 class _Pipe:
     """One process's bounded queue, sender thread and connection."""
 
-    def __init__(self, host: str, port: int, maxsize: int, timeout: float, connect_timeout: float,
-                 bufmax: int, on_lost: Callable[[int], None]):
+    def __init__(self, sender: _Sender, maxsize: int, delivery_timeout: float, batch_bytes: int,
+                 count: Callable[[str, int], None]):
         self.queue: queue.Queue = queue.Queue(maxsize)
-        self.on_lost = on_lost
-        self.sender = _Sender(host, port, timeout, connect_timeout, bufmax, on_lost)
-        self.abort = False
+        self.sender = sender
+        self.delivery_timeout = delivery_timeout
+        self.batch_bytes = max(batch_bytes, 1)
+        self.count = count  # count("send", n): given up; count("acked", n): acknowledged
+        self.stopping = False  # close() began: one last attempt per batch, no back-off
+        self.abort = False     # close() gave up waiting: drop everything now
+        self.gave_up = False   # a last attempt failed while stopping: drop the rest unsent
+        self.wake = threading.Event()  # ends a back-off pause at close
+        self.settled_seq = 0   # records up to this sequence number are acknowledged or dropped
+        self.pending_bytes = self.pending_records = 0  # taken off the queue, not yet settled
+        self.backoff = 0.0
         self.thread = threading.Thread(target=self._run, name="gpuobs-fluentd", daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
-        q, s = self.queue, self.sender
+        q = self.queue
         try:
-            while not self.abort:
+            while True:
                 try:
-                    item = q.get(timeout=0.5 if s.pendings else None)
-                except queue.Empty:  # idle with unsent records: retry them
-                    s.deliver(b"", 0)
-                    continue
-                taken, batch, size, stop = 1, [], 0, item is _STOP
-                if not stop:
+                    item = q.get_nowait() if self.stopping or self.abort else q.get()
+                except queue.Empty:  # stopping and drained
+                    return
+                taken, batch, size = 1, [], 0
+                if item is not _STOP:
                     batch.append(item)
-                    size = len(item)
-                while not stop and len(batch) < _BATCH_RECORDS and size < _BATCH_BYTES:
+                    size = len(item[3])
+                while len(batch) < _BATCH_RECORDS and size < self.batch_bytes:
                     try:
                         item = q.get_nowait()
                     except queue.Empty:
                         break
                     taken += 1
-                    if item is _STOP:
-                        stop = True
-                    else:
+                    if item is not _STOP:
                         batch.append(item)
-                        size += len(item)
-                if batch and not self.abort:
-                    s.deliver(b"".join(batch), len(batch))
-                elif batch:
-                    self.on_lost(len(batch))
-                if stop and s.pendings and not self.abort:  # last try for the reconnect buffer
-                    s.retry_now()
-                    s.deliver(b"", 0)
-                for _ in range(taken):
-                    q.task_done()
-                if stop:
-                    break
+                        size += len(item[3])
+                try:
+                    if batch:
+                        self._settle(batch)
+                except Exception:  # never end the thread; _settle counted what it did not deliver
+                    pass
+                finally:
+                    if batch:
+                        self.settled_seq = max(self.settled_seq, batch[-1][0])
+                    for _ in range(taken):
+                        q.task_done()
         finally:
-            s.discard()
+            self.sender.disconnect()
 
-    def flush(self, timeout: float) -> bool:
-        """Wait until the queue is sent (or given up); False if that took longer than timeout."""
+    def _settle(self, batch: list[tuple]) -> None:
+        """Deliver one batch: returns when each of its records is acknowledged or counted dropped."""
+        chunks: dict[str, _Chunk] = {}
+        for _seq, born, tag, entry in batch:
+            chunk = chunks.get(tag)
+            if chunk is None:  # the oldest record of the tag sets the chunk's deadline
+                chunk = chunks[tag] = _Chunk(tag, born + self.delivery_timeout)
+            chunk.add(entry)
+        pending = list(chunks.values())
+        self.pending_records, self.pending_bytes = len(batch), sum(c.nbytes for c in pending)
+        last_try = False
+        try:
+            while pending:
+                now = time.monotonic()
+                if self.abort or (self.stopping and (last_try or self.gave_up)):
+                    self.gave_up = self.gave_up or self.stopping
+                    return  # the finally clause counts what is left
+                expired = [c for c in pending if c.deadline <= now]
+                if expired:
+                    self._lose(expired)
+                    pending = [c for c in pending if not c.done]
+                    continue
+                last_try = self.stopping
+                until = min(now + self.sender.timeout, min(c.deadline for c in pending))
+                try:
+                    self.sender.deliver(pending, until, self._acked)
+                except Exception:  # OSError, a timeout, or a reply that is not msgpack
+                    self.sender.disconnect()
+                pending = [c for c in pending if not c.done]
+                if not pending:
+                    self.backoff = 0.0
+                    return
+                self.sender.disconnect()  # no ack in time: this connection is not used again
+                self.backoff = min(max(self.backoff * 2, _BACKOFF_MIN), _BACKOFF_MAX)
+                if not self.stopping:
+                    pause = min(self.backoff, min(c.deadline for c in pending) - time.monotonic())
+                    if pause > 0:
+                        self.wake.wait(pause)
+        finally:
+            self._lose([c for c in pending if not c.done])
+            self.pending_records = self.pending_bytes = 0
+
+    def _acked(self, chunk: _Chunk) -> None:
+        chunk.done = True
+        self.pending_records -= chunk.records
+        self.pending_bytes -= chunk.nbytes
+        self.count("acked", chunk.records)
+
+    def _lose(self, chunks: list[_Chunk]) -> None:
+        lost = 0
+        for chunk in chunks:
+            if not chunk.done:
+                chunk.done = True
+                lost += chunk.records
+        if lost:
+            self.count("send", lost)
+
+    def wait_settled(self, seq: int, timeout: float) -> bool:
+        """Wait until the records numbered below seq are acknowledged or dropped (or nothing is
+        queued or in flight); False if that took longer than timeout."""
         deadline = time.monotonic() + timeout
-        while self.queue.unfinished_tasks:
+        while self.settled_seq < seq - 1 and self.queue.unfinished_tasks:
             if time.monotonic() >= deadline or not self.thread.is_alive():
                 return False
             time.sleep(0.002)
         return True
 
     def close(self, timeout: float) -> None:
-        deadline = time.monotonic() + max(timeout, 0.0)
+        self.stopping = True
+        self.wake.set()
         try:
-            if timeout > 0:
-                self.queue.put(_STOP, timeout=timeout)
-            else:
-                self.queue.put_nowait(_STOP)
-        except queue.Full:
+            self.queue.put_nowait(_STOP)  # wakes the thread if it waits on the queue
+        except queue.Full:  # then it is not waiting: it sees `stopping` when the queue runs dry
             pass
-        self.thread.join(max(deadline - time.monotonic(), 0.0))
-        if self.thread.is_alive():  # Fluentd not reading: give up what is left, do not hang
+        self.thread.join(max(timeout, 0.0))
+        if self.thread.is_alive():  # Fluentd too slow or not answering: give up what is left
             self.abort = True
+            self.sender.interrupt()
             drained = 0
             while True:
                 try:
@@ -228,26 +362,32 @@ class _Pipe:
                 if item is not _STOP:
                     drained += 1
             if drained:
-                self.on_lost(drained)
-            try:
-                self.queue.put_nowait(_STOP)  # wakes the thread if it waits on the queue
-            except queue.Full:
-                pass
+                self.count("send", drained)
+            self.thread.join(0.5)  # it counts its batch as soon as its socket call returns
 
 
 class FluentdHandler(logging.Handler):
-    """Ships records to Fluentd (forward protocol) with tag `<tag>.<logger name>`. Each record:
-    time, level, logger, pid, message, exc_info/stack_info, every `extra` field, trace_id/span_id of
-    the active span, and the run's rank, local_rank, job_id, node and pod (those detected)."""
+    """Ships records to Fluentd (forward protocol, acknowledged) with tag `<tag>.<logger name>`.
+    Each record: time, level, logger, pid, message, exc_info/stack_info, every `extra` field,
+    trace_id/span_id of the active span, and the run's rank, local_rank, job_id, node and pod
+    (those detected).
+
+    timeout: the most one attempt may take (connect, send, wait for the acknowledgement);
+    delivery_timeout: the bound after a logging call by which its record is acknowledged or
+    counted dropped (default 2 x timeout); connect_timeout: one connection attempt;
+    close_timeout: the most close() (and a flush() without argument) waits; queue_maxsize: records
+    waiting for the sender; bufmax: the most bytes of records sent and awaiting acknowledgement
+    (one batch, at most 512 records)."""
 
     def __init__(self, host: str = "localhost", port: int = DEFAULT_PORT, *, tag: str = "gpuobs",
                  queue_maxsize: int = 10_000, timeout: float = 3.0, connect_timeout: float = 1.0,
-                 close_timeout: float = 2.0, bufmax: int = 1024 * 1024, env: RunEnv | None = None,
-                 level: int = logging.NOTSET):
+                 close_timeout: float = 2.0, delivery_timeout: float | None = None,
+                 bufmax: int = 256 * 1024, env: RunEnv | None = None, level: int = logging.NOTSET):
         super().__init__(level)
         self.host, self.port, self.tag = host, port, tag.rstrip(".")
         self.queue_maxsize = queue_maxsize
         self.timeout, self.connect_timeout, self.close_timeout = timeout, connect_timeout, close_timeout
+        self.delivery_timeout = 2 * timeout if delivery_timeout is None else delivery_timeout
         self.bufmax = bufmax
         self.setFormatter(RecordFormatter())
         self.addFilter(ContextFilter(env))
@@ -256,10 +396,12 @@ class FluentdHandler(logging.Handler):
         self._closed = False
         self._forked = False
         self._flush_timed_out = False
-        self._count_lock = threading.Lock()
+        self._seq = itertools.count(1)  # numbers the records, for flush()
+        self._flush_mark = 0  # `dropped` when the previous flush() returned
+        self.acknowledged = 0        # records Fluentd acknowledged
         self.dropped_queue_full = 0  # refused by the full queue (newest dropped)
         self.dropped_errors = 0      # could not be packed, or emitted after close
-        self.dropped_send = 0        # given up by the sender: reconnect buffer overflow, unsent at close
+        self.dropped_send = 0        # not acknowledged within delivery_timeout, or given up at close
         _HANDLERS.add(self)
 
     @classmethod
@@ -270,7 +412,7 @@ class FluentdHandler(logging.Handler):
     # -- counters ---------------------------------------------------------------------------
     @property
     def dropped(self) -> int:
-        """Records lost: full queue, packing errors and sender give-ups (this process)."""
+        """Records lost: full queue, packing errors, not acknowledged in time (this process)."""
         return self.dropped_queue_full + self.dropped_errors + self.dropped_send
 
     def metrics(self) -> dict[str, int]:
@@ -283,14 +425,29 @@ class FluentdHandler(logging.Handler):
         return pipe.queue.qsize() if pipe is not None and self._pid == os.getpid() else 0
 
     @property
-    def pending_bytes(self) -> int:
-        """Bytes held in the sender's reconnect buffer (bounded by about bufmax + one batch)."""
+    def unacknowledged(self) -> int:
+        """Records queued or sent and not yet acknowledged nor dropped."""
         pipe = self._pipe
-        return len(pipe.sender.pendings or b"") if pipe is not None else 0
+        return self.queued + pipe.pending_records if pipe is not None and self._pid == os.getpid() else 0
 
-    def _lost(self, n: int) -> None:
-        with self._count_lock:
-            self.dropped_send += n
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes of the records the sender holds until acknowledged (one batch: about bufmax)."""
+        pipe = self._pipe
+        return pipe.pending_bytes if pipe is not None and self._pid == os.getpid() else 0
+
+    def _count(self, kind: str, n: int) -> None:
+        with _COUNT_LOCK:
+            if kind == "acked":
+                self.acknowledged += n
+                return
+            if kind == "queue_full":
+                self.dropped_queue_full += n
+            elif kind == "errors":
+                self.dropped_errors += n
+            else:
+                self.dropped_send += n
+            _Totals.dropped += n
 
     # -- logging.Handler --------------------------------------------------------------------
     def _ensure_pipe(self) -> _Pipe | None:
@@ -299,20 +456,20 @@ class FluentdHandler(logging.Handler):
         if self._closed:
             return None
         if self._pipe is None:
-            self._pipe = _Pipe(self.host, self.port, self.queue_maxsize, self.timeout,
-                               self.connect_timeout, self.bufmax, self._lost)
+            sender = _Sender(self.host, self.port, self.timeout, self.connect_timeout)
+            self._pipe = _Pipe(sender, self.queue_maxsize, self.delivery_timeout, self.bufmax, self._count)
             if self._forked:
                 _flush_at_multiprocessing_exit(self)
         return self._pipe
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
+            seq = next(self._seq)
             pipe = self._pipe
             if pipe is None or self._pid != os.getpid():
                 pipe = self._ensure_pipe()
                 if pipe is None:  # closed
-                    with self._count_lock:
-                        self.dropped_errors += 1
+                    self._count("errors", 1)
                     return
             to_dict = getattr(self.formatter, "to_dict", None)
             if to_dict is not None:
@@ -323,27 +480,31 @@ class FluentdHandler(logging.Handler):
             event_time = fluent_sender.EventTime(record.created)
             tag = f"{self.tag}.{record.name}" if self.tag else record.name
             try:
-                packet = msgpack.packb((tag, event_time, data), default=_coerce)
+                entry = msgpack.packb((event_time, data), default=_coerce)
             except Exception:  # e.g. an int beyond 64 bits: strings for all extras
                 data = {k: v if isinstance(v, (str, int, float, bool, type(None))) and
                         not (isinstance(v, int) and abs(v) >= 2**63) else repr(v) for k, v in data.items()}
-                packet = msgpack.packb((tag, event_time, data))
+                entry = msgpack.packb((event_time, data))
             try:
-                pipe.queue.put_nowait(packet)
+                pipe.queue.put_nowait((seq, time.monotonic(), tag, entry))
             except queue.Full:
-                with self._count_lock:
-                    self.dropped_queue_full += 1
+                self._count("queue_full", 1)
         except Exception:
-            with self._count_lock:
-                self.dropped_errors += 1
+            self._count("errors", 1)
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait (at most timeout, default close_timeout) until queued records are sent."""
+        """Wait (at most timeout, default close_timeout) until the records logged before the call
+        are acknowledged by Fluentd or given up. True only if they all were acknowledged and no
+        record was dropped since the previous flush() (full queue included); False when records
+        were lost or are still unacknowledged at the timeout."""
         pipe = self._pipe
-        if pipe is None or self._pid != os.getpid():
-            return True
-        ok = pipe.flush(self.close_timeout if timeout is None else timeout)
-        self._flush_timed_out = not ok
+        settled = True
+        if pipe is not None and self._pid == os.getpid():
+            settled = pipe.wait_settled(next(self._seq), self.close_timeout if timeout is None else timeout)
+            self._flush_timed_out = not settled
+        dropped = self.dropped
+        ok = settled and dropped == self._flush_mark
+        self._flush_mark = dropped
         return ok
 
     def close(self) -> None:
@@ -365,8 +526,9 @@ class FluentdHandler(logging.Handler):
         old, self._pipe = self._pipe, None
         self._pid = os.getpid()
         self._forked = True
-        self._count_lock = threading.Lock()
-        self.dropped_queue_full = self.dropped_errors = self.dropped_send = 0
+        self._seq = itertools.count(1)
+        self.acknowledged = self.dropped_queue_full = self.dropped_errors = self.dropped_send = 0
+        self._flush_mark = 0
         self._flush_timed_out = False
         sock = old.sender.socket if old is not None else None
         if sock is not None:  # the child's copy of the parent's connection: close it, no shutdown
@@ -380,6 +542,9 @@ class FluentdHandler(logging.Handler):
 
 
 def _at_fork_in_child() -> None:
+    global _COUNT_LOCK
+    _COUNT_LOCK = threading.Lock()  # the parent's may have been held by one of its threads
+    _Totals.dropped = 0
     for handler in list(_HANDLERS):
         try:
             handler._after_fork_in_child()
@@ -402,8 +567,12 @@ def _flush_at_multiprocessing_exit(handler: FluentdHandler) -> None:
 
 
 def records_dropped_total() -> int:
-    """Records dropped by all live FluentdHandlers of this process."""
-    return sum(h.dropped for h in list(_HANDLERS))
+    """Log records dropped by this process's FluentdHandlers since it started (a forked child
+    starts from 0): full queue, packing errors, not acknowledged within delivery_timeout, given up
+    at close. A counter: it never decreases, also when a handler is closed, replaced or collected.
+    The exporter's /metrics and the training metrics endpoint
+    (gpuobs_telemetry_log_records_dropped_total) read it; the signature stays `() -> int`."""
+    return _Totals.dropped
 
 
 class DroppedRecordsCollector:
@@ -413,7 +582,8 @@ class DroppedRecordsCollector:
         from prometheus_client.core import CounterMetricFamily
 
         yield CounterMetricFamily("gpuobs_log_records_dropped",
-                                  "Log records lost before reaching Fluentd (full queue, send failure)",
+                                  "Log records lost before Fluentd acknowledged them (full queue, "
+                                  "no acknowledgement in time)",
                                   value=records_dropped_total())
 
     def describe(self):
