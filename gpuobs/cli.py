@@ -102,15 +102,24 @@ def _families(value: str | None) -> set[str]:
                    "one answers, else the 8xH100 example scenario.")
 @click.option("--log-level", envvar="GPUOBS_LOG_LEVEL", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
+@click.option("--liveness-timeout", envvar="GPUOBS_LIVENESS_TIMEOUT", type=click.FloatRange(0, 86400, min_open=True),
+              callback=lambda ctx, param, v: v if v is None else _finite(v, "--liveness-timeout"),
+              help="Seconds without a completed sampling pass after which /healthz fails (503), so that "
+                   "the exporter is restarted (default: 6 intervals, at least 30 s; more than 2 intervals).")
 def exporter(listen_address, port, interval, families, processes, process_cap, naming, expected_gpus,
-             web_config, hostname, otlp_endpoint, kubelet_socket, slurm_job_dir, scenario_file, log_level) -> None:
+             web_config, hostname, otlp_endpoint, kubelet_socket, slurm_job_dir, scenario_file, log_level,
+             liveness_timeout) -> None:
     """Serve GPU metrics to Prometheus: /metrics, /healthz, /readyz."""
     import logging
+    import os
     import threading
 
     from . import logs
 
     chosen = _families(families) | ({"processes"} if processes else set())  # usage errors first
+    if liveness_timeout is not None and liveness_timeout <= 2 * interval:
+        raise click.BadParameter(f"must be more than 2 intervals ({2 * interval:g} s): a healthy exporter "
+                                 "completes a pass every interval", param_hint="--liveness-timeout")
     logs.setup(log_level)
     log = logging.getLogger("gpuobs.exporter")
     sim = None
@@ -134,7 +143,7 @@ def exporter(listen_address, port, interval, families, processes, process_cap, n
         kubelet_socket = DEFAULT_SOCKET if Path(DEFAULT_SOCKET).exists() else None
     config = ExporterConfig(listen_address, port, interval, chosen, naming, expected_gpus, process_cap,
                             web_config, hostname, otlp_endpoint, kubelet_socket=kubelet_socket or None,
-                            slurm_job_dir=slurm_job_dir or None)
+                            slurm_job_dir=slurm_job_dir or None, liveness_timeout=liveness_timeout)
     # The sampling pass is pure Python for tens of ms on a big node; a scrape needs the GIL a few
     # times, and at the default 5 ms switch interval it waited up to ~60 ms behind a pass.
     sys.setswitchinterval(0.0005)
@@ -149,9 +158,18 @@ def exporter(listen_address, port, interval, families, processes, process_cap, n
         signal.signal(sig, lambda *_: done.set())
     done.wait()
     log.info("stopping")
-    exp.stop()
-    if sim:
-        sim.close()
+    clean = exp.stop()  # bounded (config.stop_timeout), even with every NVML call hanging
+    try:
+        if sim:
+            sim.close()
+    finally:
+        if not clean:
+            # Threads are still blocked in NVML (the abandoned steps were logged): exit now rather
+            # than let interpreter shutdown wait on anything they hold. Logs are flushed first.
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
 
 
 @main.command()
@@ -180,11 +198,21 @@ def alerts() -> None:
 
 @alerts.command("build")
 @click.option("--check", is_flag=True, help="Only report generated files that differ; exit 1 if any.")
-def alerts_build(check: bool) -> None:
+@click.option("--runbook-base-url", envvar="GPUOBS_RUNBOOK_BASE_URL", metavar="URL",
+              help="Absolute http(s) URL the runbook_url annotations start with (<URL>/<Alert>.md), for "
+                   "example where your copy of docs/runbooks is served. Default: the project's repository.")
+@click.option("--out", type=click.Path(file_okay=False), metavar="DIR",
+              help="Write under DIR (alerts/, exporters/kubernetes/, docs/runbooks/) instead of the repository.")
+def alerts_build(check: bool, runbook_base_url: str | None, out: str | None) -> None:
     """Regenerate alerts/ and docs/runbooks/ from gpuobs/alerts."""
     from .alerts.build import ROOT, build
 
-    _report_generated(build(check=check), ROOT, check)
+    root = Path(out).resolve() if out else ROOT
+    try:
+        changed = build(root, check=check, runbook_base=runbook_base_url)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--runbook-base-url / GPUOBS_RUNBOOK_BASE_URL") from None
+    _report_generated(changed, root, check)
 
 
 @main.group()

@@ -29,6 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from conftest import REPO, OTLPReceiver
 from gpuobs import catalog as c
 from gpuobs.exporter import Exporter, ExporterConfig
+from gpuobs.exporter.render import SELF_FAMILIES
 from gpuobs.exporter.server import WebConfig, WebConfigError
 from gpuobs.sim import scenario
 from gpuobs.sim.state import set_val
@@ -37,7 +38,7 @@ SCENARIO = REPO / "examples" / "scenarios" / "8xh100.yaml"
 EIGHT = scenario.load(SCENARIO)
 TWO = {"gpus": [{"profile": "h100-sxm-80gb", "count": 2}]}
 MIB = 1024 * 1024
-SELF_HEALTH = {m.exposed_name for m in c.ALL if m.family == "exporter"}
+SELF_HEALTH = {m.exposed_name for m in c.ALL if m.family in SELF_FAMILIES}
 BY_EXPOSED = {m.exposed_name: m for m in c.ALL}
 
 

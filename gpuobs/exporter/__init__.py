@@ -2,13 +2,17 @@
 
 `Exporter(config).start()` runs everything in daemon threads; `/metrics` serves the bytes of the
 latest snapshot and never waits on NVML. A snapshot older than two intervals is not served as
-fresh: only self-health metrics are, with gpuobs_exporter_snapshot_stale 1, and /readyz fails.
+fresh: only self-health metrics are, with gpuobs_exporter_snapshot_stale 1, and /readyz fails
+(the OTLP push withholds the same values). /healthz fails once no sampling pass has completed for
+the liveness timeout, so that an orchestrator restarts an exporter that NVML has wedged, and
+`stop()` returns within a bound whatever NVML does.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -21,6 +25,18 @@ from .server import HttpServer, WebConfig, make_app
 log = logging.getLogger("gpuobs.exporter")
 
 DEFAULT_PORT = 9445  # clear of dcgm-exporter (9400), nvidia_gpu_exporter (9835), node_exporter (9100)
+FRESH_INTERVALS = 2        # a snapshot older than this many intervals is stale: its values are withheld
+LIVENESS_INTERVALS = 6     # default liveness timeout: this many intervals without a completed pass,
+LIVENESS_MIN_S = 30.0      # and never less than this many seconds
+STOP_TIMEOUT_S = 5.0       # Exporter.stop() gives up (and says what it abandoned) after this long
+
+
+def liveness_timeout(interval: float, configured: float | None = None) -> float:
+    """Seconds without a completed sampling pass after which /healthz fails: `configured`, else
+    max(6 intervals, 30 s)."""
+    if configured:
+        return float(configured)
+    return max(LIVENESS_INTERVALS * interval, LIVENESS_MIN_S)
 
 
 @dataclass
@@ -40,6 +56,8 @@ class ExporterConfig:
     slurm_job_dir: str | None = None      # Slurm job attribution from a job-mapping directory; None: off
     attribution_refresh: float = 10.0     # seconds between attribution refreshes (never per scrape)
     attribution_timeout: float = 2.0      # deadline of one kubelet List() call
+    liveness_timeout: float | None = None  # /healthz fails after this long with no completed pass; None: default
+    stop_timeout: float = STOP_TIMEOUT_S   # bound of stop(), NVML shutdown included
 
 
 class Exporter:
@@ -64,13 +82,15 @@ class Exporter:
         self.renderer = Renderer(config.naming, config.hostname, self.attribution)
         self.sampler = Sampler(self.session, families, config.interval, config.expected_gpus,
                                on_snapshot=self._on_snapshot)
-        self.http = HttpServer(make_app(self.metrics, self.ready, self.web.users),
+        self.liveness_timeout = liveness_timeout(config.interval, config.liveness_timeout)
+        self.http = HttpServer(make_app(self.metrics, self.ready, self.web.users, alive=self.alive),
                                config.listen_address, config.port, self.web.ssl_context())
         self.otlp = None
         if config.otlp_endpoint:
             from .otlp import OtlpPush
 
-            self.otlp = OtlpPush(config.otlp_endpoint, lambda: self.renderer.snapshot, config.interval)
+            self.otlp = OtlpPush(config.otlp_endpoint, lambda: self.renderer.snapshot, config.interval,
+                                 fresh=self.fresh)
 
     def _on_snapshot(self, snap: Snapshot) -> None:
         if self.attribution:  # the sources' health, as of this pass, with the exporter's own
@@ -79,10 +99,10 @@ class Exporter:
             snap = dataclasses.replace(snap, samples=snap.samples + health)
         self.renderer.render(snap)
 
-    def fresh(self) -> bool:
-        """True if the latest snapshot is younger than two sampling intervals."""
-        snap = self.renderer.snapshot
-        return snap is not None and time.time() - snap.time <= 2 * self.config.interval
+    def fresh(self, snap: Snapshot | None = None) -> bool:
+        """True if the latest snapshot (or `snap`) is younger than two sampling intervals."""
+        snap = self.renderer.snapshot if snap is None else snap
+        return snap is not None and time.time() - snap.time <= FRESH_INTERVALS * self.config.interval
 
     def metrics(self) -> bytes:
         """The /metrics body: the latest snapshot, or only self-health when it is stale."""
@@ -95,6 +115,16 @@ class Exporter:
         if not self.fresh():
             return False, "snapshot stale"
         return True, "ready"
+
+    def alive(self) -> tuple[bool, str]:
+        """/healthz (liveness): fails once no sampling pass has completed for the liveness timeout,
+        i.e. the sampler is stuck (in NVML, as a rule); a restart is then the way out. Slow or
+        failing NVML is not stuck: passes that complete, with errors or with NVML down, count."""
+        idle = time.monotonic() - self.sampler.last_pass_end
+        if idle > self.liveness_timeout:
+            return False, (f"sampling stalled: no pass completed for {idle:.1f}s "
+                           f"(liveness timeout {self.liveness_timeout:g}s)")
+        return True, "ok"
 
     def start(self) -> "Exporter":
         if self.watcher:
@@ -109,13 +139,40 @@ class Exporter:
                                               "tls": self.web.cert_file is not None, "naming": self.config.naming})
         return self
 
-    def stop(self) -> None:
-        self.http.stop()
-        self.sampler.stop()
-        if self.watcher:
-            self.watcher.stop()
+    def stop(self, timeout: float | None = None) -> bool:
+        """Stop everything within `timeout` seconds (config.stop_timeout) overall, whatever NVML does.
+
+        The steps run in order on a daemon thread: HTTP, the OTLP push (its final export) and
+        attribution first, which need no NVML, then the sampler, the XID watcher and NVML shutdown,
+        any of which a wedged driver can hold for ever. True when every step finished; otherwise the
+        step in progress and those not reached are logged as abandoned and False is returned: the
+        caller should then exit without waiting on anything NVML holds (the threads are daemons).
+        """
+        timeout = self.config.stop_timeout if timeout is None else timeout
+        steps = [("http", self.http.stop)]
         if self.otlp:
-            self.otlp.stop()
-        for source in self.attribution:
-            source.stop()
-        self.session.shutdown()
+            steps.append(("otlp", self.otlp.stop))
+        steps += [(f"attribution:{source.name}", source.stop) for source in self.attribution]
+        steps.append(("sampler", self.sampler.stop))
+        if self.watcher:
+            steps.append(("xid-watcher", self.watcher.stop))
+        steps.append(("nvml-shutdown", self.session.shutdown))
+        at = [0]  # index of the step in progress
+        finished = threading.Event()
+
+        def run() -> None:
+            for i, (name, step) in enumerate(steps):
+                at[0] = i
+                try:
+                    step()
+                except Exception:  # noqa: BLE001 - one failing step must not keep the others from running
+                    log.exception("stop step failed", extra={"step": name})
+            finished.set()
+
+        threading.Thread(target=run, name="gpuobs-stop", daemon=True).start()
+        if finished.wait(timeout):
+            return True
+        log.warning("shutdown abandoned: steps still running at the deadline",
+                    extra={"timeout_s": timeout, "step": steps[at[0]][0],
+                           "abandoned": [name for name, _ in steps[at[0]:]]})
+        return False

@@ -1,6 +1,11 @@
 """Optional OTLP push of the same catalog as OpenTelemetry metrics, for sites that run an
 OpenTelemetry Collector instead of scraping. Uses the OTel SDK: one observable instrument per
-catalog metric, observed from the latest snapshot at each export."""
+catalog metric, observed from the latest snapshot at each export.
+
+The SDK stamps each observation with the time of the export, so the values of a stale snapshot
+(the rule of /metrics: older than two intervals) are not observed at all: only self-health is,
+less what is then unknown (NVML and GPU state), with gpuobs_exporter_snapshot_stale 1, as the
+self-health-only /metrics body has it."""
 
 from __future__ import annotations
 
@@ -14,6 +19,9 @@ from opentelemetry.sdk.resources import Resource
 from .. import __version__, catalog as c
 from ..collect.base import Snapshot
 
+SELF_FAMILY = "exporter"
+# Self-health that describes NVML and the GPUs as of the snapshot: unknown once it is stale
+UNKNOWN_WHEN_STALE = frozenset({c.NVML_UP, c.GPUS_PRESENT, c.NVML_INFO, c.NVML_INIT_ERROR})
 UNITS = {"bytes": "By", "watts": "W", "joules": "J", "celsius": "Cel", "hertz": "Hz", "seconds": "s", "ratio": "1"}
 
 
@@ -31,8 +39,11 @@ def _exporter(endpoint: str):
 class OtlpPush:
     """Pushes every catalog metric of the latest snapshot every `interval` seconds."""
 
-    def __init__(self, endpoint: str, latest: Callable[[], Snapshot | None], interval: float):
+    def __init__(self, endpoint: str, latest: Callable[[], Snapshot | None], interval: float,
+                 fresh: Callable[[Snapshot], bool] | None = None):
+        """fresh(snapshot): whether its values may still be sent (None: always)."""
         self._latest = latest
+        self._fresh = fresh or (lambda _snap: True)
         reader = PeriodicExportingMetricReader(_exporter(endpoint), export_interval_millis=interval * 1000)
         self.provider = MeterProvider(metric_readers=[reader],
                                       resource=Resource.create({"service.name": "gpuobs-exporter"}))
@@ -45,8 +56,11 @@ class OtlpPush:
     def _callback(self, metric: c.Metric):
         def observe(_options: CallbackOptions):
             snap = self._latest()
-            if snap is None:
-                return []
+            stale = snap is None or not self._fresh(snap)
+            if metric is c.SNAPSHOT_STALE:  # as /metrics: 1 before the first pass too
+                return [Observation(float(stale))]
+            if snap is None or (stale and (metric.family != SELF_FAMILY or metric in UNKNOWN_WHEN_STALE)):
+                return []  # never an old value under the export's fresh timestamp
             return [Observation(s.value, dict(zip(metric.labels, s.labels)))
                     for s in snap.samples if s.metric is metric]
         return observe

@@ -156,16 +156,19 @@ class _QuietHandler(WSGIRequestHandler):
         pass
 
 
+def _alive() -> tuple[bool, str]:
+    return True, "ok"
+
+
 def make_app(metrics: Callable[[], bytes], ready: Callable[[], tuple[bool, str]],
-             users: dict[str, bytes]):
-    """The WSGI application. /healthz and /readyz skip auth so that probes need no secret."""
+             users: dict[str, bytes], alive: Callable[[], tuple[bool, str]] = _alive):
+    """The WSGI application. /healthz (liveness: `alive`) and /readyz (readiness: `ready`) answer
+    200 or 503 with the reason, and skip auth so that probes need no secret."""
 
     def app(environ, start_response):
         path = environ.get("PATH_INFO", "/")
-        if path == "/healthz":
-            return _reply(start_response, "200 OK", b"ok\n")
-        if path == "/readyz":
-            ok, reason = ready()
+        if path in ("/healthz", "/readyz"):
+            ok, reason = (alive if path == "/healthz" else ready)()
             return _reply(start_response, "200 OK" if ok else "503 Service Unavailable", reason.encode() + b"\n")
         if not authorized(users, environ.get("HTTP_AUTHORIZATION")):
             return _reply(start_response, "401 Unauthorized", b"unauthorized\n",
