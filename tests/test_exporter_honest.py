@@ -203,3 +203,25 @@ def test_values_served_are_never_older_than_the_bound_with_a_slow_driver(exporte
     assert served > 50
     assert worst <= 2 * interval, f"values {worst:.2f} s old served as fresh"
     assert set(one(scrape, UTIL)) == {u0, u1}  # slow, but inside the deadline: served
+
+
+def test_log_records_dropped_by_fluentd_show_on_the_exporters_metrics(exporter):
+    from conftest import free_port
+    from gpuobs.logs import FluentdHandler, records_dropped_total
+
+    run = exporter(TWO, interval=0.1)
+    before = records_dropped_total()
+    assert value(run.scrape(), "gpuobs_telemetry_log_records_dropped_total") == before
+    # nothing listens on this port: every record is given up within the delivery timeout
+    handler = FluentdHandler("127.0.0.1", free_port(), timeout=0.2, connect_timeout=0.1, delivery_timeout=0.5)
+    logger = logging.getLogger("gpuobs.test.dropped")
+    logger.addHandler(handler)
+    try:
+        for i in range(20):
+            logger.warning("record %d", i)
+        scrape = run.wait_for(lambda s: value(s, "gpuobs_telemetry_log_records_dropped_total") == before + 20, 10,
+                              "the drops on /metrics")
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
+    assert value(scrape, "gpuobs_telemetry_log_records_dropped_total") == records_dropped_total()

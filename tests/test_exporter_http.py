@@ -539,7 +539,7 @@ def test_cli_families_limits_what_is_served(tmp_path):
         scrape = cli_scrape(url)
     names = {n for n, _, _ in scrape}
     families = {BY_EXPOSED[n].family for n in names - {"gpuobs_gpu_up"}}
-    assert families == {"utilization", "memory", "exporter"}
+    assert families == {"utilization", "memory", *SELF_FAMILIES}
     assert len({l["uuid"] for n, l, _ in scrape if n == "gpuobs_gpu_up"}) == 8
     assert {"gpuobs_gpu_utilization_ratio", "gpuobs_gpu_memory_used_bytes", "gpuobs_nvml_up"} <= names
 

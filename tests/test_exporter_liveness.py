@@ -24,6 +24,7 @@ import yaml
 from conftest import REPO, OTLPReceiver
 from gpuobs import catalog as c
 from gpuobs.exporter import LIVENESS_MIN_S, STOP_TIMEOUT_S, liveness_timeout
+from gpuobs.exporter.render import SELF_FAMILIES
 
 TWO = {"gpus": [{"profile": "h100-sxm-80gb", "count": 2}]}
 INTERVAL = 0.2
@@ -133,7 +134,7 @@ def otlp_receiver():
 def _gpu_values(points) -> list[tuple[str, dict]]:
     """Data points that carry GPU (or NVML) state: anything but the exporter's own health."""
     return [(name, attrs) for name, metric, _, attrs, _ in points
-            if metric.family != "exporter" or metric in UNKNOWN_WHEN_STALE]
+            if metric.family not in SELF_FAMILIES or metric in UNKNOWN_WHEN_STALE]
 
 
 def _stale_flags(points) -> list[float]:

@@ -18,8 +18,8 @@ from opentelemetry.sdk.resources import Resource
 
 from .. import __version__, catalog as c
 from ..collect.base import Snapshot
+from .render import SELF_FAMILIES
 
-SELF_FAMILY = "exporter"
 # Self-health that describes NVML and the GPUs as of the snapshot: unknown once it is stale
 UNKNOWN_WHEN_STALE = frozenset({c.NVML_UP, c.GPUS_PRESENT, c.NVML_INFO, c.NVML_INIT_ERROR})
 UNITS = {"bytes": "By", "watts": "W", "joules": "J", "celsius": "Cel", "hertz": "Hz", "seconds": "s", "ratio": "1"}
@@ -59,7 +59,7 @@ class OtlpPush:
             stale = snap is None or not self._fresh(snap)
             if metric is c.SNAPSHOT_STALE:  # as /metrics: 1 before the first pass too
                 return [Observation(float(stale))]
-            if snap is None or (stale and (metric.family != SELF_FAMILY or metric in UNKNOWN_WHEN_STALE)):
+            if snap is None or (stale and (metric.family not in SELF_FAMILIES or metric in UNKNOWN_WHEN_STALE)):
                 return []  # never an old value under the export's fresh timestamp
             return [Observation(s.value, dict(zip(metric.labels, s.labels)))
                     for s in snap.samples if s.metric is metric]
