@@ -225,3 +225,41 @@ def test_log_records_dropped_by_fluentd_show_on_the_exporters_metrics(exporter):
         logger.removeHandler(handler)
         handler.close()
     assert value(scrape, "gpuobs_telemetry_log_records_dropped_total") == records_dropped_total()
+
+
+def test_one_driver_failure_is_one_reinitialisation_and_no_gpu_is_up_without_nvml(exporter):
+    # every GPU's thread sees the failure; only the first error streak may re-initialise, and the
+    # pass in which NVML went down must not report GPUs up with the values it cached before
+    run = exporter({"gpus": [{"profile": H100, "count": 8}]}, interval=0.1)
+    run.next_snapshot(2)
+    idx = run.sim.state.fail(None, UNKNOWN)  # nvmlInit fails too: NVML stays down
+    try:
+        end = time.monotonic() + 3
+        while time.monotonic() < end:
+            scrape = run.scrape()
+            if value(scrape, "gpuobs_nvml_up") == 0:
+                assert not [labels for n, labels, v in scrape if n == UP and v == 1], "a GPU up while NVML is down"
+                assert not series_of(scrape, uuid(run, 0)), "cached values served while NVML is down"
+        assert run.exp.session.reinits == 1
+        assert value(scrape, "gpuobs_exporter_nvml_reinits_total") == 1
+    finally:
+        run.sim.state.clear_fault(idx)
+    run.wait_for(lambda s: len([v for n, _, v in s if n == UP and v == 1]) == 8, 10, "GPUs back")
+
+
+def test_gpu_whose_every_call_fails_is_unreadable_not_served_from_cache(exporter):
+    run = exporter(TWO, interval=0.1)
+    u0, u1 = uuid(run, 0), uuid(run, 1)
+    run.exp.session.reinit_after = 10 ** 9  # errors of one GPU: not a driver failure here
+    run.next_snapshot(2)
+    assert "gpuobs_gpu_max_clock_hertz" in series_of(run.scrape(), u0)  # a value read on slow passes only
+    idx = run.sim.state.fail(None, UNKNOWN, gpu=0)
+    try:
+        scrape = run.wait_for(lambda s: reasons(s) == {u0: "unreadable"}, 5, "the GPU unreadable")
+        run.next_snapshot(3)
+        scrape = run.scrape()
+        assert reasons(scrape) == {u0: "unreadable"} and series_of(scrape, u0) == set()
+        assert one(scrape, UP) == {u0: 0.0, u1: 1.0} and TEMP in series_of(scrape, u1)
+    finally:
+        run.sim.state.clear_fault(idx)
+    run.wait_for(lambda s: one(s, UP) == {u0: 1.0, u1: 1.0} and not reasons(s), 5, "the GPU back")

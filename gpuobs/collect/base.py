@@ -104,6 +104,8 @@ class GpuCtx:
     fields: dict[tuple[int, int], float] = field(default_factory=dict)  # values that came back
     labels: tuple[str, ...] = ()
     cache: dict[str, Any] = field(default_factory=dict)  # per-GPU memory kept across samples
+    answered: int = 0  # calls in this pass that the GPU answered (values or capability answers)
+    failed: int = 0  # calls in this pass that returned an error
 
     def __post_init__(self) -> None:
         self.labels = (str(self.index), self.uuid)
@@ -127,14 +129,21 @@ class GpuCtx:
         if self.session.is_unavailable(key):
             return None
         try:
-            return self.session.call(call, fn, self.handle if handle is None else handle, *args, expected=expected)
+            value = self.session.call(call, fn, self.handle if handle is None else handle, *args, expected=expected)
+            self.answered += 1
+            return value
         except pynvml.NVMLError as e:
             if e.value in UNAVAILABLE:
+                self.answered += 1
                 self.session.mark_unavailable(key, call, e.value)
             elif e.value in UNUSABLE:
                 raise unusable(self.uuid, e.value) from None
+            elif e.value in expected:
+                self.answered += 1
+            else:
+                self.failed += 1
         except (UnicodeDecodeError, ValueError, TypeError):
-            pass  # counted by the session; one failing call never stops the others
+            self.failed += 1  # counted by the session; one failing call never stops the others
         return None
 
     def first(self, *calls: tuple[str, Callable[..., Any]], handle: Any = None, variant: str = "") -> Any:

@@ -191,7 +191,13 @@ class Sampler:
                 self._reset_caches()
                 self._generation = self.session.generation
                 self.versions = self._versions()
-            present = self._sample_gpus(out, start + self.deadline)
+            generation = self.session.generation
+            gpus: list[Sample] = []
+            present = self._sample_gpus(gpus, start + self.deadline)
+            if self.session.up and self.session.generation == generation:
+                out.extend(gpus)
+            else:  # NVML went down during the pass: what it read, and its cached values, prove nothing
+                present = 0
             for fam in self.families:
                 try:
                     out.extend(fam.node_samples(self._known))
@@ -365,6 +371,8 @@ class Sampler:
         except GpuUnusable as e:
             self._log(("unusable", uuid, e.reason), "gpu unusable", uuid=uuid, index=index, reason=e.reason)
             return _GpuRead(index, uuid, handle, reason=e.reason, failed=result.failed)
+        if gpu.failed and not gpu.answered:  # every call failed: its cached values are not news of it
+            return _GpuRead(index, uuid, handle, reason="unreadable", failed=result.failed)
         return result
 
     def _read_fields(self, gpu: GpuCtx) -> None:

@@ -215,6 +215,7 @@ class Session:
         """
         with self._count_lock:
             self.calls += 1
+        generation = self.generation
         try:
             result = text(fn(*args))
         except pynvml.NVMLError as e:
@@ -222,7 +223,7 @@ class Session:
                 raise  # an answer (the GPU, driver or binding lacks it, or nothing is there), not an error
             self._count_error(name, code_name(e))
             if e.value in DRIVER_LEVEL:
-                self._driver_error()
+                self._driver_error(generation)
             raise
         except (UnicodeDecodeError, ValueError, TypeError) as e:  # e.g. a name that is not UTF-8
             self._count_error(name, code_name(e))
@@ -234,11 +235,19 @@ class Session:
         with self._count_lock:
             self.errors[(name, code)] += 1
 
-    def _driver_error(self) -> None:
-        self._driver_errors += 1
-        if self._driver_errors >= self.reinit_after:
-            log.error("repeated driver-level NVML errors: re-initialising", extra={"errors": self._driver_errors})
-            self.reinits += 1
-            self.shutdown()
-            self._next_try = 0.0
+    def _driver_error(self, generation: int) -> None:
+        """Count one driver-level error of a call made under `generation`; re-initialise after
+        reinit_after in a row. Errors of calls made before the current initialisation, or while
+        NVML is down (other GPUs' threads answered UNINITIALIZED after a shutdown), are not
+        counted: one driver failure is one re-initialisation."""
+        with self._count_lock:
+            if not self.up or generation != self.generation:
+                return
+            self._driver_errors += 1
+            if self._driver_errors < self.reinit_after:
+                return
             self._driver_errors = 0
+            self.reinits += 1
+        log.error("repeated driver-level NVML errors: re-initialising", extra={"errors": self.reinit_after})
+        self.shutdown()
+        self._next_try = 0.0
