@@ -263,3 +263,19 @@ def test_gpu_whose_every_call_fails_is_unreadable_not_served_from_cache(exporter
     finally:
         run.sim.state.clear_fault(idx)
     run.wait_for(lambda s: one(s, UP) == {u0: 1.0, u1: 1.0} and not reasons(s), 5, "the GPU back")
+
+
+def test_nvlink_fabric_that_comes_up_later_is_served_without_a_restart(make_sim, start):
+    sim = make_sim({"gpus": [{"profile": H100, "count": 1}]}, init=False)
+    g = sim.state.gpu(0)
+    links = g.link_count
+    assert links > 0
+    g.link_count = 0  # no links yet: the link count answers NOT_SUPPORTED
+    run = start(sim, interval=0.1, families={"identity", "nvlink"})
+    run.exp.session.reprobe_after = 1.0
+    run.next_snapshot(3)
+    assert not [n for n, _, _ in run.scrape() if n == "gpuobs_gpu_nvlink_link_up"]
+    g.link_count = links
+    scrape = run.wait_for(lambda s: len([1 for n, _, _ in s if n == "gpuobs_gpu_nvlink_link_up"]) == links, 5,
+                          "the links after a re-probe")
+    assert run.exp.session.reinits == 0
