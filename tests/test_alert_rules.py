@@ -4,11 +4,14 @@ The rule file is `rules_file(DEFAULT)` (recording rules included, so alerts that
 are fed raw series: histogram buckets, counters). Every alert has cases in `CASES`: one that fires
 (exact labels and rendered annotations), one that must not fire, and where it means something, a
 flapping input and one where the metric disappears. Each case becomes a promtool test group;
-`promtool test rules` runs them per alert. Evaluation every 1m, series sampled every 1m.
+`promtool test rules` runs them per alert. Series sampled, and rules evaluated, every 1m; the health
+alerts (a GPU, NVML, the exporter and its parts) at a realistic 30 s, where flapping is what it is:
+bad every other scrape, or one scrape in five, for an hour.
 """
 
 from __future__ import annotations
 
+import re
 import subprocess
 from dataclasses import dataclass, field
 
@@ -88,16 +91,22 @@ class Case:
     what: str
     series: list[dict]
     # (eval minute, [(labels that survive the expression, rendered description)]); [] = must not fire
-    checks: list[tuple[int, list[tuple[dict, str]]]] = field(default_factory=list)
+    checks: list[tuple[float, list[tuple[dict, str]]]] = field(default_factory=list)
+    interval: str = "1m"  # of the input series and of the evaluation
 
 
 CASES: list[Case] = []
 
 
-def case(alert, kind, what, series, *checks):
+def case(alert, kind, what, series, *checks, interval="1m"):
     assert alert in ALERTS, alert
     assert kind in KINDS, kind
-    CASES.append(Case(alert, kind, what, series, list(checks)))
+    CASES.append(Case(alert, kind, what, series, list(checks), interval))
+
+
+def at(minute: float) -> str:
+    """An eval time: whole minutes as "Nm", else seconds."""
+    return f"{int(minute)}m" if float(minute).is_integer() else f"{round(minute * 60)}s"
 
 
 def gauge_alert(alert, metric, labels, bad, good, desc, *, quiet_extra=(), gone_what="the series disappear"):
@@ -191,31 +200,56 @@ case("GpuFleetIdleCapacity", "gone", "fires, then the idle GPU's series vanish: 
      [s(UTIL, GPU0, "0.9x10 0x70 stale"), s(UTIL, GPU1, "0.8x110")], (75, _fleet_exp), (111, _fleet_exp),
      (112, []))
 
-# ---- XIDs: counters born at 1 with their first event (a GPU without XIDs has no series); new while
-# absent in the hour before the last 5m, then increase() over 5m; kept 15m; resolve once no new XID.
-# A series present from the test's start counts as born then: quiet cases on it check from minute 20.
-for alert, xid, wrong_xid, desc in [
+# ---- XIDs: per GPU (and MIG instance) and code, a counter born at 1 with its first event and the event's
+# Unix time (a GPU without XIDs has neither). An alert fires for 5m after each event, by its time, and is
+# kept 15m. promtool's clock starts at 0: events before the test have negative times.
+SEEN = "gpuobs_gpu_xid_last_seen_timestamp_seconds"
+
+
+def xid(labels: dict, counts: str, seen: str) -> list[dict]:
+    """The two series of one XID code on one GPU: the counter and the last event's time."""
+    return [s(XID, labels, counts), s(SEEN, labels, seen)]
+
+
+for alert, xid_code, wrong_xid, desc in [
     ("GpuXidRebootRequired", "79", "13", f"{G} reported XID 79: reboot the node."),
     ("GpuXidResetRequired", "48", "13", f"{G} reported XID 48: drain it and reset the GPU."),
     ("GpuXidApplicationError", "13", "79",
      f"{G} reported XID 13 (contained error): restart the affected application."),
     ("GpuXidNvlinkError", "74", "13", f"{G} reported XID 74: check its NVLink links."),
 ]:
-    lab = {**GPU0, "xid": xid}
+    lab = {**GPU0, "xid": xid_code}  # no MIG instance: its labels are empty, so absent
     exp = [(lab, desc)]
-    case(alert, "fires", f"first XID {xid} at minute 11 (series born at 1): 5m new, then kept 15m",
-         [s(XID, lab, "_x11 1x40"), s(UTIL, GPU1, "0.5x50")], (10, []), (11, exp), (15, exp), (29, exp), (31, []))
-    case(alert, "fires", f"XID {xid} born at minute 6, resolved, then a second XID {xid} at minute 31",
-         [s(XID, lab, "_x6 1x24 2x20")], (6, exp), (27, []), (30, []), (31, exp), (40, exp))
-    case(alert, "quiet", f"an old XID {xid} count that does not grow, and a new XID {wrong_xid} (other tier)",
-         [s(XID, lab, "3x60"), s(XID, {**GPU0, "xid": wrong_xid}, "_x30 1x30")], (20, []), (31, []), (60, []))
-    case(alert, "flap", f"XID {xid} every 6 minutes: fires on the first and stays up in between",
-         [s(XID, lab, "_x11 " + cum([1, 0, 0, 0, 0, 0] * 2 + [1] + [0] * 30))],
+    case(alert, "fires", f"first XID {xid_code} at 10m50s (series born at 1): 5m by its time, then kept 15m",
+         [*xid(lab, "_x11 1x40", "_x11 650x40"), s(UTIL, GPU1, "0.5x50")],
+         (10, []), (11, exp), (15, exp), (29, exp), (31, []))
+    mig = {**lab, "gpu_instance_id": "1", "compute_instance_id": "0"}
+    case(alert, "fires", f"XID {xid_code} in MIG instance 1/0: the alert carries the instance",
+         xid(mig, "_x11 1x20", "_x11 650x20"), (11, [(mig, desc)]), (20, [(mig, desc)]))
+    case(alert, "fires", f"XID {xid_code} at minute 6, resolved, then a second XID {xid_code} at minute 31",
+         xid(lab, "_x6 1x24 2x20", "_x6 350x24 1850x20"), (6, exp), (27, []), (30, []), (31, exp), (40, exp))
+    case(alert, "fires", f"XID {xid_code} at minute 2; the exporter restarts at 30 (its series vanish and stay "
+                         f"away); XID {xid_code} again at 40: the counter comes back at 1, as before",
+         xid(lab, "_x2 1x27 stale _x9 1x30", "_x2 110x27 stale _x9 2390x30"),
+         (2, exp), (25, []), (35, []), (40, exp), (55, exp), (61, []))
+    case(alert, "fires", f"3 XIDs {xid_code} before the exporter restarts at 20, one after it at 30 (counter 1)",
+         xid(lab, "3x19 stale _x9 1x20", "-3600x19 stale _x9 1790x20"), (10, []), (25, []), (30, exp),
+         (40, exp), (51, []))
+    case(alert, "quiet", f"an old XID {xid_code} count that does not grow, and a new XID {wrong_xid} (other tier)",
+         [*xid(lab, "3x60", "-7200x60"), *xid({**GPU0, "xid": wrong_xid}, "_x30 1x30", "_x30 1790x30")],
+         (0, []), (5, []), (31, []), (60, []))
+    case(alert, "quiet", f"an old XID {xid_code}; the exporter restarts at 20 and no XID follows: its series "
+                         "vanish and do not come back",
+         xid(lab, "2x19 stale", "-3600x19 stale"), (10, []), (20, []), (25, []), (40, []))
+    case(alert, "flap", f"XID {xid_code} every 6 minutes: fires on the first and stays up in between",
+         xid(lab, "_x11 " + cum([1, 0, 0, 0, 0, 0] * 2 + [1] + [0] * 30),
+             "_x11 " + " ".join(str(650 + 360 * min(i // 6, 2)) for i in range(43))),
          (11, exp), (16, exp), (20, exp), (27, exp), (33, exp), (42, exp), (43, []))
-    case(alert, "gone", f"XID {xid} at minute 11, then the GPU's series vanish: resolves after its window",
-         [s(XID, lab, "_x11 1 stale")], (11, exp), (25, exp), (27, []))
-    case(alert, "gone", f"XID {xid} at 11; the GPU's series vanish 20m (NVML hang) and come back: no new XID",
-         [s(XID, lab, "_x11 1x8 stale _x19 1x20")], (20, exp), (35, []), (40, []), (45, []), (60, []))
+    case(alert, "gone", f"XID {xid_code} at minute 11, then the GPU's series vanish: resolves after its window",
+         xid(lab, "_x11 1 stale", "_x11 650 stale"), (11, exp), (25, exp), (27, []))
+    case(alert, "gone", f"XID {xid_code} at 11; the GPU's series vanish 20m (NVML hang) and come back: no new XID",
+         xid(lab, "_x11 1x8 stale _x19 1x20", "_x11 650x8 stale _x19 650x20"),
+         (20, exp), (35, []), (40, []), (45, []), (60, []))
 
 # ---- memory errors
 _ecc_unc = {**GPU0, "error_type": "uncorrected", "counter_type": "volatile"}
@@ -297,11 +331,158 @@ case("GpuPcieReplayRate", "flap", "a 3-minute burst every 10 minutes: never 5m o
 case("GpuPcieReplayRate", "gone", "fires, then the counter vanishes: resolves after its 5m window",
      [s(PR, GPU0, "0+120x20 stale")], (15, _pr_exp), (25, []))
 
-# ---- presence and the exporter
-gauge_alert("GpuLost", "gpuobs_gpu_up", GPU0, 0, 1, f"{G} is lost (it no longer answers NVML).",
-            gone_what="the whole exporter goes away (GpuExporterDown's case)")
+# ---- presence and health: the GPU, NVML, the exporter and its parts, scraped every 30 s. A health alert
+# fires on a sustained fault, on its input bad every other scrape or one scrape in five for an hour, and
+# stays quiet on one bad scrape, an exporter restart, a new target's first failed scrapes and 5 % noise.
+HOUR = 120  # scrapes in an hour
 
-_missing = "n1 has {} GPUs answering, fewer than it should have."
+
+def states(*runs: tuple[str, int]) -> list[str]:
+    """Scrape by scrape: "ok", "bad", or "gone" (no series: the exporter down or restarting)."""
+    return [state for state, n in runs for _ in range(n)]
+
+
+def every(n: int, period: int) -> list[str]:
+    """n scrapes, every period-th bad (the first one)."""
+    return ["bad" if i % period == 0 else "ok" for i in range(n)]
+
+
+def render(tokens: list[str]) -> str:
+    """promtool values from one token per scrape, runs compressed ("1x3" is four 1s, "_x3" three gaps)."""
+    out, i = [], 0
+    while i < len(tokens):
+        j = i
+        while j < len(tokens) and tokens[j] == tokens[i]:
+            j += 1
+        tok, n = tokens[i], j - i
+        out += [tok] * n if tok == "stale" or n == 1 else [f"_x{n}" if tok == "_" else f"{tok}x{n - 1}"]
+        i = j
+    return " ".join(out)
+
+
+def gauge(st: list[str], good, bad) -> str:
+    """A 0/1 health gauge: good or bad while there, a stale marker when its target goes, then gaps."""
+    tokens, prev = [], "gone"
+    for x in st:
+        tokens.append(str(good) if x == "ok" else str(bad) if x == "bad" else "_" if prev == "gone" else "stale")
+        prev = x
+    return render(tokens)
+
+
+def present_while_bad(st: list[str]) -> str:
+    """gpuobs_gpu_unhealthy{reason}: 1 while the GPU is bad, absent otherwise."""
+    tokens, prev = [], "ok"
+    for x in st:
+        tokens.append("1" if x == "bad" else "stale" if prev == "bad" else "_")
+        prev = x
+    return render(tokens)
+
+
+UNHEALTHY = "gpuobs_gpu_unhealthy"
+
+
+def health_alert(alert, metric, labels, bad, good, desc, *, exp_labels=None, reason=None, other=None,
+                 quiet_extra=(), restart=None):
+    """The cases every health alert gets, at 30 s. reason: the GPU's gpuobs_gpu_unhealthy reason while bad;
+    restart: the scrapes of an exporter restart (default: its series gone for two scrapes, then one bad
+    reading, as at start-up)."""
+    f = _seconds(ALERTS[alert].for_) / 60
+    exp = [(exp_labels or labels, desc)]
+    other = other or ({**labels, "gpu": "1", "uuid": "GPU-b"} if "gpu" in labels else
+                      {**labels, "node": "n9", "instance": "n9:9445"})
+
+    def signal(st: list[str], lab=labels) -> list[dict]:
+        out = [s(metric, lab, gauge(st, good, bad))]
+        if reason:
+            out.append(s(UNHEALTHY, {**lab, "reason": reason}, present_while_bad(st)))
+        return out
+
+    def add(kind, what, st, *checks, extra=()):
+        case(alert, kind, what, [*signal(st), *extra], *checks, interval="30s")
+
+    steady = [s(metric, other, gauge(states(("ok", 2 * HOUR)), good, bad))]
+    add("fires", f"bad for 20m after an hour of good: fires after its for ({ALERTS[alert].for_}), resolves "
+                 "15m after the last bad scrape (another target stays good)",
+        states(("ok", HOUR), ("bad", 40), ("ok", 60)), (60 + f - 0.5, []), (60 + f, exp), (79.5, exp), (94.5, exp),
+        (95, []), extra=steady)
+    add("flap", "bad every other scrape for an hour: fires once a tenth of the hour's scrapes were bad",
+        states(("ok", HOUR), *[("bad", 1), ("ok", 1)] * 60, ("ok", 40)), (71.5, []), (73 + f, exp), (100, exp),
+        (119.5, exp), (134, exp), (135, []))
+    add("flap", "bad one scrape in five for an hour",
+        states(("ok", HOUR)) + every(HOUR, 5) + states(("ok", 40)), (89.5, []), (91 + f, exp), (119.5, exp),
+        (132.5, exp), (133.5, []))
+    add("quiet", "a single bad scrape in two hours" + ("; other targets' troubles" if quiet_extra else ""),
+        states(("ok", HOUR), ("bad", 1), ("ok", HOUR - 1)), (60, []), (60.5, []), (61, []), (90, []), (119.5, []),
+        extra=quiet_extra)
+    add("quiet", "an exporter restart: " + ("two failed scrapes" if restart else
+                                            "its series gone for two scrapes, then one bad reading"),
+        restart or states(("ok", HOUR), ("gone", 2), ("bad", 1), ("ok", HOUR - 3)),
+        (60.5, []), (61, []), (62, []), (75, []), (100, []))
+    add("quiet", "a new target whose first two scrapes are bad",
+        states(("gone", 60), ("bad", 2), ("ok", HOUR)), (31, []), (45, []), (60, []), (89.5, []))
+    add("quiet", "one scrape in twenty bad (5 %) for two hours", every(2 * HOUR, 20), (60, []), (100, []),
+        (119.5, []))
+    add("gone", "bad for 30m, then the series vanish (the exporter or target goes: other alerts' case): resolves",
+        states(("ok", HOUR), ("bad", 60), ("gone", 20)), (60 + f, exp), (89.5, exp), (90, []), (95, []))
+
+
+health_alert("GpuLost", "gpuobs_gpu_up", GPU0, 0, 1,
+             f"{G} is lost: it no longer answers NVML, now or in more than 10% of the last 1h's samples.",
+             reason="lost")
+health_alert("GpuUnhealthy", "gpuobs_gpu_up", GPU0, 0, 1,
+             f"{G} is unusable (timeout), now or in more than 10% of the last 1h's samples: its metrics are "
+             "withheld meanwhile.", exp_labels={**GPU0, "reason": "timeout"}, reason="timeout")
+_lost_exp = [(GPU0, f"{G} is lost: it no longer answers NVML, now or in more than 10% of the last 1h's samples.")]
+
+
+def _unh(reason: str) -> list:
+    return [({**GPU0, "reason": reason}, f"{G} is unusable ({reason}), now or in more than 10% of the last 1h's "
+                                         "samples: its metrics are withheld meanwhile.")]
+
+
+_bad20 = states(("ok", HOUR), ("bad", 40), ("ok", 20))
+case("GpuLost", "fires", "an exporter without gpuobs_gpu_unhealthy: gpuobs_gpu_up 0 alone is a lost GPU",
+     [s("gpuobs_gpu_up", GPU0, gauge(_bad20, 1, 0))], (61, _lost_exp), (79, _lost_exp), interval="30s")
+case("GpuLost", "quiet", "the GPU needs a reset (reason reset_required): GpuUnhealthy's case, not a second page",
+     [s("gpuobs_gpu_up", GPU0, gauge(_bad20, 1, 0)),
+      s(UNHEALTHY, {**GPU0, "reason": "reset_required"}, present_while_bad(_bad20))], (61, []), (79, []),
+     interval="30s")
+case("GpuUnhealthy", "quiet", "the GPU is lost (reason lost): GpuLost's case, not a second page",
+     [s("gpuobs_gpu_up", GPU0, gauge(_bad20, 1, 0)),
+      s(UNHEALTHY, {**GPU0, "reason": "lost"}, present_while_bad(_bad20))], (61, []), (79, []), interval="30s")
+# reads time out from minute 60, then the GPU falls off the bus at 70: one page at a time, lost wins
+_timeout_then_lost = [s("gpuobs_gpu_up", GPU0, gauge(_bad20, 1, 0)),
+                      s(UNHEALTHY, {**GPU0, "reason": "timeout"},
+                        present_while_bad(states(("ok", HOUR), ("bad", 20), ("ok", 40)))),
+                      s(UNHEALTHY, {**GPU0, "reason": "lost"},
+                        present_while_bad(states(("ok", HOUR + 20), ("bad", 20), ("ok", 20))))]
+case("GpuUnhealthy", "fires", "reads time out at 60, then the GPU is lost at 70: GpuUnhealthy until then",
+     _timeout_then_lost, (61, _unh("timeout")), (69.5, _unh("timeout")), (70, []), (75, []), interval="30s")
+case("GpuLost", "fires", "reads time out at 60, then the GPU is lost at 70: GpuLost from then on",
+     _timeout_then_lost, (61, []), (69.5, []), (71, _lost_exp), (79, _lost_exp), interval="30s")
+
+TIMEOUTS, PASSES = "gpuobs_exporter_gpu_timeouts_total", "gpuobs_exporter_samples_total"
+
+
+def _to_pct(pct) -> list:
+    return [(GPU0, f"{G} missed the exporter's per-GPU deadline in {pct}% of its sampling passes over the last 1h: "
+                   "its series have gaps.")]
+
+
+_to_exp = _to_pct(10)
+_passes = s(PASSES, NODE, "0+10x120")  # a pass every 6 s
+case("GpuSamplingTimeouts", "fires", "one pass in ten times out on GPU0 (none on GPU1)",
+     [_passes, s(TIMEOUTS, GPU0, "0+1x120"), s(TIMEOUTS, GPU1, "0x120")], (10, []), (17, _to_exp), (60, _to_exp),
+     (110, _to_exp))
+case("GpuSamplingTimeouts", "quiet", "one timeout every 20 minutes, and a burst of 5 once (under 1 %)",
+     [_passes, s(TIMEOUTS, GPU0, cum(([0] * 19 + [1]) * 3 + [5] + [0] * 60))], (30, []), (61, []), (100, []))
+case("GpuSamplingTimeouts", "flap", "2 timeouts every other minute (10 % on average): fires",
+     [_passes, s(TIMEOUTS, GPU0, cum([2, 0] * 60))], (10, []), (30, _to_pct(10.17)), (110, _to_pct(10)))
+case("GpuSamplingTimeouts", "gone", "fires, then the exporter's series vanish: resolves at once",
+     [s(PASSES, NODE, "0+10x40 stale"), s(TIMEOUTS, GPU0, "0+1x40 stale")], (30, _to_exp), (40, _to_exp),
+     (41, []))
+
+_missing = "n1 has {} GPUs, fewer than it should have."
 case("GpuMissing", "fires", "7 of 8 GPUs present",
      [s("gpuobs_gpus_present", NODE, "8 8 7x30"), s("gpuobs_gpus_expected", NODE, "8x32")],
      (6, []), (7, [(NODE, _missing.format(7))]), (20, [(NODE, _missing.format(7))]))
@@ -315,13 +496,101 @@ case("GpuMissing", "gone", "every GPU vanishes: 0 present while 8 expected still
      [s("gpuobs_gpus_present", NODE, "8 8 0x30"), s("gpuobs_gpus_expected", NODE, "8x32")],
      (7, [(NODE, _missing.format(0))]), (30, [(NODE, _missing.format(0))]))
 
-gauge_alert("NvmlDown", "gpuobs_nvml_up", NODE, 0, 1, "NVML does not answer on n1: no GPU can be read.",
-            gone_what="the exporter goes away (GpuExporterDown's case)")
-gauge_alert("GpuExporterDown", "up", NODE, 0, 1, "The gpuobs exporter on n1 (n1:9445) cannot be scraped.",
-            quiet_extra=[s("up", {**NODE, "job": "node-exporter", "instance": "n1:9100"}, "0x40")],
-            gone_what="the target leaves service discovery (GpuExporterAbsent's case if it was the last)")
-gauge_alert("GpuMetricsStale", "gpuobs_exporter_snapshot_stale", NODE, 1, 0,
-            "The exporter on n1 has no fresh snapshot: NVML calls are hanging.")
+health_alert("NvmlDown", "gpuobs_nvml_up", NODE, 0, 1,
+             "NVML does not answer on n1, now or in more than 10% of the last 1h's scrapes: no GPU can be read then.")
+health_alert("GpuExporterDown", "up", NODE, 0, 1,
+             "The gpuobs exporter on n1 (n1:9445) cannot be scraped, now or in more than 10% of the last 1h's "
+             "scrapes.",
+             quiet_extra=[s("up", {**NODE, "job": "node-exporter", "instance": "n1:9100"}, "0x240")],
+             restart=states(("ok", HOUR), ("bad", 2), ("ok", HOUR - 2)))
+health_alert("GpuMetricsStale", "gpuobs_exporter_snapshot_stale", NODE, 1, 0,
+             "The exporter on n1 has no fresh snapshot, now or in more than 10% of the last 1h's scrapes: NVML "
+             "calls are hanging.")
+_coll = {**NODE, "collector": "nvlink"}
+health_alert("GpuExporterCollectorFailing", "gpuobs_exporter_collector_success", _coll, 0, 1,
+             "The nvlink collector of the exporter on n1 fails, now or in more than 10% of the last 1h's scrapes: "
+             "its metrics are missing and the alerts on them cannot fire.",
+             other={**_coll, "collector": "power"})
+health_alert("GpuXidWatcherDown", "gpuobs_exporter_xid_watcher_up", NODE, 0, 1,
+             "The XID watcher of the exporter on n1 is down, now or in more than 10% of the last 1h's scrapes: "
+             "XIDs on this node may be missed.")
+
+# ---- an exporter that left service discovery (its `up` is gone), 30 s scrapes
+_ns = {"namespace": "gpu-monitoring"}
+_t1 = {**NODE, **_ns, "pod": "gpuobs-exporter-aaaaa"}
+_t2 = {**NODE, **_ns, "node": "n2", "instance": "n2:9445", "pod": "gpuobs-exporter-bbbbb"}
+_gone_exp = [({k: v for k, v in _t2.items() if k != "pod"},
+              "The gpuobs exporter on n2 (n2:9445) left service discovery while other exporters are still scraped: "
+              "the node's GPUs are not monitored (it resolves 1h after its last scrape if the node was removed on "
+              "purpose).")]
+_up1 = s("up", _t1, "1x240")
+case("GpuExporterGone", "fires", "n2's target leaves service discovery at minute 10 while n1 stays; resolves an "
+                                 "hour after its last scrape (a node removed on purpose)",
+     [_up1, s("up", _t2, "1x19 stale")], (9.5, []), (14.5, []), (15, _gone_exp), (69.5, _gone_exp), (70, []),
+     interval="30s")
+case("GpuExporterGone", "quiet", "every target present, one of them down (GpuExporterDown's case)",
+     [_up1, s("up", _t2, "1x20 0x100")], (15, []), (30, []), (60, []), interval="30s")
+case("GpuExporterGone", "quiet", "rolling restart: n2's pod is replaced, its new pod scraped 1.5 minutes later",
+     [_up1, s("up", _t2, "1x19 stale"), s("up", {**_t2, "pod": "gpuobs-exporter-ccccc"}, "_x23 1x100")],
+     (11, []), (13, []), (20, []), (60, []), interval="30s")
+case("GpuExporterGone", "quiet", "rolling restart where the target's instance is the pod's address: same node",
+     [_up1, s("up", {**_t2, "instance": "10.0.0.2:9445"}, "1x19 stale"),
+      s("up", {**_t2, "instance": "10.0.0.7:9445", "pod": "gpuobs-exporter-ccccc"}, "_x22 1x100")],
+     (11, []), (15, []), (20, []), (60, []), interval="30s")
+_static = {"cluster": "c1", "job": "gpuobs"}
+case("GpuExporterGone", "fires", "static targets without a node label: one leaves the configuration",
+     [s("up", {**_static, "instance": "h1:9445"}, "1x100"), s("up", {**_static, "instance": "h2:9445"}, "1x19 stale")],
+     (14.5, []), (15, [({**_static, "instance": "h2:9445"}, "The gpuobs exporter on  (h2:9445) left service "
+                        "discovery while other exporters are still scraped: the node's GPUs are not monitored (it "
+                        "resolves 1h after its last scrape if the node was removed on purpose).")]), interval="30s")
+case("GpuExporterGone", "flap", "n2's target drops out of discovery every other scrape: never gone 5m",
+     [_up1, s("up", _t2, " ".join("1" if i % 2 == 0 else "stale" for i in range(120)))], (20, []), (59.5, []),
+     interval="30s")
+case("GpuExporterGone", "gone", "every target goes at once: GpuExporterAbsent's case, not one page per node",
+     [s("up", _t1, "1x19 stale"), s("up", _t2, "1x19 stale")], (15, []), (30, []), interval="30s")
+
+KSM_DESIRED, KSM_AVAILABLE, KSM_UPDATED = (f"kube_daemonset_status_{x}" for x in
+                                           ("desired_number_scheduled", "number_available", "updated_number_scheduled"))
+_ds = {"cluster": "c1", "job": "kube-state-metrics", "instance": "ksm:8080", **_ns, "daemonset": "gpuobs-exporter"}
+_ds_exp = [({"cluster": "c1", **_ns, "daemonset": "gpuobs-exporter"},
+            "DaemonSet gpu-monitoring/gpuobs-exporter has 1 of its pods unavailable and no rollout progressing: the "
+            "GPUs of those nodes are not monitored.")]
+
+
+def daemonset(desired: str, available: str, updated: str, labels=_ds) -> list[dict]:
+    return [s(KSM_DESIRED, labels, desired), s(KSM_AVAILABLE, labels, available), s(KSM_UPDATED, labels, updated)]
+
+
+case("GpuExporterPodsUnavailable", "fires", "7 of 8 exporter pods available from minute 5 (one crash-loops)",
+     daemonset("8x40", "8x4 7x36", "8x40"), (19, []), (21, _ds_exp), (40, _ds_exp))
+case("GpuExporterPodsUnavailable", "fires", "a rollout that stops at 2 of 8 pods updated, one unavailable",
+     daemonset("8x40", "8 7x39", "0 1 2x38"), (20, []), (23, _ds_exp), (40, _ds_exp))
+case("GpuExporterPodsUnavailable", "quiet", "all 8 available; another DaemonSet misses a pod",
+     [*daemonset("8x40", "8x40", "8x40"), *daemonset("5x40", "4x40", "5x40", {**_ds, "daemonset": "other"})],
+     (20, []), (40, []))
+case("GpuExporterPodsUnavailable", "flap", "a rolling update: one pod replaced every 2 minutes for 16 minutes",
+     daemonset("8x40", "8 7x16 8x22", "0 " + " ".join(str(min(8, 1 + i // 2)) for i in range(39))),
+     (10, []), (20, []), (40, []))
+case("GpuExporterPodsUnavailable", "gone", "fires, then kube-state-metrics' series vanish: resolves",
+     daemonset("8x25 stale", "7x25 stale", "8x25 stale"), (20, _ds_exp), (25, _ds_exp), (27, []))
+
+LOGS = "gpuobs_telemetry_log_records_dropped_total"
+
+
+def _logs_exp(n: int) -> list:
+    return [(NODE, f"gpuobs target n1:9445 dropped {n} log records in the last 15m, and has kept dropping them for "
+                   "30m: its Fluentd is down or too slow.")]
+
+
+case("TelemetryLogRecordsDropped", "fires", "Fluentd down from minute 10 to 60: 50 records dropped a minute",
+     [s(LOGS, NODE, cum([0] * 10 + [50] * 50 + [0] * 40)), s(LOGS, {**NODE, "instance": "n2:9445"}, "0x100")],
+     (39, []), (41, _logs_exp(750)), (60, _logs_exp(700)), (77, []))
+case("TelemetryLogRecordsDropped", "quiet", "a burst of 200 drops once (a Fluentd restart), another 50m later",
+     [s(LOGS, NODE, cum([0] * 20 + [200] + [0] * 49 + [30] + [0] * 40))], (30, []), (60, []), (90, []), (110, []))
+case("TelemetryLogRecordsDropped", "flap", "a few drops every 10 minutes for 90 minutes: fires (recurring)",
+     [s(LOGS, NODE, cum(([5] + [0] * 9) * 9))], (20, []), (39, []), (45, _logs_exp(5)), (80, _logs_exp(10)))
+case("TelemetryLogRecordsDropped", "gone", "fires, then the process ends: resolves once its drops leave the window",
+     [s(LOGS, NODE, cum([50] * 50) + " stale")], (45, _logs_exp(750)), (66, []))
 
 _absent_exp = [({"job": "gpuobs"}, "Prometheus scrapes no target of job gpuobs: GPU alerts cannot fire.")]
 case("GpuExporterAbsent", "fires", "no up{job=gpuobs} at all (only other jobs)",
@@ -498,10 +767,10 @@ def unit_test(c: Case) -> dict:
     rule = alert_rule(a, DEFAULT)
     return {
         "name": f"{c.alert} [{c.kind}] {c.what}",
-        "interval": "1m",
+        "interval": c.interval,
         "input_series": c.series,
         "alert_rule_test": [
-            {"eval_time": f"{minute}m", "alertname": c.alert,
+            {"eval_time": at(minute), "alertname": c.alert,
              "exp_alerts": [{"exp_labels": {**labels, **rule["labels"]},
                              "exp_annotations": {**rule["annotations"], "description": description}}
                             for labels, description in expected]}
@@ -509,11 +778,24 @@ def unit_test(c: Case) -> dict:
     }
 
 
-def promtool_tests(cases: list[Case]) -> str:
+def alert_rule_file(alert: str) -> dict:
+    """The rule file, cut down to one alert and the recording rules, if it reads any: promtool evaluates
+    every rule of its files at every step, and the health alerts' cases run hours of 30 s steps."""
+    reads_records = re.search(r"\b[a-z_]+:[a-z0-9_:]+\b", ALERTS[alert].expr) is not None
+    groups = []
+    for g in yaml.safe_load(rules_file(DEFAULT))["groups"]:
+        rules = [r for r in g["rules"] if r.get("alert") == alert or ("record" in r and reads_records)]
+        if rules:
+            groups.append({**g, "rules": rules})
+    return {"groups": groups}
+
+
+def promtool_tests(cases: list[Case], rule_file: str = "gpuobs.rules.yml", groups: list[str] | None = None) -> str:
     # recording rules first: promtool's group order is otherwise random, and alerts that read a recording
     # rule would see it one evaluation late only some of the time
-    order = [g["name"] for g in rule_groups(DEFAULT)]
-    return yaml.safe_dump({"rule_files": ["gpuobs.rules.yml"], "evaluation_interval": "1m",
+    order = groups or [g["name"] for g in rule_groups(DEFAULT)]
+    every = min((c.interval for c in cases), key=_seconds)
+    return yaml.safe_dump({"rule_files": [rule_file], "evaluation_interval": every,
                            "group_eval_order": order, "tests": [unit_test(c) for c in cases]},
                           sort_keys=False, allow_unicode=True, width=200)
 
@@ -541,8 +823,11 @@ def test_promtool_check_rules(rule_dir):
 def test_promtool_unit_tests(rule_dir, alert):
     cases = [c for c in CASES if c.alert == alert]
     assert cases, f"{alert} has no cases"
+    rules = alert_rule_file(alert)
+    assert [r for g in rules["groups"] for r in g["rules"] if "alert" in r] == [alert_rule(ALERTS[alert], DEFAULT)]
+    (rule_dir / f"rules_{alert}.yml").write_text(yaml.safe_dump(rules, sort_keys=False, width=120))
     path = rule_dir / f"test_{alert}.yml"
-    path.write_text(promtool_tests(cases))
+    path.write_text(promtool_tests(cases, f"rules_{alert}.yml", [g["name"] for g in rules["groups"]]))
     out = promtool("test", "rules", path.name, cwd=rule_dir)
     assert out.returncode == 0, f"{path}\n{out.stdout}{out.stderr}"
 

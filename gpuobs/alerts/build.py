@@ -3,21 +3,26 @@
 - alerts/gpuobs.rules.yml and alerts/gpuobs-fast.rules.yml: Prometheus rule files (default and fast profile)
 - alerts/prometheusrule.yaml: the prometheus-operator PrometheusRule (also exporters/kubernetes/)
 - alerts/alertmanager.yml: an example Alertmanager configuration (routes and inhibitions)
-- alerts/grafana-alerting.json: Grafana-managed alert provisioning, built with grafanalib
+- alerts/grafana-alerting.json: Grafana-managed alert rules in Grafana's file-provisioning format
 - docs/runbooks/<Alert>.md: one runbook per alert
+
+Every rule's runbook_url annotation is absolute: `<runbook base>/<Alert>.md`, the base
+`DEFAULT_RUNBOOK_BASE` unless `gpuobs alerts build --runbook-base-url URL` (or GPUOBS_RUNBOOK_BASE_URL)
+says otherwise; with another base, build into another directory (`--out`).
 
 `gpuobs alerts build` writes them; `gpuobs alerts build --check` (and a test) fails on drift.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import yaml
 
 from .. import generated
-from .rules import DEFAULT, FAST, Alert, Thresholds, alerts, recording_rules
+from .rules import DEFAULT, FAST, Alert, Thresholds, _seconds, alerts, recording_rules
 
 ROOT = Path(__file__).resolve().parents[2]
 GROUP_ORDER = ("gpu", "links", "node", "job", "service", "meta")  # links: alerts on per-link NVLink series
@@ -47,8 +52,7 @@ def alert_rule(a: Alert, t: Thresholds) -> dict:
     if a.keep_firing_for:
         rule["keep_firing_for"] = a.keep_firing_for
     rule["labels"] = {"severity": a.severity, "scope": a.scope, "family": a.family, **a.extra_labels}
-    rule["annotations"] = {"summary": a.summary, "description": a.description,
-                           "runbook_url": f"{t.runbook_base}/{a.name}.md"}
+    rule["annotations"] = {"summary": a.summary, "description": a.description, "runbook_url": t.runbook_url(a.name)}
     return rule
 
 
@@ -110,30 +114,50 @@ def alertmanager_file() -> str:
             + yaml.safe_dump(alertmanager_config(), sort_keys=False, width=120))
 
 
-def grafana_alerting(t: Thresholds, datasource_uid: str = "prometheus") -> str:
-    """Grafana-managed alert rules (file provisioning) for the same pack, built with grafanalib."""
-    from grafanalib.core import (EXP_REDUCER_FUNC_LAST, EXP_TYPE_MATH, EXP_TYPE_REDUCE,
-                                 AlertExpression, AlertFileBasedProvisioning, AlertGroup, AlertRulev9, Target)
+GRAFANA_FOLDER = "gpuobs"
+EXPR = "__expr__"  # the datasource UID of Grafana's server-side expressions
 
+
+def grafana_rule(a: Alert, t: Thresholds, datasource_uid: str) -> dict:
+    """One rule in Grafana's file-provisioning format (AlertRuleV1 of its provisioning loader): the
+    PromQL as an instant query (A), its last value (B), and the condition C, true for any number:
+    the PromQL already selects the firing series, whatever their values (0 for GpuLost)."""
+    rule = alert_rule(a, t)
+    lookback = int(max(600, _seconds(t.long_window)))
+
+    def expression(ref: str, model: dict) -> dict:
+        return {"refId": ref, "relativeTimeRange": {"from": 0, "to": 0}, "datasourceUid": EXPR,
+                "model": {"refId": ref, "datasource": {"type": EXPR, "uid": EXPR}, **model}}
+
+    # In Grafana $value is a string of every query's values; $values.B.Value is B's number.
+    annotations = {k: v.replace("$value", "$values.B.Value") for k, v in rule["annotations"].items()}
+    out = {"uid": f"gpuobs-{a.name.lower()}", "title": a.name, "condition": "C",
+           "data": [{"refId": "A", "relativeTimeRange": {"from": lookback, "to": 0}, "datasourceUid": datasource_uid,
+                     "model": {"refId": "A", "datasource": {"type": "prometheus", "uid": datasource_uid},
+                               "expr": a.expr, "instant": True, "range": False, "editorMode": "code",
+                               "intervalMs": 1000, "maxDataPoints": 43200}},
+                    expression("B", {"type": "reduce", "expression": "A", "reducer": "last",
+                                     "settings": {"mode": "strict"}}),
+                    expression("C", {"type": "math", "expression": "$B == $B"})],
+           "noDataState": "OK", "execErrState": "Error", "for": a.for_,
+           "annotations": annotations, "labels": rule["labels"], "isPaused": False}
+    if a.keep_firing_for:
+        out["keepFiringFor"] = a.keep_firing_for
+    return out
+
+
+def grafana_alerting(t: Thresholds, datasource_uid: str = "prometheus") -> str:
+    """Grafana-managed alert rules for the same pack, in Grafana's file-provisioning format
+    (provisioning/alerting/*.json: apiVersion 1, groups of rules with their queries). datasource_uid is
+    the Prometheus datasource's UID (dashboards/provisioning/datasources.yaml provisions `prometheus`)."""
     groups = []
     pack = alerts(t)
     for group in GROUP_ORDER:
-        rules = []
-        for a in (x for x in pack if x.group == group):
-            rule = alert_rule(a, t)
-            rules.append(AlertRulev9(
-                title=a.name, uid=f"gpuobs-{a.name.lower()}"[:40],
-                triggers=[Target(expr=a.expr, refId="A", datasource=datasource_uid),
-                          AlertExpression(refId="B", expression="A", expressionType=EXP_TYPE_REDUCE,
-                                          reduceFunction=EXP_REDUCER_FUNC_LAST),
-                          # the PromQL already selects firing series: any value present means firing
-                          AlertExpression(refId="C", expression="$B == $B", expressionType=EXP_TYPE_MATH)],
-                condition="C", evaluateFor=a.for_, labels=rule["labels"], annotations=rule["annotations"],
-                noDataAlertState="OK"))
+        rules = [grafana_rule(a, t, datasource_uid) for a in pack if a.group == group]
         if rules:
-            groups.append(AlertGroup(name=_group_name(group), rules=rules, folder="gpuobs",
-                                     evaluateInterval=t.eval_interval).to_json_data())
-    return json.dumps(AlertFileBasedProvisioning(groups).to_json_data(), indent=2, sort_keys=True) + "\n"
+            groups.append({"orgId": 1, "name": _group_name(group), "folder": GRAFANA_FOLDER,
+                           "interval": t.eval_interval, "rules": rules})
+    return json.dumps({"apiVersion": 1, "groups": groups}, indent=2, sort_keys=True) + "\n"
 
 
 def runbook(a: Alert, t: Thresholds) -> str:
@@ -148,19 +172,23 @@ def runbook(a: Alert, t: Thresholds) -> str:
             f"## Diagnosis\n\n{text['diagnosis']}\n\n## Action\n\n{text['action']}\n")
 
 
-def outputs(root: Path = ROOT) -> dict[Path, str]:
-    """Every generated file and its content."""
-    out = {root / "alerts" / "gpuobs.rules.yml": rules_file(DEFAULT),
-           root / "alerts" / "gpuobs-fast.rules.yml": rules_file(FAST),
-           root / "alerts" / "prometheusrule.yaml": prometheus_rule(DEFAULT),
-           root / "exporters" / "kubernetes" / "prometheusrule.yaml": prometheus_rule(DEFAULT),
+def outputs(root: Path = ROOT, runbook_base: str | None = None) -> dict[Path, str]:
+    """Every generated file and its content; runbook_base replaces the default runbook base URL
+    (ValueError unless it is an absolute http(s) URL)."""
+    default, fast = DEFAULT, FAST
+    if runbook_base is not None:
+        default, fast = (dataclasses.replace(t, runbook_base=runbook_base) for t in (DEFAULT, FAST))
+    out = {root / "alerts" / "gpuobs.rules.yml": rules_file(default),
+           root / "alerts" / "gpuobs-fast.rules.yml": rules_file(fast),
+           root / "alerts" / "prometheusrule.yaml": prometheus_rule(default),
+           root / "exporters" / "kubernetes" / "prometheusrule.yaml": prometheus_rule(default),
            root / "alerts" / "alertmanager.yml": alertmanager_file(),
-           root / "alerts" / "grafana-alerting.json": grafana_alerting(DEFAULT)}
-    for a in alerts(DEFAULT):
-        out[root / "docs" / "runbooks" / f"{a.name}.md"] = runbook(a, DEFAULT)
+           root / "alerts" / "grafana-alerting.json": grafana_alerting(default)}
+    for a in alerts(default):
+        out[root / "docs" / "runbooks" / f"{a.name}.md"] = runbook(a, default)
     return out
 
 
-def build(root: Path = ROOT, check: bool = False) -> list[Path]:
+def build(root: Path = ROOT, check: bool = False, runbook_base: str | None = None) -> list[Path]:
     """Write the files (or, with check, only list those that differ). Returns the changed paths."""
-    return generated.write(outputs(root), check)
+    return generated.write(outputs(root, runbook_base), check)

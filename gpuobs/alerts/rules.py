@@ -3,13 +3,35 @@
 Thresholds and windows live in `Thresholds`; `FAST` is the same pack with seconds instead of
 minutes, for the demo and end-to-end tests. Recording rules are named `level:metric:operations`
 and are the contract that dashboards and alerts both read.
+
+Health inputs (a target's `up`, NVML, a GPU, a collector, the XID watcher) can flap: bad every other
+scrape, or one scrape in five, for hours. A plain `for:` restarts at every good scrape and never
+fires on those, so health alerts read their input over windows (`_unreliable`): bad now, or bad in
+more than `flap_share` of the last `long_window`'s samples and at least once in the last
+`for_medium`. One failed scrape, or an exporter restart (one or two), stays under both.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from .. import catalog as c
+
+# Where on-call finds docs/runbooks/<Alert>.md: the runbook_url annotation is "<base>/<Alert>.md". The
+# project's repository; point it at your own copy (a wiki, an internal Git host) with
+# `gpuobs alerts build --runbook-base-url URL` or GPUOBS_RUNBOOK_BASE_URL.
+DEFAULT_RUNBOOK_BASE = "https://github.com/gpuobs/gpuobs/blob/main/docs/runbooks"
+
+
+def check_runbook_base(url: str) -> str:
+    """The runbook base URL without its trailing slash; ValueError unless it is an absolute http(s) URL."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment \
+            or any(ch.isspace() for ch in url):
+        raise ValueError(f"runbook base must be an absolute http(s) URL without query or fragment, not {url!r}")
+    return url.rstrip("/")
+
 
 SEVERITIES = ("critical", "warning", "info")
 
@@ -26,7 +48,10 @@ class Thresholds:
     for_short: str = "5m"
     for_medium: str = "15m"
     for_idle: str = "30m"  # allocated-but-idle
+    for_long: str = "30m"  # drops of telemetry: recurring this long
     keep_firing: str = "15m"  # flapping inputs (throttle bits, XIDs) keep an alert up this long
+    flap_share: float = 0.1  # a health input bad in more than this share of long_window's samples flaps
+    gpu_timeout_share: float = 0.05  # sampling passes in which a GPU missed its deadline
     temp_margin_c: float = 5.0  # alert this close to the GPU's own slowdown threshold
     idle_utilization: float = 0.01
     allocated_memory_bytes: float = 1024 ** 3  # memory in use that means "someone holds this GPU"
@@ -42,12 +67,19 @@ class Thresholds:
     inference_p99_seconds: float = 5.0
     inference_error_ratio: float = 0.05
     exporter_job: str = "gpuobs"
-    runbook_base: str = "docs/runbooks"
+    exporter_daemonset: str = "gpuobs-exporter"  # exporters/kubernetes/daemonset.yaml, as kube-state-metrics names it
+    runbook_base: str = DEFAULT_RUNBOOK_BASE  # absolute http(s) URL of docs/runbooks
+
+    def __post_init__(self):
+        object.__setattr__(self, "runbook_base", check_runbook_base(self.runbook_base))
+
+    def runbook_url(self, alert: str) -> str:
+        return f"{self.runbook_base}/{alert}.md"
 
 
 DEFAULT = Thresholds()
 FAST = Thresholds(profile="fast", eval_interval="1s", rate_window="20s", long_window="1m", baseline_window="2m",
-                  for_now="2s", for_short="5s", for_medium="10s", for_idle="15s", keep_firing="10s",
+                  for_now="2s", for_short="5s", for_medium="10s", for_idle="15s", for_long="15s", keep_firing="10s",
                   training_stall="20s", checkpoint_seconds=2.0)
 PROFILES = {"default": DEFAULT, "fast": FAST}
 
@@ -175,12 +207,43 @@ def _reason(reason: str) -> str:
 
 
 def _xid(xids: str, t: Thresholds) -> str:
-    # An XID counter series is born at 1 with its first event, and increase() cannot see a
-    # series' first sample: a series absent for long_window before the last rate_window counts as
-    # new errors (a series that only comes back after a gap, its GPU withheld, does not).
-    sel = f'{c.XID_ERRORS.exposed_name}{{xid=~"{xids}"}}'
-    return (f"increase({sel}[{t.rate_window}]) > 0 or "
-            f"({sel} unless last_over_time({sel}[{t.long_window}] offset {t.rate_window}))")
+    # The event's own time, not only the counter: after an exporter restart an XID's series are gone
+    # until it recurs, and come back at 1, so increase() sees nothing and a series "new within the
+    # window" may well have existed before the restart. gpuobs_gpu_xid_last_seen_timestamp_seconds
+    # is the Unix time of the last event, whatever came before; the counter covers a node clock
+    # running more than rate_window behind Prometheus's.
+    seen = f'{c.XID_LAST_SEEN.name}{{xid=~"{xids}"}}'
+    count = f'{c.XID_ERRORS.exposed_name}{{xid=~"{xids}"}}'
+    return f"time() - {seen} < {_seconds(t.rate_window):g} or increase({count}[{t.rate_window}]) > 0"
+
+
+def _unreliable(sel: str, bad: int, t: Thresholds) -> str:
+    """A 0/1 health gauge that is `bad` now, or flaps: bad in more than flap_share of its samples over
+    long_window and at least once in the last for_medium, on a series that is there now and was
+    for_medium ago (a new target's first failed scrapes are no share of an hour). It stays true up to
+    for_medium after the last bad sample of a flapping input, and resolves at once when the series
+    goes (the exporter down, the target removed: other alerts' cases)."""
+    if bad == 0:
+        share = f"avg_over_time({sel}[{t.long_window}]) < {1 - t.flap_share:g}"
+        recent = f"min_over_time({sel}[{t.for_medium}]) == 0"
+    else:
+        share = f"avg_over_time({sel}[{t.long_window}]) > {t.flap_share:g}"
+        recent = f"max_over_time({sel}[{t.for_medium}]) == 1"
+    return (f"{sel} == {bad} or {share} and {recent} and {sel} and "
+            f"present_over_time({sel}[{t.long_window}] offset {t.for_medium})")
+
+
+def _gpu_unusable(t: Thresholds) -> tuple[str, str]:
+    """(GpuLost, GpuUnhealthy): one GPU down (gpuobs_gpu_up 0, now or flapping) pages once, by its reason
+    (gpuobs_gpu_unhealthy, there only while it is unusable): GpuLost for `lost`, or no reason at all
+    (an exporter without the metric); GpuUnhealthy, with the reason, for the others. A GPU seen lost
+    within for_medium stays GpuLost whatever other reason it also gave."""
+    down = _unreliable(c.GPU_UP.name, 0, t)
+
+    def seen(match: str) -> str:
+        return f'max_over_time({c.GPU_UNHEALTHY.name}{{reason{match}"lost"}}[{t.for_medium}])'
+    other = f"({seen('!=')} unless on ({GPU_BY}) {seen('=')})"
+    return f"({down}) unless on ({GPU_BY}) {other}", f"{other} and on ({GPU_BY}) ({down})"
 
 
 def alerts(t: Thresholds) -> list[Alert]:
@@ -271,22 +334,75 @@ def alerts(t: Thresholds) -> list[Alert]:
               t.for_short, "warning", "gpu", "pcie", "PCIe replays are rising.",
               f"{GPU} has {{{{ $value | humanize }}}} PCIe replays per second."))
     # ---- presence and health of the node's GPUs and of the exporter
-    add(Alert("GpuLost", "gpu", f"{c.GPU_UP.name} == 0", t.for_now, "critical", "gpu", "presence",
-              "A GPU stopped answering NVML.", f"{GPU} is lost (it no longer answers NVML)."))
+    lost, unhealthy = _gpu_unusable(t)
+    add(Alert("GpuLost", "gpu", lost, t.for_now, "critical", "gpu", "presence",
+              "A GPU stopped answering NVML.",
+              f"{GPU} is lost: it no longer answers NVML, now or in more than "
+              f"{t.flap_share:.0%} of the last {t.long_window}'s samples."))
+    add(Alert("GpuUnhealthy", "gpu", unhealthy, t.for_now, "critical", "gpu", "presence",
+              "A GPU is unusable: it needs a reset, its reads time out, or it cannot be read.",
+              f"{GPU} is unusable ({{{{ $labels.reason }}}}), now or in more than {t.flap_share:.0%} of the "
+              f"last {t.long_window}'s samples: its metrics are withheld meanwhile."))
+    add(Alert("GpuSamplingTimeouts", "gpu",
+              f"rate({c.GPU_TIMEOUTS.exposed_name}[{t.long_window}]) / ignoring (gpu, uuid) group_left "
+              f"rate({c.SAMPLES.exposed_name}[{t.long_window}]) > {t.gpu_timeout_share:g} "
+              f"and {c.GPU_TIMEOUTS.exposed_name}",  # not for an hour after its exporter went (other alerts' case)
+              t.for_medium, "warning", "gpu", "presence", "A GPU's NVML reads keep missing the sampling deadline.",
+              f"{GPU} missed the exporter's per-GPU deadline in {{{{ $value | humanizePercentage }}}} of its "
+              f"sampling passes over the last {t.long_window}: its series have gaps."))
     add(Alert("GpuMissing", "node", f"{c.GPUS_PRESENT.name} < {c.GPUS_EXPECTED.name}", t.for_short, "critical",
               "node", "presence", "A node has fewer GPUs than expected.",
-              "{{ $labels.node }} has {{ $value }} GPUs answering, fewer than it should have."))
-    add(Alert("NvmlDown", "node", f"{c.NVML_UP.name} == 0", t.for_short, "critical", "node", "presence",
-              "NVML is down on a node.", "NVML does not answer on {{ $labels.node }}: no GPU can be read."))
-    add(Alert("GpuExporterDown", "node", f'up{{job="{t.exporter_job}"}} == 0', t.for_short, "critical", "node",
+              "{{ $labels.node }} has {{ $value }} GPUs, fewer than it should have."))
+    add(Alert("NvmlDown", "node", _unreliable(c.NVML_UP.name, 0, t), t.for_short, "critical", "node", "presence",
+              "NVML is down on a node.",
+              "NVML does not answer on {{ $labels.node }}, now or in more than "
+              f"{t.flap_share:.0%} of the last {t.long_window}'s scrapes: no GPU can be read then."))
+    up = f'up{{job="{t.exporter_job}"}}'
+    add(Alert("GpuExporterDown", "node", _unreliable(up, 0, t), t.for_short, "critical", "node",
               "exporter", "A GPU exporter cannot be scraped.",
-              "The gpuobs exporter on {{ $labels.node }} ({{ $labels.instance }}) cannot be scraped."))
-    add(Alert("GpuExporterAbsent", "meta", f'absent(up{{job="{t.exporter_job}"}})', t.for_short, "critical",
+              "The gpuobs exporter on {{ $labels.node }} ({{ $labels.instance }}) cannot be scraped, now or in "
+              f"more than {t.flap_share:.0%} of the last {t.long_window}'s scrapes."))
+    # A target that left service discovery has no `up` at all: compare with the last hour's targets.
+    # By node: a restarted pod comes back with another pod name (and maybe address); by instance for
+    # targets without a node label. Only while some target is left (else GpuExporterAbsent). A node
+    # taken away on purpose resolves once its last scrape is long_window old.
+    add(Alert("GpuExporterGone", "node",
+              f"max without (pod) (last_over_time({up}[{t.long_window}])) unless on (cluster, node, instance) {up}"
+              f' unless on (cluster, node) up{{job="{t.exporter_job}", node!=""}} and on () count({up})',
+              t.for_short, "critical", "node", "exporter", "A node's GPU exporter is no longer a scrape target.",
+              "The gpuobs exporter on {{ $labels.node }} ({{ $labels.instance }}) left service discovery while "
+              f"other exporters are still scraped: the node's GPUs are not monitored (it resolves "
+              f"{t.long_window} after its last scrape if the node was removed on purpose)."))
+    ds = f'{{daemonset="{t.exporter_daemonset}"}}'
+    by_ds = "max by (cluster, namespace, daemonset)"
+    add(Alert("GpuExporterPodsUnavailable", "meta",
+              f"{by_ds} (kube_daemonset_status_desired_number_scheduled{ds}) - "
+              f"{by_ds} (kube_daemonset_status_number_available{ds}) > 0 unless on (cluster, namespace, daemonset) "
+              f"changes(kube_daemonset_status_updated_number_scheduled{ds}[{t.rate_window}]) > 0",
+              t.for_medium, "critical", "cluster", "exporter", "GPU exporter pods are missing or not ready.",
+              "DaemonSet {{ $labels.namespace }}/{{ $labels.daemonset }} has {{ $value }} of its pods unavailable "
+              "and no rollout progressing: the GPUs of those nodes are not monitored."))
+    add(Alert("GpuExporterAbsent", "meta", f"absent({up})", t.for_short, "critical",
               "cluster", "exporter", "No GPU exporter is being scraped at all.",
               f"Prometheus scrapes no target of job {t.exporter_job}: GPU alerts cannot fire."))
-    add(Alert("GpuMetricsStale", "node", f"{c.SNAPSHOT_STALE.name} == 1", t.for_short, "warning", "node",
+    add(Alert("GpuMetricsStale", "node", _unreliable(c.SNAPSHOT_STALE.name, 1, t), t.for_short, "warning", "node",
               "exporter", "The GPU exporter serves stale data (NVML hangs).",
-              "The exporter on {{ $labels.node }} has no fresh snapshot: NVML calls are hanging."))
+              "The exporter on {{ $labels.node }} has no fresh snapshot, now or in more than "
+              f"{t.flap_share:.0%} of the last {t.long_window}'s scrapes: NVML calls are hanging."))
+    add(Alert("GpuExporterCollectorFailing", "node", _unreliable(c.COLLECTOR_SUCCESS.name, 0, t), t.for_medium,
+              "warning", "node", "exporter", "A collector of the GPU exporter keeps failing.",
+              "The {{ $labels.collector }} collector of the exporter on {{ $labels.node }} fails, now or in more "
+              f"than {t.flap_share:.0%} of the last {t.long_window}'s scrapes: its metrics are missing and the "
+              "alerts on them cannot fire."))
+    add(Alert("GpuXidWatcherDown", "node", _unreliable(c.XID_WATCHER_UP.name, 0, t), t.for_short, "warning",
+              "node", "exporter", "The exporter's XID event thread is not running: XIDs may be missed.",
+              "The XID watcher of the exporter on {{ $labels.node }} is down, now or in more than "
+              f"{t.flap_share:.0%} of the last {t.long_window}'s scrapes: XIDs on this node may be missed."))
+    add(Alert("TelemetryLogRecordsDropped", "service",
+              f"increase({c.LOGS_DROPPED.exposed_name}[{t.for_medium}]) > 0", t.for_long, "warning", "service",
+              "telemetry", "A process keeps dropping its log records.",
+              "{{ $labels.job }} target {{ $labels.instance }} dropped {{ $value | humanize }} log records in the "
+              f"last {t.for_medium}, and has kept dropping them for {t.for_long}: its Fluentd is down or too slow."))
     # ---- training
     add(Alert("TrainingStalled", "job", f"time() - {c.LAST_STEP.name} > {_seconds(t.training_stall):g}", "0s",
               "critical", "job", "training", "A training rank has made no step progress.",

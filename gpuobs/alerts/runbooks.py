@@ -43,6 +43,20 @@ _THROTTLE_QUERIES = """
     rate(gpuobs_gpu_clock_event_duration_seconds_total{node="<node>"}[1h])   # share of time held down, per reason
     ```"""
 
+_XID_TIMING = """
+    The alert reads the event's own time, `gpuobs_gpu_xid_last_seen_timestamp_seconds` (Unix time of the last
+    event of that code on that GPU and MIG instance), as well as the counter: it fires for 5 minutes after each
+    event and is kept 15 minutes more, so it resolves about 20 minutes after the last one. An XID right after
+    an exporter restart pages too, even when the same code was counted before the restart (the counter series
+    then come back at 1). An exporter restart without a new XID does not: the series are gone until the code
+    recurs."""
+
+_FLAPPING = """
+    It also fires when the input flaps: bad in more than 10 % of the samples of the last hour and at least once
+    in the last 15 minutes (every other scrape, or one scrape in five, never stays bad for the whole `for`).
+    One failed scrape or an exporter restart stays under that. Once the input is good again, a flapping alert
+    resolves 15 minutes after its last bad sample."""
+
 RUNBOOKS: dict[str, dict[str, str]] = {
     # ------------------------------------------------------------------------------ throttling and thermals
     "GpuHwThermalSlowdown": _rb(
@@ -267,10 +281,11 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             `idle_utilization` in `Thresholds` if the signal is too noisy."""),
     # ------------------------------------------------------------------------------ XID
     "GpuXidRebootRequired": _rb(
-        meaning="""
+        meaning=["""
             The driver reported XID 79, which NVIDIA documents as "GPU has fallen off the bus": the GPU stopped
             responding on PCIe and the driver can no longer reach it. Causes include hardware failure, PCIe or
-            riser faults, power delivery problems, overheating to the shutdown temperature, and driver faults.""",
+            riser faults, power delivery problems, overheating to the shutdown temperature, and driver
+            faults.""", _XID_TIMING],
         impact="""
             Every process on the GPU has failed (CUDA errors), and peers of a distributed job hang in collectives
             until they time out. The GPU stays unusable until the node reboots; `GpuLost` normally fires for the
@@ -296,7 +311,7 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             serial) falls off the bus again, keep the node drained, collect `nvidia-bug-report.sh` and open an RMA
             with the vendor.""", _UNDRAIN]),
     "GpuXidResetRequired": _rb(
-        meaning="""
+        meaning=["""
             The driver reported one of the XIDs after which NVIDIA recommends resetting the GPU:
 
             - 48: double-bit (uncorrectable) ECC error.
@@ -305,7 +320,7 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             - 64: ECC page retirement or row-remapper recording failure.
             - 95: uncontained ECC error: the error could not be limited to one application.
             - 119 / 120: GSP RPC timeout / GSP error: the GPU System Processor firmware stopped answering or
-              reported an error.""",
+              reported an error.""", _XID_TIMING],
         impact="""
             Processes on the GPU have failed or will fail (all of them for 95, 119 and 120). Until the GPU is
             reset, a pending row remap or page retirement is not applied and new work can hit the same fault.
@@ -331,7 +346,7 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             reset; for recurring 119/120 also check the driver release notes and consider a driver update.""",
             _UNDRAIN]),
     "GpuXidApplicationError": _rb(
-        meaning="""
+        meaning=["""
             The driver reported an XID that usually concerns one application rather than the GPU:
 
             - 13: graphics engine exception, typically an out-of-bounds access or illegal instruction in a kernel.
@@ -340,7 +355,7 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             - 45: preemptive cleanup due to previous errors, most often a user-initiated termination (Ctrl-C,
               kill, job cancellation) or cleanup after another XID.
             - 94: contained ECC error: an uncorrectable ECC error limited to the applications using the affected
-              memory; other applications continue, and the row is remapped at the next reset.""",
+              memory; other applications continue, and the row is remapped at the next reset.""", _XID_TIMING],
         impact="""
             The affected process usually died with a CUDA error ("an illegal memory access was encountered", an
             ECC error) and its job failed or restarted. The GPU itself stays usable. The same XID recurring on one
@@ -363,10 +378,10 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             If one GPU keeps producing these XIDs across different jobs, drain its node, reset the GPU, run
             `dcgmi diag -r 3` where DCGM is installed, and escalate to the vendor if it fails."""),
     "GpuXidNvlinkError": _rb(
-        meaning="""
+        meaning=["""
             The driver reported XID 74, an NVLink error: a link of this GPU detected an error (for example a CRC or
             replay problem, or a link that failed to train or recover). The XID message in the kernel log carries
-            the link number and error bits. It can be transient or mark a failing link.""",
+            the link number and error bits. It can be transient or mark a failing link.""", _XID_TIMING],
         impact="""
             Collectives over NVLink (NCCL all-reduce, tensor and pipeline parallelism) slow down through retries,
             or fail with NCCL errors and hang or crash the job. A link that goes down lowers the GPU's bandwidth to
@@ -586,10 +601,13 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             `gpuobs/alerts/rules.py`."""),
     # ------------------------------------------------------------------------------ presence and exporter
     "GpuLost": _rb(
-        meaning="""
-            `gpuobs_gpu_up` is 0: the GPU no longer answers NVML (it returns `GPU_IS_LOST`, or its handle cannot be
-            obtained). The exporter withholds its value series, so its other alerts resolve and are inhibited; the
-            XID alert that explains the loss (usually XID 79) stays.""",
+        meaning=["""
+            `gpuobs_gpu_up` is 0 and the GPU is lost: NVML returns `GPU_IS_LOST` for it
+            (`gpuobs_gpu_unhealthy{reason="lost"}`), or the exporter gives no reason (one without
+            `gpuobs_gpu_unhealthy`). The exporter withholds its value series, so its other alerts resolve and are
+            inhibited; the XID alert that explains the loss (usually XID 79) stays. A GPU unusable for another
+            reason (reset required, timeouts, unreadable) is `GpuUnhealthy`'s case, so one GPU pages once.""",
+            _FLAPPING],
         impact="""
             Every process on the GPU has failed, and the GPU is unusable until the node reboots. Distributed jobs
             using it hang or fail.""",
@@ -600,6 +618,8 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             - BMC event log: `ipmitool sel elist`.""", """
             ```promql
             gpuobs_gpu_up{node="<node>"} == 0
+            gpuobs_gpu_unhealthy{node="<node>"}
+            avg_over_time(gpuobs_gpu_up{node="<node>"}[1h])      # share of samples it answered
             increase(gpuobs_gpu_xid_errors_total{node="<node>"}[1h])
             increase(gpuobs_exporter_nvml_errors_total{node="<node>", code="GPU_IS_LOST"}[1h])
             gpuobs_gpu_info{node="<node>"}       # serial and pci_bus_id
@@ -609,11 +629,74 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             After the reboot confirm the GPU is back (`nvidia-smi -L`, `gpuobs_gpu_up` 1) and run `dcgmi diag -r 3`
             where DCGM is installed. If the same GPU is lost again, keep the node drained and RMA the GPU with
             `nvidia-bug-report.sh` output.""", _UNDRAIN]),
+    "GpuUnhealthy": _rb(
+        meaning=["""
+            `gpuobs_gpu_up` is 0 and `gpuobs_gpu_unhealthy` gives the reason the GPU is unusable (the alert's
+            `reason` label):
+
+            - `reset_required`: NVML returns `RESET_REQUIRED`: the GPU needs a reset (after an uncontained error,
+              a GSP fault or a pending repair).
+            - `timeout`: its NVML reads missed the exporter's per-GPU deadline: the GPU or the driver hangs for it.
+            - `unreadable`: its handle or UUID cannot be read.
+
+            The exporter withholds the GPU's value series meanwhile. A lost GPU (`GPU_IS_LOST`) is `GpuLost`'s case
+            instead; a GPU seen lost in the last 15 minutes stays `GpuLost` whatever other reason it gives.""",
+            _FLAPPING],
+        impact="""
+            Jobs on the GPU have failed or hang; new ones scheduled onto it fail. Its metrics have gaps or are
+            gone, so its other alerts cannot fire.""",
+        diagnosis=["""
+            - `nvidia-smi -q -i <index>` (with `timeout 60`: for `timeout` it may hang too); recent drivers show
+              a recommendation under `nvidia-smi -q -d RESET_STATUS`.
+            - `dmesg -T | grep -i -E "xid|NVRM"`: XIDs 48, 62, 79, 95, 119 and 120 come before these states.
+            - The exporter's logs: the failing call and its NVML code, rate-limited.""", """
+            ```promql
+            gpuobs_gpu_unhealthy{node="<node>"}
+            avg_over_time(gpuobs_gpu_up{node="<node>"}[1h])
+            increase(gpuobs_exporter_gpu_timeouts_total{node="<node>"}[1h])
+            sum by (call, code) (increase(gpuobs_exporter_nvml_errors_total{node="<node>"}[1h]))
+            increase(gpuobs_gpu_xid_errors_total{node="<node>"}[1h])
+            ```"""],
+        action=["""
+            Drain the node and stop or move the GPU's jobs:""", _drain("GPU <index> unusable"), """
+            For `reset_required`, reset the GPU:""", _RESET, """
+            For `timeout` and `unreadable`, try the same reset; if `nvidia-smi` hangs or the reset fails, reboot
+            the node. After it, check `gpuobs_gpu_up` is 1 and run `dcgmi diag -r 3` where DCGM is installed. If the
+            same GPU comes back to this state, keep the node drained and open a vendor case with the output of
+            `nvidia-bug-report.sh`.""", _UNDRAIN]),
+    "GpuSamplingTimeouts": _rb(
+        meaning="""
+            In more than 5 % of the exporter's sampling passes over the last hour (held for 15 minutes), the GPU's
+            NVML reads missed the per-GPU deadline (`gpuobs_exporter_gpu_timeouts_total` against
+            `gpuobs_exporter_samples_total`): its series were withheld from those passes. Slow or hanging NVML calls
+            on one GPU are often the first sign of a GPU or driver fault. While the GPU is unusable
+            (`GpuUnhealthy`, same family) this warning is inhibited.""",
+        impact="""
+            The GPU's metrics have gaps, so its alerts fire late or not at all; whatever slows NVML down can slow
+            or hang CUDA work on it too.""",
+        diagnosis=["""
+            - `time nvidia-smi -q -i <index>`: slow on this GPU only, or on all of them?
+            - `dmesg -T | grep -i -E "xid|NVRM"`.
+            - Families that are slow on some boards (`processes`, MIG, NVLink) and `--interval`: the exporter's
+              per-GPU deadline is a share of its interval.""", """
+            ```promql
+            rate(gpuobs_exporter_gpu_timeouts_total{node="<node>"}[1h])
+              / ignoring (gpu, uuid) group_left rate(gpuobs_exporter_samples_total{node="<node>"}[1h])
+            gpuobs_exporter_collection_duration_seconds{node="<node>"}
+            gpuobs_gpu_unhealthy{node="<node>"}
+            ```"""],
+        action="""
+            If other GPUs of the node answer in time and this one does not, drain the node at a convenient point,
+            reset the GPU (or reboot) and run `dcgmi diag -r 3` where DCGM is installed. If every GPU of the node
+            is slow, look at the driver (persistence mode off, `nvidia-persistenced` not running) and at the
+            exporter's families and interval before the hardware. The threshold is `gpu_timeout_share` in
+            `Thresholds`."""),
     "GpuMissing": _rb(
         meaning="""
-            The node reports fewer GPUs answering NVML (`gpuobs_gpus_present`) than it should have
-            (`gpuobs_gpus_expected`: the exporter's `--expected-gpus`, else the most it has seen since it started).
-            A GPU is lost, or did not enumerate or initialise after a reboot.""",
+            The driver counts fewer GPUs on the node (`gpuobs_gpus_present`) than it should have
+            (`gpuobs_gpus_expected`: the exporter's `--expected-gpus`, else the most it has seen since it started):
+            a GPU did not enumerate or initialise, typically after a reboot. A GPU the driver still counts but
+            that is lost or unusable is `GpuLost`'s or `GpuUnhealthy`'s case.""",
         impact="""
             The node offers less GPU capacity than it is supposed to; jobs that need all of its GPUs cannot run
             there, and the scheduler may still advertise the missing one.""",
@@ -635,12 +718,12 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             purpose, correct `--expected-gpus` (or restart the exporter to reset the high-water mark).""",
             _UNDRAIN]),
     "NvmlDown": _rb(
-        meaning="""
+        meaning=["""
             `gpuobs_nvml_up` is 0: `nvmlInit_v2` fails on the node, so no GPU can be read. `gpuobs_nvml_init_error`
             carries the reason, for example `DRIVER_NOT_LOADED` (no kernel module), `LIB_RM_VERSION_MISMATCH`
             (the user-space library and the kernel module differ, typically after a driver upgrade without a
             reboot), `LIBRARY_NOT_FOUND` (libnvidia-ml.so.1 is not visible to the exporter) or `NO_PERMISSION`.
-            The exporter keeps serving and retries with a backoff of 1 s doubling to 30 s.""",
+            The exporter keeps serving and retries with a backoff of 1 s doubling to 30 s.""", _FLAPPING],
         impact="""
             The node is blind: no GPU metric, and every GPU and node alert of the node is inhibited. A driver
             problem usually breaks CUDA jobs on the node too.""",
@@ -661,10 +744,13 @@ RUNBOOKS: dict[str, dict[str, str]] = {
 
             Escalate to the platform team if the driver fails on several nodes, for example after a rollout."""),
     "GpuExporterDown": _rb(
-        meaning="""
+        meaning=["""
             Prometheus has failed to scrape the gpuobs exporter on this node (`up{job="gpuobs"} == 0`) for 5
             minutes. The process is down or crash-looping, the port is unreachable, TLS or basic auth does not
-            match Prometheus's scrape settings, or the node itself is down.""",
+            match Prometheus's scrape settings, or the node itself is down.""", _FLAPPING, """
+            A flapping target usually means scrapes time out now and then (a slow `/metrics`: many GPUs, MIG, the
+            `processes` family, or an overloaded node) or the exporter restarts in a loop. A target that left
+            service discovery has no `up` at all: that is `GpuExporterGone`."""],
         impact="""
             No GPU metrics from the node, and all its GPU and node alerts are inhibited, so a hardware failure
             there goes unnoticed. Dashboards show gaps.""",
@@ -678,12 +764,65 @@ RUNBOOKS: dict[str, dict[str, str]] = {
               load.""", """
             ```promql
             up{job="gpuobs", node="<node>"}
+            avg_over_time(up{job="gpuobs", node="<node>"}[1h])     # share of scrapes that worked
+            scrape_duration_seconds{job="gpuobs", node="<node>"}    # near the scrape timeout?
             up{node="<node>"}       # other targets on the node: is the node itself down?
             ```"""],
         action="""
             Restart the exporter; fix its configuration (port, web-config, credentials) if that is what fails. If
             the node is down, handle it as a node outage. Escalate if the exporter crash-loops with a stack trace,
             with its logs attached."""),
+    "GpuExporterGone": _rb(
+        meaning="""
+            A node's exporter was scraped in the last hour but is no longer a target at all (no `up` series for
+            its node, nor for its instance when targets carry no node label), while exporters of other nodes
+            still are, for 5 minutes. Service discovery no longer lists it: its DaemonSet pod is gone or not
+            scheduled (node taint or label change, eviction), its Service endpoint is gone, or the node left the
+            cluster. A pod that restarts comes back as a target of the same node within a minute or two and does
+            not fire. If every target goes, `GpuExporterAbsent` fires instead.""",
+        impact="""
+            The node's GPUs are not monitored and none of their alerts can fire, while nothing else says so:
+            `GpuExporterDown` needs a target that fails.""",
+        diagnosis=["""
+            - `kubectl get pods -A -o wide --field-selector spec.nodeName=<node> | grep gpuobs`;
+              `kubectl describe daemonset gpuobs-exporter` (desired against scheduled, node selector
+              `nvidia.com/gpu.present`, tolerations); `kubectl get node <node> --show-labels`.
+            - The Prometheus service-discovery page: is the node's target dropped by relabelling?""", """
+            ```promql
+            max by (node, instance) (last_over_time(up{job="gpuobs"}[1h])) unless on (node) up{job="gpuobs"}
+            kube_daemonset_status_desired_number_scheduled{daemonset="gpuobs-exporter"}
+            ```"""],
+        action="""
+            Bring the exporter back on the node: restore its label or toleration, delete a stuck pod, or fix the
+            Service. If the node was removed on purpose (decommissioned, scaled down), nothing is to be done: the
+            alert resolves an hour after the node's last scrape; silence it for that hour in Alertmanager
+            (matchers `alertname="GpuExporterGone"`, `node="<node>"`)."""),
+    "GpuExporterPodsUnavailable": _rb(
+        meaning="""
+            kube-state-metrics reports fewer available pods of the exporter DaemonSet (`gpuobs-exporter`,
+            `exporter_daemonset` in `Thresholds`) than it should run
+            (`kube_daemonset_status_desired_number_scheduled - kube_daemonset_status_number_available`), for 15
+            minutes, with no rollout progressing (`kube_daemonset_status_updated_number_scheduled` unchanged for 5
+            minutes). Pods are crash-looping, not ready, pending (image pull, resources), or a rollout is stuck.
+            A rolling update that keeps moving does not fire.""",
+        impact="""
+            The GPUs of the nodes without a running exporter are not monitored. Such a node may still be a
+            failing target (`GpuExporterDown`) or none at all (`GpuExporterGone`); this alert also covers a
+            Prometheus that never had it as a target.""",
+        diagnosis=["""
+            - `kubectl -n <namespace> get pods -l app.kubernetes.io/name=gpuobs-exporter -o wide | grep -v Running`
+            - `kubectl -n <namespace> describe pod <pod>` (events: image pull, scheduling, probes) and
+              `kubectl -n <namespace> logs <pod> --previous`.
+            - `kubectl -n <namespace> rollout status daemonset/gpuobs-exporter`.""", """
+            ```promql
+            kube_daemonset_status_desired_number_scheduled{daemonset="gpuobs-exporter"}
+              - kube_daemonset_status_number_available{daemonset="gpuobs-exporter"}
+            kube_daemonset_status_updated_number_scheduled{daemonset="gpuobs-exporter"}
+            ```"""],
+        action="""
+            Fix what keeps the pods from running (image, resources, node pressure, the NVIDIA runtime on new
+            nodes); roll back a stuck rollout with `kubectl -n <namespace> rollout undo daemonset/gpuobs-exporter`.
+            Needs kube-state-metrics scraped by the same Prometheus; without it the alert never fires."""),
     "GpuExporterAbsent": _rb(
         meaning="""
             Prometheus has no target at all for the exporter's job (`absent(up{job="gpuobs"})`) for 5 minutes. The
@@ -700,11 +839,11 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             `exporter_job` in `Thresholds` in `gpuobs/alerts/rules.py`, run `gpuobs alerts build`, and deploy the
             new rules."""),
     "GpuMetricsStale": _rb(
-        meaning="""
+        meaning=["""
             `gpuobs_exporter_snapshot_stale` is 1: the exporter's last complete sampling pass is older than two
             intervals, because an NVML call hangs. The exporter then withholds the GPU series rather than serve
             old values, and `/readyz` answers 503. A hanging NVML usually means the driver or a GPU is in a bad
-            state (often together with XID 79 or the GSP errors 119/120).""",
+            state (often together with XID 79 or the GSP errors 119/120).""", _FLAPPING],
         impact="""
             No fresh GPU data from the node, so its GPU alerts cannot fire. Whatever makes NVML hang often makes
             `nvidia-smi` and CUDA jobs on the node hang too.""",
@@ -724,6 +863,70 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             driver.""", _drain("NVML hangs"), """
             If only the exporter is stuck, restart it and report the hanging call. If passes are merely slow (many
             GPUs, MIG, the `processes` family), raise `--interval` or turn off the costly families."""]),
+    "GpuExporterCollectorFailing": _rb(
+        meaning=["""
+            `gpuobs_exporter_collector_success` is 0 for one collector (the `collector` label: a metric family
+            such as `power` or `nvlink`, or `sampler`): it raised an exception in the last pass, on at least one
+            GPU, for 15 minutes. The exporter logs each exception (rate-limited) and counts it in
+            `gpuobs_exporter_collector_errors_total`, and serves what the other collectors read.""", _FLAPPING],
+        impact="""
+            That family's series are missing or partial on the node, so the alerts that read them cannot fire
+            (for a failing `clock_events` collector, no throttling alert). Dashboards show gaps for it.""",
+        diagnosis=["""
+            - The exporter's JSON logs: the collector's exception and traceback.
+            - Did it start with a driver upgrade, a new GPU model, MIG being turned on? Compare with a node of the
+              same type where it works.""", """
+            ```promql
+            gpuobs_exporter_collector_success{node="<node>"} == 0
+            increase(gpuobs_exporter_collector_errors_total{node="<node>"}[1h])
+            gpuobs_exporter_nvml_unavailable_calls{node="<node>"}
+            ```"""],
+        action="""
+            Turn the family off on that node type if it cannot work there (`--families`), and report the exception
+            with the driver version and GPU model (`gpuobs_nvml_info`, `gpuobs_gpu_info`). If every collector
+            fails, treat it as `NvmlDown` or `GpuMetricsStale`."""),
+    "GpuXidWatcherDown": _rb(
+        meaning=["""
+            `gpuobs_exporter_xid_watcher_up` is 0: the exporter's XID event thread is not waiting on its NVML
+            event set (it could not create it or register any GPU, its wait fails, or the thread died and waits
+            to be restarted) for 5 minutes. `gpuobs_exporter_xid_watcher_errors_total` counts why, by NVML
+            code.""", _FLAPPING],
+        impact="""
+            XIDs on this node may be missed: the XID alerts cannot fire for them and the XID history has holes.
+            The other GPU metrics are not affected.""",
+        diagnosis=["""
+            - The exporter's logs ("xid" lines) for the failing call and its code.
+            - `dmesg -T | grep -i xid` on the node: the kernel log still has every XID.""", """
+            ```promql
+            gpuobs_exporter_xid_watcher_up{node="<node>"}
+            increase(gpuobs_exporter_xid_watcher_errors_total{node="<node>"}[1h])
+            gpuobs_nvml_up{node="<node>"}
+            ```"""],
+        action="""
+            Check the kernel log for XIDs the exporter missed and act on them as the XID runbooks say. Restart the
+            exporter; `NOT_SUPPORTED` codes mean the GPU or driver gives no XID events to the exporter (some
+            virtualised GPUs): then watch the kernel log another way. Report a thread that keeps dying, with its
+            logs."""),
+    "TelemetryLogRecordsDropped": _rb(
+        meaning="""
+            A process (the exporter, or a training or inference process using `gpuobs.logs`) dropped log records
+            in every 15-minute window for 30 minutes (`gpuobs_telemetry_log_records_dropped_total`): its Fluentd
+            forwarder is down, unreachable or too slow, so its queue fills and new records are dropped rather
+            than block the process. One short burst (a Fluentd restart) does not fire.""",
+        impact="""
+            Logs are lost for the time: incident timelines and the traces they belong to miss those records.
+            The process itself is not slowed down.""",
+        diagnosis=["""
+            - The Fluentd or Fluent Bit forwarder on the node: running, reachable on its port, its buffer full,
+              its output failing?
+            - The process's own logs on stderr mention when it starts and stops dropping.""", """
+            ```promql
+            increase(gpuobs_telemetry_log_records_dropped_total[15m]) > 0
+            sum by (node) (rate(gpuobs_telemetry_log_records_dropped_total[5m]))   # one node, or everywhere?
+            ```"""],
+        action="""
+            Restore the forwarder (restart it, fix its output or buffer). If it is healthy but cannot keep up,
+            raise its capacity or lower the processes' log level. Nothing is needed on the processes."""),
     # ------------------------------------------------------------------------------ training
     "TrainingStalled": _rb(
         meaning="""
