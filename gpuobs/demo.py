@@ -29,7 +29,7 @@ from .sim.state import set_val
 REPO = Path(__file__).resolve().parents[1]
 GIB = 1024 ** 3
 NODE = {"gpus": [{"profile": "h100-sxm-80gb", "count": 4}]}
-EXPECTED = ("GpuHwThermalSlowdown", "GpuAllocatedIdle", "GpuXidRebootRequired", "GpuLost", "GpuMissing")
+EXPECTED = ("GpuHwThermalSlowdown", "GpuAllocatedIdle", "GpuXidRebootRequired", "GpuLost")
 
 
 class DemoError(RuntimeError):

@@ -10,7 +10,7 @@ import psutil
 
 from conftest import require_tool
 
-EXPECTED = ("GpuHwThermalSlowdown", "GpuAllocatedIdle", "GpuXidRebootRequired", "GpuLost", "GpuMissing")
+EXPECTED = ("GpuHwThermalSlowdown", "GpuAllocatedIdle", "GpuXidRebootRequired", "GpuLost")
 
 
 def test_demo_plays_the_incident_and_leaves_nothing_running():
