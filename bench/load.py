@@ -101,11 +101,14 @@ def _scraper(port: int, deadline: float, gpus: int, lat: array, errors: dict[str
 def _client_process(port: int, threads: int, start_at: float, seconds: float, gpus: int, out) -> None:
     """One client process: `threads` scrapers from start_at (time.time()) for `seconds`; result to out."""
     time.sleep(max(0.0, start_at - time.time()))
-    deadline = start_at + seconds
-    lats = [array("d") for _ in range(threads)]
+    out.put(_in_threads(threads, _scraper, port, start_at + seconds, gpus))
+
+
+def _in_threads(threads: int, target, *args) -> tuple[bytes, dict[str, int]]:
+    """Run target(*args, record, errors) on `threads` threads; (their records' bytes, errors merged)."""
+    recs = [array("d") for _ in range(threads)]
     errs: list[dict[str, int]] = [{} for _ in range(threads)]
-    workers = [threading.Thread(target=_scraper, args=(port, deadline, gpus, lats[i], errs[i]))
-               for i in range(threads)]
+    workers = [threading.Thread(target=target, args=(*args, recs[i], errs[i]), daemon=True) for i in range(threads)]
     for w in workers:
         w.start()
     for w in workers:
@@ -114,7 +117,7 @@ def _client_process(port: int, threads: int, start_at: float, seconds: float, gp
     for e in errs:
         for k, n in e.items():
             merged[k] = merged.get(k, 0) + n
-    out.put((b"".join(a.tobytes() for a in lats), merged))
+    return b"".join(a.tobytes() for a in recs), merged
 
 
 def scrape_bench(seconds: float, scrapers: int = SCRAPERS, procs: int = CLIENT_PROCS) -> dict:
@@ -413,19 +416,7 @@ def _checked_scraper(port: int, stop, bound: float, rec: array, errors: dict[str
 
 
 def _scraper_threads(port: int, threads: int, stop, bound: float) -> tuple[bytes, dict[str, int]]:
-    recs = [array("d") for _ in range(threads)]
-    errs: list[dict[str, int]] = [{} for _ in range(threads)]
-    workers = [threading.Thread(target=_checked_scraper, args=(port, stop, bound, recs[i], errs[i]), daemon=True)
-               for i in range(threads)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
-    merged: dict[str, int] = {}
-    for e in errs:
-        for k, n in e.items():
-            merged[k] = merged.get(k, 0) + n
-    return b"".join(a.tobytes() for a in recs), merged
+    return _in_threads(threads, _checked_scraper, port, stop, bound)
 
 
 def _checked_client(port: int, threads: int, stop, bound: float, out) -> None:

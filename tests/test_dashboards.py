@@ -372,6 +372,8 @@ def test_every_panel_query_returns_data(exporter, tmp_path):
         prom.ready()
         run.next_snapshot(2)
         st.xid(0, 13)  # after the exporter registered for events
+        st.fail("nvmlEventSetWait_v2", 999, times=2)  # XID watcher errors, counted by code
+        st.fail("nvmlDeviceGetTemperature", 0, gpu=1, delay_ms=700, times=2)  # two passes past the deadline
         st.lose_gpu(5)  # the spare A100 falls off the bus after it was seen
 
         checks = []  # (what, promql, label a result must have a value for)

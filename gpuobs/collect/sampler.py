@@ -128,7 +128,8 @@ class Sampler:
         self.on_snapshot = on_snapshot
         self.latest: Snapshot | None = None
         self.dropped: collections.Counter[tuple[str, str]] = collections.Counter()
-        self.timeouts: collections.Counter[tuple[str, str]] = collections.Counter()  # (index, uuid)
+        self.timeouts: collections.Counter[str] = collections.Counter()  # uuid -> passes past the deadline
+        self._accounted: dict[str, int] = {}  # uuid -> index of the GPUs the last pass accounted for
         self.collector_errors: collections.Counter[str] = collections.Counter()
         self.collector_failed: set[str] = set()  # collectors that raised in the last pass
         self.samples = 0
@@ -186,6 +187,7 @@ class Sampler:
         self.collector_failed = set()
         out: list[Sample] = []
         present = 0
+        self._accounted = {}
         if self.session.ensure():
             if self.session.generation != self._generation:
                 self._reset_caches()
@@ -197,7 +199,7 @@ class Sampler:
             if self.session.up and self.session.generation == generation:
                 out.extend(gpus)
             else:  # NVML went down during the pass: what it read, and its cached values, prove nothing
-                present = 0
+                present, self._accounted = 0, {}
             for fam in self.families:
                 try:
                     out.extend(fam.node_samples(self._known))
@@ -287,6 +289,8 @@ class Sampler:
                 out.append(Sample(c.GPU_UP, (str(index), r.uuid), 1.0))
                 self._handles[index] = (r.handle, r.uuid)
                 self._known[r.uuid] = index
+                with self._lock:  # served from the first pass, so that increase() sees the first timeout
+                    self.timeouts.setdefault(r.uuid, 0)
                 self._index_uuid[index] = r.uuid
             else:
                 self._down(out, index, r.uuid, r.reason)
@@ -299,6 +303,7 @@ class Sampler:
                 self._down(out, index, uuid, "lost")
         for uuid in set(self._caches) - set(accounted) - self._reading:
             self._release(self._caches.pop(uuid))
+        self._accounted = accounted
         return count
 
     def _down(self, out: list[Sample], index: int, uuid: str, reason: str) -> None:
@@ -306,7 +311,8 @@ class Sampler:
         out.append(Sample(c.GPU_UP, labels, 0.0))
         out.append(Sample(c.GPU_UNHEALTHY, labels + (reason,), 1.0))
         if reason == "timeout":
-            self.timeouts[labels] += 1
+            with self._lock:
+                self.timeouts[uuid] += 1
 
     def _read_all(self, count: int, deadline: float) -> dict[int, _GpuRead]:
         """Every counted GPU read on its worker, waited for until `deadline` (monotonic)."""
@@ -441,11 +447,12 @@ class Sampler:
         out.extend(Sample(c.NVML_UNAVAILABLE, key, float(n)) for key, n in sorted(s.unavailable_counts().items()))
         with self._lock:
             out.extend(Sample(c.DROPPED, key, float(n)) for key, n in sorted(self.dropped.items()))
-            out.extend(Sample(c.GPU_TIMEOUTS, key, float(n)) for key, n in sorted(self.timeouts.items()))
-            out.extend(Sample(c.COLLECTOR_ERRORS, (name,), float(n)) for name, n in sorted(self.collector_errors.items()))
+            out.extend(Sample(c.GPU_TIMEOUTS, (str(index), uuid), float(self.timeouts.get(uuid, 0)))
+                       for uuid, index in sorted(self._accounted.items()))  # GPUs counted now, at their index
             failed = set(self.collector_failed)
-        for name in ["sampler"] + [f.name for f in self.families]:
+        for name in ["sampler"] + [f.name for f in self.families]:  # every collector, errors from 0
             out.append(Sample(c.COLLECTOR_SUCCESS, (name,), float(name not in failed)))
+            out.append(Sample(c.COLLECTOR_ERRORS, (name,), float(self.collector_errors.get(name, 0))))
         out.append(Sample(c.LOGS_DROPPED, (), float(_log_records_dropped())))
         return out
 

@@ -36,7 +36,8 @@ def build():
                  "withheld.", thresholds=BAD), 4, 4)
     L.add(k.stat("GPUs missing", [target(f"sum(cluster_node:gpuobs_gpus_expected:sum{{{C},{N}}}) - "
                                          f"sum(cluster_node:gpuobs_gpus_present:sum{{{C},{N}}})")], "short",
-                 "GPUs expected but not answering NVML, over the selected nodes.", thresholds=BAD), 4, 4)
+                 "GPUs expected but not counted by the driver, over the selected nodes (a GPU counted but lost "
+                 "or unusable reads gpu_up 0: see the node dashboard).", thresholds=BAD), 4, 4)
     L.add(k.stat("NVML errors/s", [target(f"sum({rate(m(c.NVML_ERRORS))}) or vector(0)")], "cps",
                  "NVML calls failing per second, all selected exporters.",
                  thresholds=[{"color": "green", "value": None}, {"color": "orange", "value": 0.1}]), 4, 4)
@@ -63,7 +64,8 @@ def build():
     L.add(k.timeseries("Collection duration", [target(m(c.COLLECTION_DURATION), NODE)], "s",
                        "Wall time of the last complete sampling pass.", min=0), 8, 8)
     L.add(k.timeseries("Snapshot age", [target(f"time() - {m(c.LAST_SUCCESS)}", NODE)], "s",
-                       "Seconds since the last complete sampling pass: staleness of what the exporter serves.",
+                       "Seconds since the last complete sampling pass started: the age of the values the exporter "
+                       "serves.",
                        min=0), 8, 8)
     L.add(k.state_timeline("Snapshot stale", [target(m(c.SNAPSHOT_STALE), NODE)], "short",
                            "1 while the exporter withholds GPU series because its snapshot is stale.",
@@ -75,7 +77,7 @@ def build():
     L.add(k.timeseries("GPUs expected and present", [
         target(f"cluster_node:gpuobs_gpus_expected:sum{{{C},{N}}}", NODE + " expected"),
         target(f"cluster_node:gpuobs_gpus_present:sum{{{C},{N}}}", NODE + " present")], "short",
-        "GPUs each node should have and GPUs answering NVML.", min=0), 8, 8)
+        "GPUs each node should have and GPUs its driver counts.", min=0), 8, 8)
 
     L.row("Errors")
     L.add(k.timeseries("NVML errors by call and code", [target(
@@ -88,6 +90,28 @@ def build():
                        "NVML shutdown and re-init after repeated driver-level errors.", min=0, bars=True), 12, 8)
     L.add(k.timeseries("Scrape duration", [target(sel("scrape_duration_seconds", *E), NODE)], "s",
                        "How long Prometheus takes to scrape each exporter.", min=0), 12, 8)
+    L.add(k.timeseries("GPU sampling timeouts", [target(
+        f"sum by (node, gpu, uuid) ({rate(m(c.GPU_TIMEOUTS))})", NODE + " GPU {{gpu}}")], "cps",
+        "Passes per second in which a GPU's NVML reads missed the per-GPU deadline: its series were withheld.",
+        min=0), 12, 8)
+    L.add(k.state_timeline("Collectors succeeding", [target(
+        f"min by (node, collector) ({m(c.COLLECTOR_SUCCESS)})", NODE + " {{collector}}")], "short",
+        "0 while a collector raises (a bug, an unexpected binding); its series are missing.",
+        mappings=UP_MAP, thresholds=k.UP_THRESHOLDS), 12, 8)
+    L.add(k.timeseries("Collector errors", [target(
+        f"sum by (node, collector) ({rate(m(c.COLLECTOR_ERRORS))})", NODE + " {{collector}}")], "cps",
+        "Exceptions raised by each collector, per GPU and pass.", min=0), 12, 8)
+    L.add(k.state_timeline("XID watcher up", [target(m(c.XID_WATCHER_UP), NODE)], "short",
+                           "0 while the XID event thread cannot wait on its event set: XIDs may be missed.",
+                           mappings=UP_MAP, thresholds=k.UP_THRESHOLDS), 12, 8)
+    L.add(k.timeseries("XID watcher errors", [target(
+        f"sum by (node, code) ({rate(m(c.XID_WATCHER_ERRORS))})", NODE + " {{code}}")], "cps",
+        "Errors of the XID event thread by NVML code; 'restarted' when it died and was started again.",
+        min=0), 12, 8)
+    L.add(k.table("NVML calls unavailable", [target(f"{m(c.NVML_UNAVAILABLE)} > 0")], "short",
+                  "Calls that give no value by design, with the number of GPUs: not_supported, no_permission, or "
+                  "function_not_found on an older driver (a fallback call serves the value where one exists).",
+                  hide=("cluster", "instance", "job")), 24, 8)
 
     variables = [
         k.variable("job", f"label_values({c.NVML_UP.name}, job)", "Scrape job"),

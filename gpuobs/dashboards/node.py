@@ -43,12 +43,17 @@ def build():
     L.add(k.stat("Power draw", [target(f"sum({m(c.POWER_USAGE)})")], "watt", "Board power of the node's GPUs."),
           3, 4)
     L.add(k.state_timeline("GPU up", [target(m(c.GPU_UP), GPU)], "short",
-                           "Up: answering NVML. Lost: GPU_IS_LOST (its other series stop).",
+                           "Up: answered NVML in the last pass. Down: lost, needs a reset, hung or unreadable (see GPUs "
+                           "unhealthy); its other series stop.",
                            thresholds=k.UP_THRESHOLDS,
                            mappings=UP_MAP), 12, 4)
     L.add(k.table("GPU identity", [target(m(c.GPU_INFO))], "short",
                   "Name, UUID, PCI bus, serial, VBIOS, driver, CUDA and architecture of each GPU.",
-                  hide=("Value", "cluster", "node")), 24, 6)
+                  hide=("Value", "cluster", "node")), 18, 6)
+    L.add(k.table("GPUs unhealthy", [target(f"{m(c.GPU_UNHEALTHY)} == 1")], "short",
+                  "Why a GPU reads down: lost (off the bus), reset_required, timeout (its NVML calls hang or are "
+                  "slow) or unreadable. Empty while every GPU is healthy.",
+                  hide=("Value", "cluster", "node", "instance", "job")), 6, 6)
 
     L.row("Jobs and models on this node")
     L.add(k.table("Training jobs", [target(f"count by (job_id) ({sel(c.STEPS, C, N)})")], "short",
