@@ -83,7 +83,8 @@ def pod_of(scrape, uuid: str, name: str = "gpuobs_gpu_info", key: str = "uuid"):
 
 
 def per_gpu(scrape, uuid: str):
-    return [l for n, l, _ in scrape if l.get("uuid") == uuid]
+    """Labels of one GPU's series, the exporter's own health (its per-GPU timeouts) aside."""
+    return [l for n, l, _ in scrape if l.get("uuid") == uuid and not n.startswith("gpuobs_exporter_")]
 
 
 def attribution_up(scrape) -> dict[str, float]:
