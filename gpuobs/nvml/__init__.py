@@ -120,6 +120,7 @@ class Session:
         self._next_try = 0.0
         self._backoff = 1.0
         self._driver_errors = 0
+        self._retiring = -1  # generation being shut down after repeated driver-level errors
         self.reinits = 0
         self.calls = 0
         self.errors: collections.Counter[tuple[str, str]] = collections.Counter()
@@ -241,12 +242,13 @@ class Session:
         NVML is down (other GPUs' threads answered UNINITIALIZED after a shutdown), are not
         counted: one driver failure is one re-initialisation."""
         with self._count_lock:
-            if not self.up or generation != self.generation:
+            if not self.up or generation != self.generation or generation == self._retiring:
                 return
             self._driver_errors += 1
             if self._driver_errors < self.reinit_after:
                 return
             self._driver_errors = 0
+            self._retiring = generation  # until shutdown() below lands, other threads' errors are its own
             self.reinits += 1
         log.error("repeated driver-level NVML errors: re-initialising", extra={"errors": self.reinit_after})
         self.shutdown()
