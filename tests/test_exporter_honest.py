@@ -187,10 +187,10 @@ def test_values_served_are_never_older_than_the_bound_with_a_slow_driver(exporte
     interval = 0.5
     run = exporter(TWO, interval=interval)
     u0, u1 = uuid(run, 0), uuid(run, 1)
-    # every read of GPU 0's utilization takes 300 ms, GPU 1's power 350 ms: passes take most of
-    # the interval, and the values in them were read at its start
-    run.sim.state.fail("nvmlDeviceGetUtilizationRates", 0, gpu=0, delay_ms=300)
-    run.sim.state.fail("nvmlDeviceGetUtilizationRates", 0, gpu=1, delay_ms=350)
+    # every read of GPU 0's utilization takes 250 ms, GPU 1's 300 ms: passes take most of the
+    # interval, and the values in them were read at its start
+    run.sim.state.fail("nvmlDeviceGetUtilizationRates", 0, gpu=0, delay_ms=250)
+    run.sim.state.fail("nvmlDeviceGetUtilizationRates", 0, gpu=1, delay_ms=300)
     served, worst = 0, 0.0
     end = time.monotonic() + 4
     while time.monotonic() < end:

@@ -1,7 +1,7 @@
 """The sampling loop: one pass over every GPU and family per interval, published as a Snapshot.
 
-Each GPU is read on a thread of its own (a `_Worker`) under a per-GPU deadline, so that a call
-hung on one GPU withholds only that GPU's series (gpu_up 0, gpuobs_gpu_unhealthy{reason="timeout"},
+GPUs are read by reader threads (`_Readers`) under the pass's deadline, so that a call hung on
+one GPU withholds only that GPU's series (gpu_up 0, gpuobs_gpu_unhealthy{reason="timeout"},
 a timeout counted) while the others are served. A pass never raises: a failing GPU, field or
 family is skipped and counted, an unusable GPU reports up=0 with its reason. The exporter serves
 the latest Snapshot and never waits on NVML; the Snapshot's time is when its values were read.
@@ -39,36 +39,57 @@ class _GpuRead:
     failed: list[str] = field(default_factory=list)  # families that raised
 
 
-class _Job:
-    def __init__(self, fn: Callable[[], _GpuRead]):
-        self.fn = fn
-        self.done = threading.Event()
-        self.result: _GpuRead | None = None
+class _Pass:
+    """One pass's GPU reads: a queue that readers take from, and what came back by index."""
 
-    def run(self) -> None:
-        try:
-            self.result = self.fn()
-        except Exception:  # noqa: BLE001 - reported as a sampler error by the coordinator
-            log.exception("gpu read failed")
+    def __init__(self, jobs: list[tuple[int, Callable[[], _GpuRead]]]):
+        self.pending = collections.deque(jobs)
+        self.total = len(jobs)
+        self.running: dict[int, float] = {}  # index -> monotonic start of its read
+        self.results: dict[int, _GpuRead | None] = {}  # None: the read raised
+        self.closed = False
+        self.joining = 0  # readers given the pass that have not started on it yet
+        self.cv = threading.Condition()
+
+    def arrive(self) -> None:
+        with self.cv:
+            self.joining -= 1
+
+    def take(self) -> tuple[int, Callable[[], _GpuRead]] | None:
+        with self.cv:
+            if self.closed or not self.pending:
+                return None
+            index, fn = self.pending.popleft()
+            self.running[index] = time.monotonic()
+            return index, fn
+
+    def finish(self, index: int, result: _GpuRead | None) -> None:
+        with self.cv:
+            self.running.pop(index, None)
+            self.results[index] = result
+            self.cv.notify_all()
+
+    def close(self) -> None:
+        """The pass is over: what is still queued is not read (a late reader's result is ignored)."""
+        with self.cv:
+            self.closed = True
+            self.pending.clear()
 
 
-class _Worker:
-    """A daemon thread that runs one GPU read at a time: a call hung on its GPU holds this thread
-    only. `busy` while a read runs (a hung one keeps it busy, and its GPU is skipped)."""
+class _Reader:
+    """A daemon thread that reads the GPUs of a pass one after another until its queue is empty."""
 
-    def __init__(self, name: str):
+    def __init__(self, pool: "_Readers", name: str):
+        self._pool = pool
         self._cv = threading.Condition()
-        self._job: _Job | None = None
+        self._pass: _Pass | None = None
         self._closed = False
-        self.busy = False
         threading.Thread(target=self._loop, name=name, daemon=True).start()
 
-    def submit(self, fn: Callable[[], _GpuRead]) -> _Job:
-        job = _Job(fn)
+    def give(self, p: _Pass) -> None:
         with self._cv:
-            self._job, self.busy = job, True
+            self._pass = p
             self._cv.notify()
-        return job
 
     def close(self) -> None:
         with self._cv:
@@ -78,15 +99,72 @@ class _Worker:
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while self._job is None and not self._closed:
+                while self._pass is None and not self._closed:
                     self._cv.wait()
-                if self._job is None:
+                if self._pass is None:
                     return
-                job, self._job = self._job, None
-            job.run()
-            with self._cv:
-                self.busy = self._job is not None
-            job.done.set()  # after `busy` is clear: the coordinator may submit again at once
+                p, self._pass = self._pass, None
+            p.arrive()
+            while (job := p.take()) is not None:
+                index, fn = job
+                result = None
+                try:
+                    result = fn()
+                except Exception:  # noqa: BLE001 - reported as a sampler error by the coordinator
+                    log.exception("gpu read failed")
+                p.finish(index, result)
+            self._pool.idle(self)
+
+
+class _Readers:
+    """The threads that read GPUs. One reads a pass's GPUs one after another (one thread handoff per
+    pass, as cheap as reading them on the sampler's thread). When every read in progress has
+    taken longer than `stall` seconds and GPUs still wait, another thread joins the pass: a call
+    hung or slow on one GPU holds one thread, never the GPUs after it."""
+
+    def __init__(self):
+        self._idle: list[_Reader] = []
+        self._all: list[_Reader] = []
+        self._lock = threading.Lock()
+
+    def idle(self, reader: _Reader) -> None:
+        with self._lock:
+            self._idle.append(reader)
+
+    def _add(self, p: _Pass) -> None:
+        with p.cv:
+            p.joining += 1
+        with self._lock:
+            reader = self._idle.pop() if self._idle else None
+            if reader is None:
+                reader = _Reader(self, f"gpuobs-reader{len(self._all)}")
+                self._all.append(reader)
+        reader.give(p)
+
+    @property
+    def threads(self) -> int:
+        """Reader threads started so far (hung reads keep theirs)."""
+        return len(self._all)
+
+    def run(self, p: _Pass, deadline: float, stall: float) -> dict[int, _GpuRead | None]:
+        """Read the pass until every GPU is done or `deadline` (monotonic); the results by index."""
+        if p.total:
+            self._add(p)
+        with p.cv:
+            while len(p.results) < p.total:
+                now = time.monotonic()
+                if now >= deadline:
+                    break
+                if p.pending and not p.joining and all(now - t >= stall for t in p.running.values()):
+                    self._add(p)  # every reader is stuck on a slow GPU (or done): another one goes on
+                p.cv.wait(min(deadline - now, stall / 2))
+            results = dict(p.results)
+        p.close()
+        return results
+
+    def close(self) -> None:
+        for reader in self._all:
+            reader.close()
 
 
 class _LimitedLog:
@@ -111,8 +189,9 @@ class Sampler:
     """Samples every GPU with the given families every `interval` seconds in a daemon thread.
 
     expected_gpus: how many GPUs the node should have (None: the most ever seen).
-    deadline: seconds each GPU's reads may take per pass (default 0.8 x interval): a GPU still
-    reading then is withheld from the pass. Served values are thus at most about 1.8 intervals
+    deadline: seconds a pass's GPU reads may take (default 0.8 x interval): a GPU still reading (or
+    not yet read) then is withheld from the pass. GPUs are read one after another on a reader
+    thread; a read stalled for `stall` seconds gets another reader going on with the next GPUs. Served values are thus at most about 1.8 intervals
     old; the exporter withholds a snapshot older than 2 intervals.
     on_snapshot: called with each new Snapshot (the exporter renders it there, once).
     """
@@ -141,7 +220,8 @@ class Sampler:
         self._generation = -1
         self._count: tuple[int, int] | None = None  # (NVML generation, GPUs the driver counts)
         self._handles: dict[int, tuple[Any, str]] = {}  # index -> (handle, uuid) of this generation
-        self._workers: dict[int, _Worker] = {}
+        self._readers = _Readers()
+        self.stall = min(0.25, self.deadline / 10)  # a read this long gets another reader going on
         self._reading: set[str] = set()  # UUIDs a worker is reading now
         self._handles_were_cached = False  # the last _read_all used cached handles
         self._lock = threading.Lock()
@@ -159,8 +239,7 @@ class Sampler:
 
     def stop(self) -> None:
         self._stop.set()
-        for worker in self._workers.values():
-            worker.close()
+        self._readers.close()
         if self._thread:
             self._thread.join(timeout=2)  # a pass stuck in NVML must not hold up shutdown
 
@@ -315,27 +394,24 @@ class Sampler:
                 self.timeouts[uuid] += 1
 
     def _read_all(self, count: int, deadline: float) -> dict[int, _GpuRead]:
-        """Every counted GPU read on its worker, waited for until `deadline` (monotonic)."""
+        """Every counted GPU read by the readers, waited for until `deadline` (monotonic)."""
         self._handles_were_cached = bool(self._handles)
-        jobs: dict[int, _Job] = {}
         results: dict[int, _GpuRead] = {}
+        jobs = []
         for index in range(count):
-            worker = self._workers.get(index)
-            if worker is None:
-                worker = self._workers[index] = _Worker(f"gpuobs-gpu{index}")
             handle, uuid = self._handles.get(index, (None, ""))
-            if worker.busy or (uuid and uuid in self._reading):  # still hung in an earlier pass
-                results[index] = _GpuRead(index, uuid or self._index_uuid.get(index, ""), reason="timeout")
+            if uuid and uuid in self._reading:  # its read of an earlier pass still hangs
+                results[index] = _GpuRead(index, uuid, reason="timeout")
                 continue
-            jobs[index] = worker.submit(lambda i=index, h=handle, u=uuid: self._read_gpu(i, h, u))
-        for index, job in jobs.items():
-            job.done.wait(max(0.0, deadline - time.monotonic()))
-            result = job.result if job.done.is_set() else None
-            if result is None:  # late (or raised): withheld from this pass
-                if job.done.is_set():
+            jobs.append((index, lambda i=index, h=handle, u=uuid: self._read_gpu(i, h, u)))
+        done = self._readers.run(_Pass(jobs), deadline, self.stall)
+        for index, _ in jobs:
+            result = done.get(index)
+            if result is None:  # late (withheld from this pass), or the read raised
+                if index in done:
                     self._family_failed("sampler", "")
                 uuid = self._handles.get(index, (None, ""))[1] or self._index_uuid.get(index, "")
-                result = _GpuRead(index, uuid, reason="timeout" if not job.done.is_set() else "unreadable")
+                result = _GpuRead(index, uuid, reason="unreadable" if index in done else "timeout")
             results[index] = result
         return results
 
