@@ -78,11 +78,11 @@ GPU_INFO = _m("gpu", "info", "", "GPU identity; value 1, identity in the labels.
                                    "cuda_version", "compute_capability", "brand", "architecture"))
 GPU_UP = _m("gpu_up", "gauge", "", "1 if the GPU answered NVML in the last pass, 0 if it is lost, missing, "
             "unusable or timed out (see gpuobs_gpu_unhealthy); its value series are absent while 0.", "identity",
-            "nvmlDeviceGetHandleByIndex_v2 / GPU_IS_LOST / RESET_REQUIRED / the per-GPU deadline")
+            "nvmlDeviceGetHandleByIndex_v2 / GPU_IS_LOST / RESET_REQUIRED / the pass deadline")
 GPU_UNHEALTHY = _m("gpu_unhealthy", "gauge", "", "1 with the reason while the GPU is not usable: lost (GPU_IS_LOST), "
-                   "reset_required (RESET_REQUIRED), timeout (its reads missed the per-GPU deadline) or "
+                   "reset_required (RESET_REQUIRED), timeout (its reads missed the pass deadline) or "
                    "unreadable (its handle or UUID cannot be read). Absent while the GPU is healthy.", "identity",
-                   "NVML return codes of the GPU's calls; the sampler's per-GPU deadline",
+                   "NVML return codes of the GPU's calls; the sampler's pass deadline",
                    labels=GPU_LABELS + ("reason",))
 # ------------------------------------------------------------------------------------- utilization
 UTILIZATION = _m("gpu_utilization_ratio", "gauge", "ratio", "Fraction of the sample period a kernel ran on the GPU.",
@@ -313,7 +313,7 @@ NVML_REINITS = _m("exporter_nvml_reinits", "counter", "", "NVML re-initialisatio
                   "exporter", "nvmlShutdown + nvmlInit_v2", labels=())
 SAMPLES = _m("exporter_samples", "counter", "", "Sampling passes completed.", "exporter", "sampler", labels=())
 GPU_TIMEOUTS = _m("exporter_gpu_timeouts", "counter", "", "Sampling passes in which a GPU's NVML reads missed "
-                  "the per-GPU deadline (its series were withheld from that pass).", "exporter", "sampler deadline")
+                  "the pass deadline (its series were withheld from that pass).", "exporter", "sampler deadline")
 COLLECTOR_SUCCESS = _m("exporter_collector_success", "gauge", "", "1 if the collector ran without raising in the "
                        "last pass (on every GPU), else 0; as node_exporter's scrape_collector_success.", "exporter",
                        "exceptions raised by gpuobs.collect families and the sampler", labels=("collector",))
