@@ -283,7 +283,7 @@ class Sampler:
                 try:
                     out.extend(fam.node_samples(self._known))
                 except Exception:  # noqa: BLE001 - one collector failing never affects the others
-                    self._family_failed(fam.name, "")
+                    self._family_failed(fam.name)
         self._max_seen = max(self._max_seen, present)
         self.samples += 1
         self.collector_failed |= failed
@@ -376,7 +376,7 @@ class Sampler:
                 if r.reason != "timeout":
                     self._handles.pop(index, None)
             for fam in r.failed:
-                self._family_failed(fam, r.uuid)
+                self._family_failed(fam)
         for uuid, index in list(self._known.items()):
             if uuid not in accounted:  # no longer counted by the driver: fell off the bus
                 self._down(out, index, uuid, "lost")
@@ -409,7 +409,7 @@ class Sampler:
             result = done.get(index)
             if result is None:  # late (withheld from this pass), or the read raised
                 if index in done:
-                    self._family_failed("sampler", "")
+                    self._family_failed("sampler")
                 uuid = self._handles.get(index, (None, ""))[1] or self._index_uuid.get(index, "")
                 result = _GpuRead(index, uuid, reason="unreadable" if index in done else "timeout")
             results[index] = result
@@ -493,7 +493,7 @@ class Sampler:
         with self._lock:
             self.dropped[(metric.name, reason)] += 1
 
-    def _family_failed(self, name: str, uuid: str) -> None:
+    def _family_failed(self, name: str) -> None:
         with self._lock:
             self.collector_errors[name] += 1
             self.collector_failed.add(name)
