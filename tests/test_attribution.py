@@ -124,7 +124,8 @@ def test_labels_appear_follow_churn_and_vanish_with_no_rpc_per_scrape(exporter, 
     assert not any(k in l for _, l, _ in scrape for k in POD_KEYS)
     assert attribution_up(run.wait_for(lambda s: attribution_up(s) == {"podresources": 0.0}, 3,
                                        "attribution_up 0 without the socket")) == {"podresources": 0.0}
-    assert {l["uuid"] for n, l, _ in scrape if n == "gpuobs_gpu_info"} == {u0, u1}
+    # metrics keep flowing for both GPUs (a pass on a busy machine may withhold one past its deadline)
+    run.wait_for(lambda s: {l["uuid"] for n, l, _ in s if n == "gpuobs_gpu_info"} == {u0, u1}, 3, "both GPUs")
 
 
 def test_missing_socket_is_quiet_and_scrapes_stay_fast(exporter, tmp_path):
