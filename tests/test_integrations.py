@@ -438,10 +438,8 @@ class Recorder:
             setattr(self, name, (lambda n: lambda *a, **k: self.calls.append(n))(name))
 
 
-def test_real_lightning_fit(tel, tmp_path):
-    torch = pytest.importorskip("torch")
-    pl = pytest.importorskip("lightning.pytorch")
-    from gpuobs.instrument.integrations.lightning import GpuobsCallback
+def lightning_regressor(torch, pl):
+    """A one-layer regression LightningModule trained with SGD; `losses` keeps each step's loss."""
 
     class Model(pl.LightningModule):
         def __init__(self):
@@ -458,6 +456,14 @@ def test_real_lightning_fit(tel, tmp_path):
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
+    return Model()
+
+
+def test_real_lightning_fit(tel, tmp_path):
+    torch = pytest.importorskip("torch")
+    pl = pytest.importorskip("lightning.pytorch")
+    from gpuobs.instrument.integrations.lightning import GpuobsCallback
+
     hooks = sorted(set(lightning_sequence(1, 1)))
     recorder = type("Rec", (Recorder, pl.Callback), {})()
     recorder._hooks(hooks)
@@ -468,7 +474,7 @@ def test_real_lightning_fit(tel, tmp_path):
     trainer = pl.Trainer(max_epochs=1, accumulate_grad_batches=2, accelerator="cpu", devices=1, logger=False,
                          enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
                          callbacks=[recorder, cb])
-    model = Model()
+    model = lightning_regressor(torch, pl)
     trainer.fit(model, loader)
 
     assert recorder.calls == lightning_sequence(5, 2)  # the order the stand-in test drives
@@ -581,18 +587,6 @@ def test_real_lightning_fit_data_wait_phases_and_checkpoint(tel, tmp_path):
     pl = pytest.importorskip("lightning.pytorch")
     from gpuobs.instrument.integrations.lightning import GpuobsCallback
 
-    class Model(pl.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.layer = torch.nn.Linear(4, 1)
-
-        def training_step(self, batch, batch_idx):
-            x, y = batch
-            return torch.nn.functional.mse_loss(self.layer(x), y)
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.1)
-
     ckpt = str(tmp_path / "mid.ckpt")
 
     class Saver(pl.Callback):  # after GpuobsCallback in the list: saves between steps
@@ -610,7 +604,7 @@ def test_real_lightning_fit_data_wait_phases_and_checkpoint(tel, tmp_path):
     trainer = pl.Trainer(max_steps=30, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
                          callbacks=[times, cb, Saver()])
-    trainer.fit(Model(), loader)
+    trainer.fit(lightning_regressor(torch, pl), loader)
 
     assert tel.total("gpuobs.training.steps") == 30
     measured = data.waited(times.times["on_train_epoch_start"][0], times.times["on_train_batch_start"][-1])
