@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 import sys
+import threading
+import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Hashable, NamedTuple
 
 import pynvml
 
@@ -16,6 +18,31 @@ SENTINELS = {0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF, 0xFFFF, 0x7FFFFFFF}  # NVML "not av
 # A counter can legitimately pass 65535 or 2^31-1; it never reads exactly 2^32-1 or 2^64-1, which
 # are the markers of a 32- or 64-bit value NVML could not read (an ECC count of 1.8e19 is one).
 COUNTER_SENTINELS = {0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF}
+
+
+class LogLimiter:
+    """Per key, at most `burst` records in each `per`-second window; the others are counted and the
+    count is handed to the next record allowed (so that it can say how many were left out)."""
+
+    def __init__(self, per: float = 60.0, burst: int = 1, clock: Callable[[], float] = time.monotonic):
+        self.per, self.burst, self._clock = per, burst, clock
+        self._lock = threading.Lock()
+        self._state: dict[Hashable, list] = {}  # key -> [window start, allowed in window, suppressed]
+
+    def allow(self, key: Hashable) -> int | None:
+        """None: leave this record out. Else: how many records of this key were left out since the
+        last one allowed (0 if none)."""
+        now = self._clock()
+        with self._lock:
+            st = self._state.get(key)
+            if st is None or now - st[0] >= self.per:
+                st = self._state[key] = [now, 0, st[2] if st else 0]
+            if st[1] >= self.burst:
+                st[2] += 1
+                return None
+            st[1] += 1
+            suppressed, st[2] = st[2], 0
+            return suppressed
 
 
 class GpuUnusable(Exception):

@@ -18,10 +18,12 @@ def memory_v2(handle):
     return N.nvmlDeviceGetMemoryInfo(handle, version=version)
 
 
-def memory_any(gpu: GpuCtx):
-    """Memory info of the GPU: v2, else v1 on drivers and bindings without it (v1 has no
-    `reserved`, and its `used` includes the reserved memory); None if neither answers."""
-    return gpu.first(("nvmlDeviceGetMemoryInfo_v2", memory_v2), ("nvmlDeviceGetMemoryInfo", N.nvmlDeviceGetMemoryInfo))
+def memory_any(gpu: GpuCtx, handle=None, variant: str = ""):
+    """Memory info of the GPU (or of one of its MIG devices: its handle and a variant): v2, else v1
+    on drivers and bindings without it (v1 has no `reserved`, and its `used` includes the reserved
+    memory); None if neither answers. Raises GpuUnusable as GpuCtx.get does."""
+    return gpu.first(("nvmlDeviceGetMemoryInfo_v2", memory_v2), ("nvmlDeviceGetMemoryInfo", N.nvmlDeviceGetMemoryInfo),
+                     handle=handle, variant=variant)
 
 
 class Memory(Family):

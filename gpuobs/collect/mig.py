@@ -8,7 +8,7 @@ import pynvml as N
 from .. import catalog as c
 from .base import Family, GpuCtx
 from .gpm import Gpm
-from .memory import memory_v2
+from .memory import memory_any
 
 
 def _enumerate(gpu: GpuCtx) -> list[tuple[object, tuple[str, str], str, str]]:
@@ -52,12 +52,7 @@ class Mig(Family):
         for handle, ids, mig_uuid, profile in gpu.cache["migs"]:
             labels = gpu.labels + ids  # this sample's index, not the one seen at enumeration
             gpu.emit(c.MIG_INFO, 1, mig_uuid, profile, labels=labels)
-            try:
-                mem = gpu.session.call("nvmlDeviceGetMemoryInfo_v2", memory_v2, handle)
-            except N.NVMLError_GpuIsLost:
-                raise
-            except N.NVMLError:
-                mem = None
+            mem = memory_any(gpu, handle, variant="mig")
             if mem is not None:
                 gpu.emit(c.MIG_MEMORY_TOTAL, mem.total, labels=labels)
                 gpu.emit(c.MIG_MEMORY_USED, mem.used, labels=labels)

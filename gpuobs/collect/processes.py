@@ -14,7 +14,7 @@ import time
 import pynvml as N
 
 from .. import catalog as c
-from .base import Family, GpuCtx
+from .base import COUNTER_SENTINELS, Family, GpuCtx
 
 # Newest first: _v3 (R510+), then _v2 for older drivers and bindings. The versioned functions, not
 # pynvml's unversioned ones: on a driver without _v3 those raise NVMLLibraryMismatchError, which
@@ -106,7 +106,7 @@ class Processes(Family):
             else:
                 out.append(rec)
         total = gpu.cache.get("memory_total")
-        used = sum(u for _, u, _ in out if isinstance(u, int) and u not in (0xFFFFFFFFFFFFFFFF, 0xFFFFFFFF))
+        used = sum(u for _, u, _ in out if isinstance(u, int) and u not in COUNTER_SENTINELS)
         if total and used > total:  # the records cannot all be true: serve none of them
             for _ in out:
                 gpu.dropped(c.PROCESS_MEMORY, "out_of_range")

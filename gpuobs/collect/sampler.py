@@ -21,7 +21,7 @@ import pynvml as N
 from .. import catalog as c
 from ..nvml import UNAVAILABLE, UNUSABLE, Session, code_name
 from ..nvml.fields import FieldValues
-from .base import Family, FieldSpec, GpuCtx, GpuUnusable, Sample, Snapshot
+from .base import Family, FieldSpec, GpuCtx, GpuUnusable, LogLimiter, Sample, Snapshot
 
 log = logging.getLogger("gpuobs.sampler")
 
@@ -167,24 +167,6 @@ class _Readers:
             reader.close()
 
 
-class _LimitedLog:
-    """Logs each key at most once per LOG_EVERY_S, saying how many were held back."""
-
-    def __init__(self):
-        self._last: dict[Any, tuple[float, int]] = {}
-        self._lock = threading.Lock()
-
-    def __call__(self, key: Any, msg: str, exc_info: bool = False, **extra: Any) -> None:
-        now = time.monotonic()
-        with self._lock:
-            last, held = self._last.get(key, (-LOG_EVERY_S, 0))
-            if now - last < LOG_EVERY_S:
-                self._last[key] = (last, held + 1)
-                return
-            self._last[key] = (now, 0)
-        log.error(msg, exc_info=exc_info, extra={**extra, "suppressed": held})
-
-
 class Sampler:
     """Samples every GPU with the given families every `interval` seconds in a daemon thread.
 
@@ -223,9 +205,8 @@ class Sampler:
         self._readers = _Readers()
         self.stall = min(0.25, self.deadline / 10)  # a read this long gets another reader going on
         self._reading: set[str] = set()  # UUIDs a worker is reading now
-        self._handles_were_cached = False  # the last _read_all used cached handles
         self._lock = threading.Lock()
-        self._log = _LimitedLog()
+        self._limiter = LogLimiter(LOG_EVERY_S)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.last_pass_end = time.monotonic()  # monotonic end of the last completed pass (liveness)
@@ -349,8 +330,9 @@ class Sampler:
         count = self._device_count()
         if count is None:
             return 0
+        cached = bool(self._handles)
         results = self._read_all(count, deadline)
-        if any(r.reason in ("lost", "unreadable") for r in results.values()) and self._handles_were_cached:
+        if any(r.reason in ("lost", "unreadable") for r in results.values()) and cached:
             # A GPU was lost in this pass, and the others' NVML indices may have shifted with it:
             # read once more with a fresh count and lookup rather than serve the old indices.
             self._handles.clear()
@@ -395,7 +377,6 @@ class Sampler:
 
     def _read_all(self, count: int, deadline: float) -> dict[int, _GpuRead]:
         """Every counted GPU read by the readers, waited for until `deadline` (monotonic)."""
-        self._handles_were_cached = bool(self._handles)
         results: dict[int, _GpuRead] = {}
         jobs = []
         for index in range(count):
@@ -474,7 +455,7 @@ class Sampler:
                 self.session.mark_unavailable((gpu.uuid, f"field:{spec.field_id}:{spec.scope}"),
                                               f"nvmlDeviceGetFieldValues:{spec.field_id}", ret)
             else:
-                self.session._count_error(f"nvmlDeviceGetFieldValues:{spec.field_id}", code_name(N.NVMLError(ret)))
+                self.session.count_error(f"nvmlDeviceGetFieldValues:{spec.field_id}", code_name(N.NVMLError(ret)))
 
     def _field_batch(self, gpu: GpuCtx) -> tuple[list[FieldSpec], FieldValues] | None:
         """The fields the families want from this GPU now, less those it does not give, and their
@@ -488,6 +469,12 @@ class Sampler:
         batch = (specs, FieldValues([(s.field_id, s.scope) for s in specs])) if specs else None
         gpu.cache["field_batch"] = ((wanted, self.session.capability_version), batch)
         return batch
+
+    def _log(self, key: Any, msg: str, exc_info: bool = False, **extra: Any) -> None:
+        """An error record, at most once per LOG_EVERY_S per key, saying how many were held back."""
+        held = self._limiter.allow(key)
+        if held is not None:
+            log.error(msg, exc_info=exc_info, extra={**extra, "suppressed": held})
 
     def _drop(self, metric: c.Metric, reason: str) -> None:
         with self._lock:
@@ -517,9 +504,7 @@ class Sampler:
             out.extend(x for x in self.latest.samples if x.metric is c.LAST_SUCCESS)
         if s.init_error:
             out.append(Sample(c.NVML_INIT_ERROR, (s.init_error,), 1.0))
-        with s._count_lock:
-            errors = sorted(s.errors.items())
-        out.extend(Sample(c.NVML_ERRORS, key, float(n)) for key, n in errors)
+        out.extend(Sample(c.NVML_ERRORS, key, float(n)) for key, n in s.error_counts())
         out.extend(Sample(c.NVML_UNAVAILABLE, key, float(n)) for key, n in sorted(s.unavailable_counts().items()))
         with self._lock:
             out.extend(Sample(c.DROPPED, key, float(n)) for key, n in sorted(self.dropped.items()))

@@ -12,13 +12,13 @@ import ctypes
 import logging
 import threading
 import time
-from typing import Any, Callable, Hashable
+from typing import Any, Callable
 
 import pynvml as N
 
 from .. import catalog as c
 from ..nvml import Session, code_name
-from .base import Family, GpuCtx, Sample
+from .base import Family, GpuCtx, LogLimiter, Sample
 
 log = logging.getLogger("gpuobs.xid")
 
@@ -28,11 +28,6 @@ RESTARTED = "restarted"  # XID_WATCHER_ERRORS code of a restart by supervision
 
 def _addr(handle) -> int | None:
     return ctypes.cast(handle, ctypes.c_void_p).value
-
-
-def _text(value: Any) -> str:
-    """A UUID as text: older pynvml returns bytes. Raises UnicodeDecodeError on garbage."""
-    return value.decode() if isinstance(value, (bytes, bytearray)) else str(value)
 
 
 def _instance_id(event: Any, name: str) -> str:
@@ -56,31 +51,6 @@ def wait_v1(event_set: Any, timeout_ms: int) -> _EventDataV1:
     data = _EventDataV1()
     N._nvmlCheckReturn(fn(event_set, ctypes.byref(data), ctypes.c_uint(timeout_ms)))
     return data
-
-
-class LogLimiter:
-    """Per key, at most `burst` records in each `per`-second window; the others are counted and the
-    count is handed to the next record allowed (so that it can say how many were left out)."""
-
-    def __init__(self, per: float = 60.0, burst: int = 1, clock: Callable[[], float] = time.monotonic):
-        self.per, self.burst, self._clock = per, burst, clock
-        self._lock = threading.Lock()
-        self._state: dict[Hashable, list] = {}  # key -> [window start, allowed in window, suppressed]
-
-    def allow(self, key: Hashable) -> int | None:
-        """None: leave this record out. Else: how many records of this key were left out since the
-        last one allowed (0 if none)."""
-        now = self._clock()
-        with self._lock:
-            st = self._state.get(key)
-            if st is None or now - st[0] >= self.per:
-                st = self._state[key] = [now, 0, st[2] if st else 0]
-            if st[1] >= self.burst:
-                st[2] += 1
-                return None
-            st[1] += 1
-            suppressed, st[2] = st[2], 0
-            return suppressed
 
 
 class XidWatcher:
@@ -184,7 +154,6 @@ class XidWatcher:
     def register(self, uuid: str, handle: object) -> None:
         """Watch this GPU (called by the sampler for every GPU it sees). A new GPU is registered at
         once, on the caller's thread, so that no XID is missed while the watcher waits."""
-        uuid = _text(uuid)
         with self._lock:
             new = self._handles.get(uuid) is not handle
             self._handles[uuid] = handle
@@ -300,18 +269,15 @@ class XidWatcher:
     def _wait(self) -> Any:
         """One wait on the set with nvmlEventSetWait_v2, else (FUNCTION_NOT_FOUND: an older driver or
         binding) with nvmlEventSetWait from then on; its events carry no MIG instance ids."""
-        if not self._use_v1:
+        if not self._use_v1:  # (a binding without the v2 call has gpuobs.nvml's stub answering the same)
             try:
                 return N.nvmlEventSetWait_v2(self._set, self.wait_ms)
-            except AttributeError:  # a binding older than the v2 call
-                pass
             except N.NVMLError as e:
                 if e.value != N.NVML_ERROR_FUNCTION_NOT_FOUND:
                     raise
             self._use_v1 = True
-            mark = getattr(self.session, "mark_unavailable", None)  # exported as an unavailable call
-            if mark is not None:
-                mark(("", "nvmlEventSetWait_v2"), "nvmlEventSetWait_v2", N.NVML_ERROR_FUNCTION_NOT_FOUND)
+            self.session.mark_unavailable(("", "nvmlEventSetWait_v2"), "nvmlEventSetWait_v2",
+                                          N.NVML_ERROR_FUNCTION_NOT_FOUND)  # exported as an unavailable call
             log.info("nvmlEventSetWait_v2 not available: using nvmlEventSetWait (XIDs without MIG instance ids)")
         return wait_v1(self._set, self.wait_ms)
 
@@ -346,7 +312,7 @@ class XidWatcher:
 
     def _record(self, event) -> None:
         try:
-            uuid = _text(self.session.call("nvmlDeviceGetUUID", N.nvmlDeviceGetUUID, event.device))
+            uuid = self.session.call("nvmlDeviceGetUUID", N.nvmlDeviceGetUUID, event.device)
         except (N.NVMLError, UnicodeDecodeError):
             with self._lock:  # a lost GPU's handle may not answer: find it among ours
                 uuid = next((u for u, h in self._handles.items() if _addr(h) == _addr(event.device)), "")

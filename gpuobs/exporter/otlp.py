@@ -18,10 +18,7 @@ from opentelemetry.sdk.resources import Resource
 
 from .. import __version__, catalog as c
 from ..collect.base import Snapshot
-from .render import SELF_FAMILIES
-
-# Self-health that describes NVML and the GPUs as of the snapshot: unknown once it is stale
-UNKNOWN_WHEN_STALE = frozenset({c.NVML_UP, c.GPUS_PRESENT, c.NVML_INFO, c.NVML_INIT_ERROR})
+from .render import SELF_FAMILIES, UNKNOWN_WHEN_STALE
 UNITS = {"bytes": "By", "watts": "W", "joules": "J", "celsius": "Cel", "hertz": "Hz", "seconds": "s", "ratio": "1"}
 
 

@@ -14,6 +14,8 @@ from ..collect.base import Sample, Snapshot
 
 NAMINGS = ("gpuobs", "dcgm")
 SELF_FAMILIES = ("exporter", "telemetry")  # self-health: served even when the GPU values are stale
+# Self-health that describes NVML and the GPUs as of a snapshot: unknown once it is stale
+UNKNOWN_WHEN_STALE = frozenset({c.NVML_UP, c.GPUS_PRESENT, c.NVML_INFO, c.NVML_INIT_ERROR})
 # Attribution labels (gpuobs.attribution), by naming. Native names stay clear of the target labels
 # Prometheus's Kubernetes service discovery adds (pod, namespace, container); dcgm naming uses
 # dcgm-exporter's names, which its users scrape with honor_labels or relabel.
@@ -189,6 +191,6 @@ class Renderer:
         snap, own = self.snapshot, self._own
         cached = self._stale
         if cached is None or cached[0] is not snap:
-            unknown = (c.NVML_UP, c.GPUS_PRESENT, c.NVML_INFO, c.NVML_INIT_ERROR)
-            cached = self._stale = (snap, self._self_only([s for s in own if s.metric not in unknown], stale=True))
+            cached = self._stale = (snap, self._self_only([s for s in own if s.metric not in UNKNOWN_WHEN_STALE],
+                                                          stale=True))
         return cached[1]

@@ -222,19 +222,25 @@ class Session:
         except pynvml.NVMLError as e:
             if e.value in expected or e.value in UNAVAILABLE:
                 raise  # an answer (the GPU, driver or binding lacks it, or nothing is there), not an error
-            self._count_error(name, code_name(e))
+            self.count_error(name, code_name(e))
             if e.value in DRIVER_LEVEL:
                 self._driver_error(generation)
             raise
         except (UnicodeDecodeError, ValueError, TypeError) as e:  # e.g. a name that is not UTF-8
-            self._count_error(name, code_name(e))
+            self.count_error(name, code_name(e))
             raise
         self._driver_errors = 0
         return result
 
-    def _count_error(self, name: str, code: str) -> None:
+    def count_error(self, name: str, code: str) -> None:
+        """Count one error of `name` (a call, or a value inside one) with `code` (code_name)."""
         with self._count_lock:
             self.errors[(name, code)] += 1
+
+    def error_counts(self) -> list[tuple[tuple[str, str], int]]:
+        """[((call, code), errors)], sorted: a copy, safe while other threads count."""
+        with self._count_lock:
+            return sorted(self.errors.items())
 
     def _driver_error(self, generation: int) -> None:
         """Count one driver-level error of a call made under `generation`; re-initialise after
