@@ -348,7 +348,7 @@ def alerts(t: Thresholds) -> list[Alert]:
               f"rate({c.SAMPLES.exposed_name}[{t.long_window}]) > {t.gpu_timeout_share:g} "
               f"and {c.GPU_TIMEOUTS.exposed_name}",  # not for an hour after its exporter went (other alerts' case)
               t.for_medium, "warning", "gpu", "presence", "A GPU's NVML reads keep missing the sampling deadline.",
-              f"{GPU} missed the exporter's per-GPU deadline in {{{{ $value | humanizePercentage }}}} of its "
+              f"{GPU} missed the exporter's sampling deadline in {{{{ $value | humanizePercentage }}}} of its "
               f"sampling passes over the last {t.long_window}: its series have gaps."))
     add(Alert("GpuMissing", "node", f"{c.GPUS_PRESENT.name} < {c.GPUS_EXPECTED.name}", t.for_short, "critical",
               "node", "presence", "A node has fewer GPUs than expected.",

@@ -636,7 +636,7 @@ RUNBOOKS: dict[str, dict[str, str]] = {
 
             - `reset_required`: NVML returns `RESET_REQUIRED`: the GPU needs a reset (after an uncontained error,
               a GSP fault or a pending repair).
-            - `timeout`: its NVML reads missed the exporter's per-GPU deadline: the GPU or the driver hangs for it.
+            - `timeout`: its NVML reads missed the exporter's sampling deadline: the GPU or the driver hangs for it.
             - `unreadable`: its handle or UUID cannot be read.
 
             The exporter withholds the GPU's value series meanwhile. A lost GPU (`GPU_IS_LOST`) is `GpuLost`'s case
@@ -667,7 +667,7 @@ RUNBOOKS: dict[str, dict[str, str]] = {
     "GpuSamplingTimeouts": _rb(
         meaning="""
             In more than 5 % of the exporter's sampling passes over the last hour (held for 15 minutes), the GPU's
-            NVML reads missed the per-GPU deadline (`gpuobs_exporter_gpu_timeouts_total` against
+            NVML reads missed the sampling deadline (`gpuobs_exporter_gpu_timeouts_total` against
             `gpuobs_exporter_samples_total`): its series were withheld from those passes. Slow or hanging NVML calls
             on one GPU are often the first sign of a GPU or driver fault. While the GPU is unusable
             (`GpuUnhealthy`, same family) this warning is inhibited.""",
@@ -678,7 +678,7 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             - `time nvidia-smi -q -i <index>`: slow on this GPU only, or on all of them?
             - `dmesg -T | grep -i -E "xid|NVRM"`.
             - Families that are slow on some boards (`processes`, MIG, NVLink) and `--interval`: the exporter's
-              per-GPU deadline is a share of its interval.""", """
+              sampling deadline is 0.8 of its interval.""", """
             ```promql
             rate(gpuobs_exporter_gpu_timeouts_total{node="<node>"}[1h])
               / ignoring (gpu, uuid) group_left rate(gpuobs_exporter_samples_total{node="<node>"}[1h])

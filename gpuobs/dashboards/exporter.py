@@ -92,7 +92,7 @@ def build():
                        "How long Prometheus takes to scrape each exporter.", min=0), 12, 8)
     L.add(k.timeseries("GPU sampling timeouts", [target(
         f"sum by (node, gpu, uuid) ({rate(m(c.GPU_TIMEOUTS))})", NODE + " GPU {{gpu}}")], "cps",
-        "Passes per second in which a GPU's NVML reads missed the per-GPU deadline: its series were withheld.",
+        "Passes per second in which a GPU's NVML reads missed the sampling deadline: its series were withheld.",
         min=0), 12, 8)
     L.add(k.state_timeline("Collectors succeeding", [target(
         f"min by (node, collector) ({m(c.COLLECTOR_SUCCESS)})", NODE + " {{collector}}")], "short",
