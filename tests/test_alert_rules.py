@@ -465,7 +465,7 @@ TIMEOUTS, PASSES = "gpuobs_exporter_gpu_timeouts_total", "gpuobs_exporter_sample
 
 
 def _to_pct(pct) -> list:
-    return [(GPU0, f"{G} missed the exporter's per-GPU deadline in {pct}% of its sampling passes over the last 1h: "
+    return [(GPU0, f"{G} missed the exporter's sampling deadline in {pct}% of its sampling passes over the last 1h: "
                    "its series have gaps.")]
 
 
