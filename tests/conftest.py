@@ -166,6 +166,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_port_run(n: int) -> int:
+    """The first of n consecutive free ports (as ranks serving on base + local rank need)."""
+    for _ in range(100):
+        base = free_port()
+        socks = []
+        try:
+            for port in range(base, base + n):
+                sock = socket.socket()
+                socks.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+    raise RuntimeError(f"no {n} consecutive free ports")
+
+
 @pytest.fixture
 def prometheus(tmp_path):
     """Factory: prometheus(["host:port", ...], rule_files=(), alertmanager="host:port") -> query(promql),

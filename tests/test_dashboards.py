@@ -16,7 +16,7 @@ import urllib.request
 
 import pytest
 
-from conftest import REPO, free_port, require_tool, stop
+from conftest import REPO, free_port, free_port_run, require_tool, stop
 from gpuobs import catalog as c
 from gpuobs.dashboards import build as build_mod
 from gpuobs.dashboards.build import DASHBOARDS, build, outputs
@@ -350,7 +350,7 @@ def test_every_panel_query_returns_data(exporter, tmp_path):
                 [sys.executable, "-m", "gpuobs.cli", "exporter", "--listen-address", "127.0.0.1", "--port", str(port),
                  "--interval", "1", *extra], env=sim.env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                 text=True))
-        base = free_port()
+        base = free_port_run(2)
         for rank, compute_ms in enumerate((20, 45)):  # rank 1 is the straggler
             env = {"PATH": "/usr/bin:/bin", "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
                    "GPUOBS_JOB_ID": "example-job", "GPUOBS_PROMETHEUS_PORT": str(base)}

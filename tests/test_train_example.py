@@ -9,13 +9,13 @@ import time
 
 import pytest
 
-from conftest import REPO, free_port, stop
+from conftest import REPO, free_port_run, stop
 from gpuobs.sim import scenario
 
 
 def test_training_metrics_by_rank_in_prometheus(exporter, prometheus, tmp_path):
     run = exporter(scenario.load(REPO / "examples" / "scenarios" / "8xh100.yaml"), interval=1.0)
-    base = free_port()
+    base = free_port_run(2)
     ports = [base, base + 1]  # like torchrun: one variable for the node, each rank serves on base + local rank
     procs = []
     try:
