@@ -161,10 +161,13 @@ def test_otlp_sends_no_gpu_values_while_the_snapshot_is_stale(otlp_receiver, mak
         assert {c.GPUS_EXPECTED.name, c.SAMPLES.name} <= names, names  # self-health still sent
         assert run.exp.renderer.snapshot is last, "the sampler was not stuck"
     t = time.time()
-    back = wait(lambda: (p := rec.since(t)) and any(n == "gpuobs_gpu_power_usage_watts" for n, *_ in p) and p, 10,
-                "GPU values over OTLP again")
-    uuids = {a["uuid"] for n, _, _, a, _ in back if n == "gpuobs_gpu_power_usage_watts"}
-    assert len(uuids) == 2
+
+    def power_uuids(points):
+        return {a["uuid"] for n, _, _, a, _ in points if n == "gpuobs_gpu_power_usage_watts"}
+
+    # the first pass after the release may still count the GPU whose call hung as timed out (values withheld for
+    # that pass), so recovery is both GPUs' values within a few passes, not necessarily in the first export
+    back = wait(lambda: (p := rec.since(t)) and len(power_uuids(p)) == 2 and p, 10, "both GPUs' values over OTLP again")
     assert 0.0 in _stale_flags(back)
 
 
