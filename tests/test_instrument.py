@@ -858,8 +858,6 @@ def test_non_finite_loss_is_counted_not_hidden(mem):
 
 def test_a_failing_timer_never_breaks_the_step(mem):
     class Broken:
-        deferred = False
-
         def start(self):
             raise RuntimeError("cuda event record failed")
 
@@ -1086,3 +1084,104 @@ def test_configure_installs_global_providers_so_user_spans_nest_under_the_step(s
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result == {"exported": exported, "child_of_step": exported}
+
+
+# ------------------------------------------------ issue 14: providers apart from recording
+
+
+def test_run_environment_is_shared_and_still_importable_from_instrument():
+    from gpuobs.runenv import RunEnv as Shared
+
+    assert RunEnv is Shared and instrument.RunEnv is Shared
+
+
+def test_every_catalog_metric_has_one_recorder_chosen_per_metric(mem):
+    """instrument() gives a Recorder for each recorded metric: held values for the per-step
+    counters and gauges (telemetry.HELD), the SDK instrument for the rest; the quantile and drop
+    gauges are observed by gpuobs itself and take no recordings."""
+    from gpuobs.instrument.recorders import LocalValues, Recorder, SyncRecorder
+
+    observed = {q.name for q in c.QUANTILES.values()} | {c.SPANS_DROPPED.name, c.LOGS_DROPPED.name}
+    for m in c.OTEL:
+        if m.name in observed:
+            with pytest.raises(TypeError):
+                mem.tel.instrument(m)
+            continue
+        rec = mem.tel.instrument(m)
+        assert isinstance(rec, Recorder)
+        assert isinstance(rec, LocalValues if m.name in telemetry.HELD else SyncRecorder), m.name
+        if m.kind == "histogram":
+            assert m.name not in telemetry.HELD  # the SDK aggregates buckets
+    assert telemetry.HELD.isdisjoint(observed)
+    sync = mem.tel.instrument(c.INFERENCE_TOKENS)  # a cell works for every recorder
+    sync.cell({**TRAIN_LABELS, "gen_ai.request.model": "m", "gen_ai.token.type": "input"}).add(5)
+    assert mem.value(c.INFERENCE_TOKENS, **{"gen_ai.request.model": "m"}) == 5
+    with pytest.raises(TypeError):
+        mem.tel.instrument(c.STEPS).record(1.0, TRAIN_LABELS)
+
+
+def test_telemetry_records_into_the_providers_it_is_given():
+    """Like a contrib instrumentor: tracer and meter come from the providers passed in, under the
+    scope gpuobs.instrument and gpuobs's version; shutdown flushes providers it does not own."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    import gpuobs
+    from gpuobs.instrument.providers import Providers
+
+    spans, reader = InMemorySpanExporter(), InMemoryMetricReader()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
+    meter_provider = MeterProvider(metric_readers=[reader])
+    tel = telemetry.Telemetry(RunEnv(rank=1), Providers(tracer_provider, meter_provider, owned=False))
+    assert tel.enabled and tel.tracer_provider is tracer_provider and tel.meter_provider is meter_provider
+    with instrument.TrainingRun(tel, timer=WallTimer()).step(samples=2):
+        pass
+    tel.shutdown(timeout_s=2)
+    (step,) = [s for s in spans.get_finished_spans() if s.name == "train.step"]
+    assert (step.instrumentation_scope.name, step.instrumentation_scope.version) == \
+        ("gpuobs.instrument", gpuobs.__version__)
+    scopes = {sm.scope.name: sm for rm in reader.get_metrics_data().resource_metrics for sm in rm.scope_metrics}
+    steps = [m for m in scopes["gpuobs.instrument"].metrics if m.name == c.STEPS.otel_name]
+    assert steps[0].data.data_points[0].value == 1
+    tracer_provider.get_tracer("after").start_span("still-running").end()  # not shut down
+    assert spans.get_finished_spans()[-1].name == "still-running"
+    assert not telemetry.Telemetry(RunEnv()).enabled  # no providers: disabled
+
+
+def test_span_processor_counts_what_its_full_queue_drops():
+    """The bounded span queue, counted from the outside: with the exporter stuck on a first batch
+    of 4, a queue of 8 holds 8 more and each further span pushes one out, counted once."""
+    import threading
+
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SpanExportResult
+
+    from gpuobs.instrument.providers import CountingBatchSpanProcessor
+
+    entered, release, exported = threading.Event(), threading.Event(), []
+
+    class Stuck(InMemorySpanExporter):
+        def export(self, batch):
+            entered.set()
+            release.wait(10)
+            exported.extend(s.name for s in batch)
+            return SpanExportResult.SUCCESS
+
+    processor = CountingBatchSpanProcessor(Stuck(), max_queue_size=8, schedule_delay_millis=60_000,
+                                           max_export_batch_size=4)
+    provider = TracerProvider(shutdown_on_exit=False)
+    provider.add_span_processor(processor)
+    tracer = provider.get_tracer("t")
+    for i in range(4):
+        tracer.start_span(f"s{i}").end()
+    assert entered.wait(5)  # the worker took the first batch and is stuck exporting it
+    for i in range(4, 30):
+        tracer.start_span(f"s{i}").end()
+    assert (processor.queued, processor.dropped) == (8, 30 - 4 - 8)
+    release.set()
+    processor.force_flush()
+    assert len(exported) == 12 and processor.queued == 0
+    assert exported[-8:] == [f"s{i}" for i in range(22, 30)]  # the oldest were dropped
+    provider.shutdown()

@@ -372,6 +372,17 @@ def test_configure_picks_fluentd_from_environment(receiver, run_env, monkeypatch
     assert logs.parse_address("[::1]:24225") == ("::1", 24225) and logs.parse_address("fluentd") == ("fluentd", 24224)
 
 
+def test_logging_does_not_import_the_instrumentation():
+    """gpuobs.logs takes the run environment from gpuobs.runenv: importing it (the exporter's
+    logging) loads none of gpuobs.instrument."""
+    code = ("import sys, gpuobs.logs, gpuobs.logs.fluentd\n"
+            "print(sorted(m for m in sys.modules if m.startswith('gpuobs.instrument')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
 # -- faults -------------------------------------------------------------------------------------
 
 def test_refused_port_never_raises_and_counts_every_record(run_env, make_logger):

@@ -10,7 +10,6 @@ from typing import Any, Callable, Iterator
 
 class WallTimer:
     """perf_counter timing; stop() returns seconds at once."""
-    deferred = False
 
     def start(self) -> float:
         return time.perf_counter()
@@ -34,7 +33,6 @@ class CudaEventTimer:
     def __init__(self, event_factory: Callable[[], Any], sync: bool = False, max_pending: int = 1024):
         self.event_factory = event_factory
         self.sync = sync
-        self.deferred = not sync
         self.pending: collections.deque = collections.deque(maxlen=max_pending)  # oldest dropped if never resolved
 
     def start(self) -> Any:

@@ -14,14 +14,14 @@ import logging
 import sys
 from typing import IO, Any
 
-from ..instrument.env import RunEnv
-from .fields import ContextFilter, RecordFormatter, rfc3339, trace_fields
+from ..runenv import RunEnv
+from .fields import ContextFilter, RecordFormatter, rfc3339
 from .fluentd import (DroppedRecordsCollector, FluentdHandler, address_from_env, parse_address,
                       records_dropped_total)
 
 __all__ = ["ContextFilter", "DroppedRecordsCollector", "FluentdHandler", "RecordFormatter",
            "address_from_env", "configure", "json_handler", "parse_address", "records_dropped_total",
-           "rfc3339", "setup", "trace_fields"]
+           "rfc3339", "setup"]
 
 
 def json_handler(stream: IO[str] | None = None, env: RunEnv | None = None) -> logging.Handler:

@@ -11,21 +11,13 @@ from typing import Any
 from opentelemetry import trace
 from pythonjsonlogger.json import JsonFormatter
 
-from ..instrument.env import RunEnv
+from ..runenv import RunEnv
 
 
 def rfc3339(created: float) -> str:
     """UTC time with milliseconds, e.g. 2025-01-02T03:04:05.678Z."""
     secs = int(created)
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(secs)) + ".%03dZ" % int((created - secs) * 1000)
-
-
-def trace_fields() -> dict[str, str]:
-    """trace_id (32 lowercase hex) and span_id (16) of the current span, or nothing outside one."""
-    ctx = trace.get_current_span().get_span_context()
-    if not ctx.is_valid:
-        return {}
-    return {"trace_id": format(ctx.trace_id, "032x"), "span_id": format(ctx.span_id, "016x")}
 
 
 class ContextFilter(logging.Filter):

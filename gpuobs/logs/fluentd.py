@@ -42,8 +42,10 @@ What a training loop needs from it, and how it is done:
   multiprocessing child the queue is flushed at the child's exit; after a bare `os.fork()` call
   `flush()` before `os._exit()`.
 
-fluent-logger's FluentSender keeps the connection (host, port, socket and its shutdown); it has
-no acknowledgements, so sending and reading them is done here.
+From fluent-logger this takes the forward protocol's EventTime. Its senders are not used: neither
+reads acknowledgements or bounds a send by a deadline, and the async one's queue either blocks the
+caller when full or drops the oldest record, with no hook for acknowledged delivery short of
+replacing its private send loop. The connection, batching and acknowledgements are done here.
 """
 
 from __future__ import annotations
@@ -62,9 +64,9 @@ import weakref
 from typing import Any, Callable
 
 import msgpack
-from fluent import sender as fluent_sender
+from fluent.sender import EventTime
 
-from ..instrument.env import RunEnv
+from ..runenv import RunEnv
 from .fields import ContextFilter, RecordFormatter
 
 DEFAULT_PORT = 24224
@@ -136,14 +138,17 @@ class _Chunk:
         return msgpack.packb([self.tag, b"".join(self.entries), {"chunk": self.id, "size": self.records}])
 
 
-class _Sender(fluent_sender.FluentSender):
-    """fluent-logger's sender for its connection (host, port, socket, `_close`), used from the
-    sender thread only, with what it lacks: a separate connect timeout, deadlines on every socket
-    operation, and chunks sent with the `chunk` option whose acknowledgements are read back."""
+class _Sender:
+    """One connection to Fluentd, used from the sender thread only (interrupt() excepted): chunks
+    sent with the forward protocol's `chunk` option and their acknowledgements read back, with a
+    separate connect timeout and a deadline on every socket operation.
+
+    host: a name or address, or 'unix:///path'; timeout: the most one attempt may take (seconds);
+    socket: the open connection, or None."""
 
     def __init__(self, host: str, port: int, timeout: float, connect_timeout: float):
-        super().__init__("", host=host, port=port, timeout=timeout)
-        self.connect_timeout = connect_timeout
+        self.host, self.port, self.timeout, self.connect_timeout = host, port, timeout, connect_timeout
+        self.socket: socket.socket | None = None
         self._unpacker: Any = None
 
     @staticmethod
@@ -208,8 +213,18 @@ class _Sender(fluent_sender.FluentSender):
             return True
 
     def disconnect(self) -> None:
-        self._close()
-        self._unpacker = None
+        """Shut the connection down and close it (a later deliver() connects again)."""
+        sock, self.socket, self._unpacker = self.socket, None, None
+        if sock is None:
+            return
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:  # already reset by the peer
+            pass
+        try:
+            sock.close()
+        except OSError:
+            pass
 
     def interrupt(self) -> None:
         """From another thread: end a blocked send or ack wait now (the sender thread then closes)."""
@@ -242,26 +257,12 @@ class _Pipe:
         self.thread.start()
 
     def _run(self) -> None:
-        q = self.queue
+        """The sender thread: take a batch off the queue, settle it, repeat until closed."""
         try:
             while True:
-                try:
-                    item = q.get_nowait() if self.stopping or self.abort else q.get()
-                except queue.Empty:  # stopping and drained
+                taken, batch = self._take()
+                if not taken:  # stopping and drained
                     return
-                taken, batch, size = 1, [], 0
-                if item is not _STOP:
-                    batch.append(item)
-                    size = len(item[3])
-                while len(batch) < _BATCH_RECORDS and size < self.batch_bytes:
-                    try:
-                        item = q.get_nowait()
-                    except queue.Empty:
-                        break
-                    taken += 1
-                    if item is not _STOP:
-                        batch.append(item)
-                        size += len(item[3])
                 try:
                     if batch:
                         self._settle(batch)
@@ -271,9 +272,31 @@ class _Pipe:
                     if batch:
                         self.settled_seq = max(self.settled_seq, batch[-1][0])
                     for _ in range(taken):
-                        q.task_done()
+                        self.queue.task_done()
         finally:
             self.sender.disconnect()
+
+    def _take(self) -> tuple[int, list[tuple]]:
+        """(queue items taken, the records among them): the first item waited for (not once
+        closing), then whatever is queued, up to _BATCH_RECORDS records or batch_bytes bytes.
+        (0, []) when closing and the queue is empty."""
+        q = self.queue
+        try:
+            item = q.get_nowait() if self.stopping or self.abort else q.get()
+        except queue.Empty:
+            return 0, []
+        taken, batch, size = 1, [], 0
+        while True:
+            if item is not _STOP:
+                batch.append(item)
+                size += len(item[3])
+            if len(batch) >= _BATCH_RECORDS or size >= self.batch_bytes:
+                return taken, batch
+            try:
+                item = q.get_nowait()
+            except queue.Empty:
+                return taken, batch
+            taken += 1
 
     def _settle(self, batch: list[tuple]) -> None:
         """Deliver one batch: returns when each of its records is acknowledged or counted dropped."""
@@ -287,35 +310,51 @@ class _Pipe:
         self.pending_records, self.pending_bytes = len(batch), sum(c.nbytes for c in pending)
         last_try = False
         try:
-            while pending:
-                now = time.monotonic()
-                if self.abort or (self.stopping and (last_try or self.gave_up)):
-                    self.gave_up = self.gave_up or self.stopping
-                    return  # the finally clause counts what is left
-                expired = [c for c in pending if c.deadline <= now]
-                if expired:
-                    self._lose(expired)
-                    pending = [c for c in pending if not c.done]
+            while pending and not self._giving_up(last_try):
+                live = self._expire(pending)
+                if len(live) < len(pending):  # look at the closing flags again before sending
+                    pending = live
                     continue
                 last_try = self.stopping
-                until = min(now + self.sender.timeout, min(c.deadline for c in pending))
-                try:
-                    self.sender.deliver(pending, until, self._acked)
-                except Exception:  # OSError, a timeout, or a reply that is not msgpack
-                    self.sender.disconnect()
-                pending = [c for c in pending if not c.done]
-                if not pending:
-                    self.backoff = 0.0
-                    return
-                self.sender.disconnect()  # no ack in time: this connection is not used again
-                self.backoff = min(max(self.backoff * 2, _BACKOFF_MIN), _BACKOFF_MAX)
-                if not self.stopping:
-                    pause = min(self.backoff, min(c.deadline for c in pending) - time.monotonic())
-                    if pause > 0:
-                        self.wake.wait(pause)
-        finally:
+                pending = self._attempt(pending)
+        finally:  # what is left was given up
             self._lose([c for c in pending if not c.done])
             self.pending_records = self.pending_bytes = 0
+
+    def _giving_up(self, last_try: bool) -> bool:
+        """Whether to stop trying: close() gave up waiting, or, while closing, the last attempt
+        (this batch's or an earlier one's) failed."""
+        if self.abort or (self.stopping and (last_try or self.gave_up)):
+            self.gave_up = self.gave_up or self.stopping
+            return True
+        return False
+
+    def _expire(self, pending: list[_Chunk]) -> list[_Chunk]:
+        """Count the chunks past their delivery deadline dropped; the others."""
+        now = time.monotonic()
+        self._lose([c for c in pending if c.deadline <= now])
+        return [c for c in pending if not c.done]
+
+    def _attempt(self, pending: list[_Chunk]) -> list[_Chunk]:
+        """One attempt: send the chunks and wait for their acknowledgements until the send timeout
+        or the oldest chunk's deadline. Returns the chunks still unacknowledged; after a failed
+        attempt the connection is not used again and a back-off pause follows (none at close)."""
+        until = min(time.monotonic() + self.sender.timeout, min(c.deadline for c in pending))
+        try:
+            self.sender.deliver(pending, until, self._acked)
+        except Exception:  # OSError, a timeout, or a reply that is not msgpack
+            self.sender.disconnect()
+        pending = [c for c in pending if not c.done]
+        if not pending:
+            self.backoff = 0.0
+            return pending
+        self.sender.disconnect()  # no ack in time: this connection is not used again
+        self.backoff = min(max(self.backoff * 2, _BACKOFF_MIN), _BACKOFF_MAX)
+        if not self.stopping:
+            pause = min(self.backoff, min(c.deadline for c in pending) - time.monotonic())
+            if pause > 0:
+                self.wake.wait(pause)
+        return pending
 
     def _acked(self, chunk: _Chunk) -> None:
         chunk.done = True
@@ -471,26 +510,30 @@ class FluentdHandler(logging.Handler):
                 if pipe is None:  # closed
                     self._count("errors", 1)
                     return
-            to_dict = getattr(self.formatter, "to_dict", None)
-            if to_dict is not None:
-                data = to_dict(record)
-            else:  # a plain formatter was set: ship its text as the message
-                data = {"time": record.created, "level": record.levelname, "logger": record.name,
-                        "message": self.format(record)}
-            event_time = fluent_sender.EventTime(record.created)
             tag = f"{self.tag}.{record.name}" if self.tag else record.name
             try:
-                entry = msgpack.packb((event_time, data), default=_coerce)
-            except Exception:  # e.g. an int beyond 64 bits: strings for all extras
-                data = {k: v if isinstance(v, (str, int, float, bool, type(None))) and
-                        not (isinstance(v, int) and abs(v) >= 2**63) else repr(v) for k, v in data.items()}
-                entry = msgpack.packb((event_time, data))
-            try:
-                pipe.queue.put_nowait((seq, time.monotonic(), tag, entry))
+                pipe.queue.put_nowait((seq, time.monotonic(), tag, self._entry(record)))
             except queue.Full:
                 self._count("queue_full", 1)
         except Exception:
             self._count("errors", 1)
+
+    def _entry(self, record: logging.LogRecord) -> bytes:
+        """The record as one forward-protocol entry, [EventTime, {fields}], packed on the caller's
+        thread so that later changes to its `extra` objects do not show."""
+        to_dict = getattr(self.formatter, "to_dict", None)
+        if to_dict is not None:
+            data = to_dict(record)
+        else:  # a plain formatter was set: ship its text as the message
+            data = {"time": record.created, "level": record.levelname, "logger": record.name,
+                    "message": self.format(record)}
+        event_time = EventTime(record.created)
+        try:
+            return msgpack.packb((event_time, data), default=_coerce)
+        except Exception:  # e.g. an int beyond 64 bits: strings for all extras
+            data = {k: v if isinstance(v, (str, int, float, bool, type(None))) and
+                    not (isinstance(v, int) and abs(v) >= 2**63) else repr(v) for k, v in data.items()}
+            return msgpack.packb((event_time, data))
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait (at most timeout, default close_timeout) until the records logged before the call
