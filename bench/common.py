@@ -5,22 +5,16 @@ from __future__ import annotations
 import os
 import platform
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
 from typing import Callable
 
+from gpuobs.ports import free_port  # noqa: F401  (the bench sections import it from here)
+
 ROOT = Path(__file__).resolve().parent.parent
 
 TICK = os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    """An unused TCP port on loopback."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def cpu_seconds(pid: int, children: bool = True) -> float:
@@ -74,11 +68,13 @@ def version(cmd: list[str], package: str) -> str:
 
 
 class Running:
-    """A child process (an exporter) in its own process group, logging to a file; on exit the
-    group gets SIGTERM, then SIGKILL after 10 s."""
+    """A child process (an exporter, a server) in its own process group, logging to a file; stop()
+    (or leaving the `with` block) sends the group SIGTERM, then SIGKILL after `term_wait` seconds."""
 
-    def __init__(self, cmd: list[str], env: dict[str, str], log_path: Path):
+    def __init__(self, cmd: list[str], env: dict[str, str] | None, log_path: Path, term_wait: float = 10.0):
+        """env None: this process's environment. Raises OSError when cmd cannot be started."""
         self.log_path = log_path
+        self.term_wait = term_wait
         self._log = open(log_path, "w+")
         self.proc = subprocess.Popen(cmd, env=env, cwd=str(ROOT), stdout=self._log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
@@ -88,8 +84,7 @@ class Running:
         process exits first or `timeout` seconds pass."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.proc.args[0]} exited with {self.proc.returncode}: {self.log_tail()}")
+            self.check()
             try:
                 if ready():
                     return
@@ -98,20 +93,32 @@ class Running:
             time.sleep(0.2)
         raise RuntimeError(f"not {what} within {timeout:.0f} s: {self.log_tail()}")
 
-    def log_tail(self) -> str:
+    def check(self) -> None:
+        """RuntimeError with the log tail if the process has exited."""
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"{self.proc.args[0]} exited with {self.proc.returncode}: {self.log_tail()}")
+
+    def log_tail(self, chars: int = 2000) -> str:
+        """The last `chars` characters of the process's output."""
         self._log.flush()
-        return self.log_path.read_text()[-2000:]
+        return self.log_path.read_text()[-chars:]
+
+    def stop(self) -> None:
+        """SIGTERM to the process group, SIGKILL after term_wait seconds; closes the log. Idempotent."""
+        for sig, wait in ((signal.SIGTERM, self.term_wait), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(timeout=wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        self._log.close()
 
     def __enter__(self) -> "Running":
         return self
 
     def __exit__(self, *exc) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=10)
-        except ProcessLookupError:
-            pass
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        self._log.close()
+        self.stop()

@@ -29,10 +29,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -50,7 +48,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import cpu_seconds, free_port, version  # noqa: E402
+from bench.common import Running, cpu_seconds, free_port, version  # noqa: E402
 from gpuobs.alerts.rules import DEFAULT, _seconds  # noqa: E402
 from gpuobs.dashboards.common import interpolate  # noqa: E402
 if str(ROOT) not in sys.path:
@@ -78,38 +76,27 @@ def need(tool: str) -> str:
 
 
 class Procs:
-    """Servers started for one part; each in its own process group, all stopped by stop()."""
+    """Servers started for one part (bench.common.Running, each in its own process group), all stopped by stop()."""
 
     def __init__(self, logdir: Path):
         self.logdir = logdir
-        self.procs: list[tuple[str, subprocess.Popen, object]] = []
+        self.procs: list[Running] = []
 
-    def start(self, name: str, cmd: list[str], **kw) -> subprocess.Popen:
-        log = open(self.logdir / f"{name}.log", "w+")
-        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, **kw)
-        self.procs.append((name, p, log))
-        return p
+    def start(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+        """Start `cmd` in the repository root, logging to <logdir>/<name>.log; its Popen."""
+        run = Running(cmd, env, self.logdir / f"{name}.log", term_wait=20)
+        self.procs.append(run)
+        return run.proc
 
     def check(self) -> None:
-        for name, p, log in self.procs:
-            if p.poll() is not None:
-                log.flush()
-                log.seek(0)
-                raise RuntimeError(f"{name} exited with {p.returncode}: {log.read()[-3000:]}")
+        """RuntimeError with its log tail if any server has exited."""
+        for run in self.procs:
+            run.check()
 
     def stop(self) -> None:
-        for _, p, log in reversed(self.procs):
-            for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
-                try:
-                    os.killpg(p.pid, sig)
-                except ProcessLookupError:
-                    break
-                try:
-                    p.wait(timeout=wait)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-            log.close()
+        """Stop every server, the last started first."""
+        for run in reversed(self.procs):
+            run.stop()
         self.procs.clear()
 
 
@@ -192,7 +179,7 @@ def node_template(workdir: Path) -> str:
     try:
         procs.start("exporter", [sys.executable, "-m", "gpuobs.cli", "exporter", "--listen-address", "127.0.0.1",
                                  "--port", str(port), "--interval", "1", "--kubelet-socket", ""],
-                    env=sim.env(), cwd=str(ROOT))
+                    env=sim.env())
         url = f"http://127.0.0.1:{port}/metrics"
         wait_until("the template exporter", lambda: b"gpuobs_gpu_utilization_ratio" in get(url), 60, procs, 0.2)
         time.sleep(2.5)  # a couple of sampling passes, so counters and rates have moved
@@ -412,7 +399,7 @@ def live_bench(workdir: Path, template_path: Path, nodes: int, interval: int, wi
     try:
         exporter = procs.start("fleet-exporter", [sys.executable, str(Path(__file__).resolve()), "--serve",
                                                   str(template_path), "--port", str(ports["exporter"]),
-                                                  "--nodes", str(nodes)], cwd=str(ROOT))
+                                                  "--nodes", str(nodes)])
         vmp = procs.start("victoria-metrics", [need("victoria-metrics"), f"-storageDataPath={workdir / 'vm'}",
                                                f"-httpListenAddr=127.0.0.1:{ports['vm']}", "-retentionPeriod=1",
                                                # the default 300k would refuse the per-link NVLink rules at this size

@@ -59,10 +59,20 @@ CASES = [(f, phase) for f in FILES for phase in ("idle", "load")]
 def test_profile_matches_raw_text(path, phase):
     sec = raw_section(path, phase)
     [p] = load_capture(path, phase)
+    for path_, want in _expected_values(sec).items():
+        got = p
+        for k in path_:
+            got = got[k]
+        assert got == want, f"{'.'.join(path_)}: {got!r} != {want!r}"
+    _check_reasons_processes_mig_and_rows(p, sec)
+
+
+def _expected_values(sec: str) -> dict[tuple[str, ...], object]:
+    """Profile key path -> the value read straight from nvidia-smi's text."""
     fb, bar1, pwr = block(sec, "FB Memory Usage"), block(sec, "BAR1 Memory Usage"), block(sec, "GPU Power Readings")
     clk, maxclk, temp = block(sec, "Clocks"), block(sec, "Max Clocks"), block(sec, "Temperature")
     util, pci = block(sec, "Utilization"), block(sec, "PCI")
-    expected = {
+    return {
         ("name",): raw(sec, "Product Name"),
         ("driver_version",): raw(sec, "Driver Version"),
         ("cuda_version",): raw(sec, "CUDA Version"),
@@ -106,12 +116,9 @@ def test_profile_matches_raw_text(path, phase):
         ("ecc", "corrected_volatile"): num(raw(block(sec, "Volatile", 8), "DRAM Correctable")),
         ("ecc", "uncorrected_aggregate"): num(raw(block(sec, "Aggregate", 8), "DRAM Uncorrectable")),
     }
-    for path_, want in expected.items():
-        got = p
-        for k in path_:
-            got = got[k]
-        assert got == want, f"{'.'.join(path_)}: {got!r} != {want!r}"
 
+
+def _check_reasons_processes_mig_and_rows(p: dict, sec: str) -> None:
     # Clock event reasons: bit per "Active" line.
     bits = {"Idle": 1, "Applications Clocks Setting": 2, "SW Power Cap": 4, "HW Slowdown": 8, "Sync Boost": 0x10,
             "SW Thermal Slowdown": 0x20, "HW Thermal Slowdown": 0x40, "HW Power Brake Slowdown": 0x80,

@@ -95,58 +95,61 @@ def test_child_sees_exactly_the_drivers_symbols(tmp_path, driver):
     assert got["driver"] == builder.DRIVER_VERSIONS.get(driver, ("590.48.01",))[0]
 
 
+# What test_r470_child_falls_back_to_the_older_calls runs in a child on the R470 simulator: it reports,
+# then waits on stdin while the test queues a MIG-attributed XID.
+R470_CHILD = """
+import ctypes, json, sys, pynvml as N
+N.nvmlInit()
+h = N.nvmlDeviceGetHandleByIndex(0)
+out = {"nvml": N.nvmlSystemGetNVMLVersion(), "cuda": N.nvmlSystemGetCudaDriverVersion()}
+def code(call):
+    try:
+        call()
+    except N.NVMLError as e:
+        return e.value
+    except Exception as e:
+        return type(e).__name__
+    return 0
+out["errors"] = {
+    "mem_v2": code(lambda: N.nvmlDeviceGetMemoryInfo(h, version=N.nvmlMemory_v2)),
+    "events": code(lambda: N.nvmlDeviceGetCurrentClocksEventReasons(h)),
+    "supported_events": code(lambda: N.nvmlDeviceGetSupportedClocksEventReasons(h)),
+    "procs_v3": code(lambda: N.nvmlDeviceGetComputeRunningProcesses_v3(h)),
+    "procs": code(lambda: N.nvmlDeviceGetComputeRunningProcesses(h)),
+    "gpm": code(lambda: N.nvmlGpmSampleAlloc()),
+    "cores": code(lambda: N.nvmlDeviceGetNumGpuCores(h)),
+}
+m = N.nvmlDeviceGetMemoryInfo(h)
+out["mem_v1"] = [m.total, m.free, m.used]
+out["throttle"] = [N.nvmlDeviceGetCurrentClocksThrottleReasons(h),
+                   N.nvmlDeviceGetSupportedClocksThrottleReasons(h)]
+out["procs_v2"] = [[p.pid, p.usedGpuMemory, p.gpuInstanceId, p.computeInstanceId]
+                   for p in N.nvmlDeviceGetComputeRunningProcesses_v2(h)]
+out["graphics_v2"] = [p.pid for p in N.nvmlDeviceGetGraphicsRunningProcesses_v2(
+    N.nvmlDeviceGetHandleByIndex(1))]
+out["pci_v3"] = N.nvmlDeviceGetPciInfo_v3(h).busId
+es = N.nvmlEventSetCreate()
+N.nvmlDeviceRegisterEvents(h, N.nvmlEventTypeXidCriticalError, es)
+print("ready", flush=True)
+sys.stdin.readline()  # the parent has queued an XID
+d = N.nvmlEventSetWait_v2(es, 5000)
+out["xid"] = [d.eventData, d.gpuInstanceId, d.computeInstanceId]
+print(json.dumps(out))
+"""
+
+
 def test_r470_child_falls_back_to_the_older_calls(tmp_path):
     """What an exporter meets on an R470 node, through nvidia-ml-py 13: the newer calls raise
     FUNCTION_NOT_FOUND (or, for the unversioned process calls, NVMLLibraryMismatchError) and the
     older calls answer with the same values."""
     sim = Simulator(NODE, directory=tmp_path, driver="r470")
     g = sim.state.gpu(0)
-    # the child reports, then waits on stdin while this process queues a MIG-attributed XID
-    code = textwrap.dedent("""
-        import ctypes, json, sys, pynvml as N
-        N.nvmlInit()
-        h = N.nvmlDeviceGetHandleByIndex(0)
-        out = {"nvml": N.nvmlSystemGetNVMLVersion(), "cuda": N.nvmlSystemGetCudaDriverVersion()}
-        def code(call):
-            try:
-                call()
-            except N.NVMLError as e:
-                return e.value
-            except Exception as e:
-                return type(e).__name__
-            return 0
-        out["errors"] = {
-            "mem_v2": code(lambda: N.nvmlDeviceGetMemoryInfo(h, version=N.nvmlMemory_v2)),
-            "events": code(lambda: N.nvmlDeviceGetCurrentClocksEventReasons(h)),
-            "supported_events": code(lambda: N.nvmlDeviceGetSupportedClocksEventReasons(h)),
-            "procs_v3": code(lambda: N.nvmlDeviceGetComputeRunningProcesses_v3(h)),
-            "procs": code(lambda: N.nvmlDeviceGetComputeRunningProcesses(h)),
-            "gpm": code(lambda: N.nvmlGpmSampleAlloc()),
-            "cores": code(lambda: N.nvmlDeviceGetNumGpuCores(h)),
-        }
-        m = N.nvmlDeviceGetMemoryInfo(h)
-        out["mem_v1"] = [m.total, m.free, m.used]
-        out["throttle"] = [N.nvmlDeviceGetCurrentClocksThrottleReasons(h),
-                           N.nvmlDeviceGetSupportedClocksThrottleReasons(h)]
-        out["procs_v2"] = [[p.pid, p.usedGpuMemory, p.gpuInstanceId, p.computeInstanceId]
-                           for p in N.nvmlDeviceGetComputeRunningProcesses_v2(h)]
-        out["graphics_v2"] = [p.pid for p in N.nvmlDeviceGetGraphicsRunningProcesses_v2(
-            N.nvmlDeviceGetHandleByIndex(1))]
-        out["pci_v3"] = N.nvmlDeviceGetPciInfo_v3(h).busId
-        es = N.nvmlEventSetCreate()
-        N.nvmlDeviceRegisterEvents(h, N.nvmlEventTypeXidCriticalError, es)
-        print("ready", flush=True)
-        sys.stdin.readline()  # the parent has queued an XID
-        d = N.nvmlEventSetWait_v2(es, 5000)
-        out["xid"] = [d.eventData, d.gpuInstanceId, d.computeInstanceId]
-        print(json.dumps(out))
-    """)
     try:
         g.clock_events.base = 0x4  # any mask: both calls read the same value
         total, reserved, used = (int(v.base) for v in (g.mem_total, g.mem_reserved, g.mem_used))
         supported, bus_id = int(g.clock_events_supported.base), g.bus_id.s.decode()
         del g
-        proc = subprocess.Popen([sys.executable, "-c", code], env=sim.env(), stdin=subprocess.PIPE,
+        proc = subprocess.Popen([sys.executable, "-c", R470_CHILD], env=sim.env(), stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             assert proc.stdout.readline().strip() == "ready", proc.stderr.read()

@@ -6,7 +6,6 @@ import math
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -14,16 +13,10 @@ import urllib.request
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, free_port
 
 EXPORTER = shutil.which("nvitop-exporter", path=os.pathsep.join([os.path.dirname(sys.executable), os.environ["PATH"]]))
 pytestmark = pytest.mark.skipif(EXPORTER is None, reason="nvitop-exporter is not installed")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def scrape_until(port: int, proc, want, timeout: float = 30.0) -> str:

@@ -1,6 +1,8 @@
 """Optional OTLP push of the same catalog as OpenTelemetry metrics, for sites that run an
 OpenTelemetry Collector instead of scraping. Uses the OTel SDK: one observable instrument per
-catalog metric, observed from the latest snapshot at each export.
+metric the exporter emits (catalog.EXPORTED: not the training and inference instruments, which
+their own processes send), observed from the latest snapshot at each export; the snapshot's
+samples are grouped by metric once per export, not scanned once per instrument.
 
 The SDK stamps each observation with the time of the export, so the values of a stale snapshot
 (the rule of /metrics: older than two intervals) are not observed at all: only self-health is,
@@ -9,6 +11,7 @@ self-health-only /metrics body has it."""
 
 from __future__ import annotations
 
+from collections import defaultdict
 from typing import Callable
 
 from opentelemetry.metrics import CallbackOptions, Observation
@@ -41,11 +44,12 @@ class OtlpPush:
         """fresh(snapshot): whether its values may still be sent (None: always)."""
         self._latest = latest
         self._fresh = fresh or (lambda _snap: True)
+        self._grouped: tuple[Snapshot | None, dict[c.Metric, list]] = (None, {})
         reader = PeriodicExportingMetricReader(_exporter(endpoint), export_interval_millis=interval * 1000)
         self.provider = MeterProvider(metric_readers=[reader],
                                       resource=Resource.create({"service.name": "gpuobs-exporter"}))
         meter = self.provider.get_meter("gpuobs.exporter", __version__)
-        for metric in c.ALL:
+        for metric in c.EXPORTED:
             make = meter.create_observable_counter if metric.kind == "counter" else meter.create_observable_gauge
             make(metric.exposed_name if metric.kind == "info" else metric.name,
                  callbacks=[self._callback(metric)], unit=UNITS.get(metric.unit, "1"), description=metric.help)
@@ -58,9 +62,19 @@ class OtlpPush:
                 return [Observation(float(stale))]
             if snap is None or (stale and (metric.family not in SELF_FAMILIES or metric in UNKNOWN_WHEN_STALE)):
                 return []  # never an old value under the export's fresh timestamp
-            return [Observation(s.value, dict(zip(metric.labels, s.labels)))
-                    for s in snap.samples if s.metric is metric]
+            return [Observation(s.value, dict(zip(metric.labels, s.labels))) for s in self._samples(snap, metric)]
         return observe
+
+    def _samples(self, snap: Snapshot, metric: c.Metric) -> list:
+        """The snapshot's samples of one metric; the snapshot is grouped by metric on the first call of an
+        export (the SDK runs an export's callbacks one after another on its reader thread)."""
+        grouped_snap, groups = self._grouped
+        if grouped_snap is not snap:
+            groups = defaultdict(list)
+            for sample in snap.samples:
+                groups[sample.metric].append(sample)
+            self._grouped = (snap, groups)
+        return groups.get(metric, [])
 
     def start(self) -> None:
         """Exports run on the SDK's own thread; nothing to start."""

@@ -123,7 +123,7 @@ def build(force: bool = False, hide: Iterable[str] = ()) -> Path:
     if unknown:
         raise ValueError(f"cannot hide {', '.join(unknown)}: the simulator does not implement "
                          f"{'it' if len(unknown) == 1 else 'them'}")
-    header = layout.c_header(names)
+    header = layout.c_header(names, layout.field_ids(source))
     cc = _compiler()
     parts = [source, header, cc, *CFLAGS] + (["hide:", *hidden] if hidden else [])
     digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]

@@ -905,62 +905,80 @@ static nvmlReturn_t put_tlimit(sim_gpu_t *g, nvmlFieldValue_t *f, int kind) {
 static nvmlReturn_t field(sim_gpu_t *g, nvmlFieldValue_t *f) {
     unsigned id = f->fieldId, sc = f->scopeId;
     switch (id) {
-    case 3: return put(f, &g->ecc[0], VT_ULL, 1);   /* NVML_FI_DEV_ECC_SBE_VOL_TOTAL */
-    case 4: return put(f, &g->ecc[2], VT_ULL, 1);   /* DBE volatile */
-    case 5: return put(f, &g->ecc[1], VT_ULL, 1);   /* SBE aggregate */
-    case 6: return put(f, &g->ecc[3], VT_ULL, 1);   /* DBE aggregate */
-    case 29: return put(f, &g->retired_sbe, VT_ULL, 1);
-    case 30: return put(f, &g->retired_dbe, VT_ULL, 1);
-    case 31: return put(f, &g->retired_pending, VT_ULL, 1);
-    case 38: case 45: return put_link_sum(g, f, LINK_OFF(crc_errors), 1);   /* CRC flit / data totals */
-    case 52: return put_link_sum(g, f, LINK_OFF(replay_errors), 1);
-    case 59: return put_link_sum(g, f, LINK_OFF(recovery_errors), 1);
-    case 74: case 75: case 76: case 77: case 78: case 79: case 80: case 81:   /* perf policy counters */
-        return put(f, &g->violation_ns[id == 80 ? 10 : id == 81 ? 11 : id - 74], VT_ULL, 1);
-    case 269: return put(f, &g->violation_ns[1], VT_ULL, 1);   /* CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN */
-    case 270: return put(f, &g->violation_ns[6], VT_ULL, 1);   /* ..._HW_THERM_SLOWDOWN (slot 6: no policy) */
-    case 271: return put(f, &g->violation_ns[7], VT_ULL, 1);   /* ..._HW_POWER_BRAKE_SLOWDOWN (slot 7) */
-    case 82: return put(f, &g->temp_mem, VT_UINT, 1);          /* NVML_FI_DEV_MEMORY_TEMP */
-    case 83: case 191: return put(f, &g->energy_mj, VT_ULL, 1); /* total energy, mJ */
-    case 90: return put_link(g, f, 0, LINK_OFF(speed_mbps), VT_UINT, 1);
-    case 91:                                                      /* NVML_FI_DEV_NVLINK_LINK_COUNT */
+    case NVML_FI_DEV_ECC_SBE_VOL_TOTAL: return put(f, &g->ecc[0], VT_ULL, 1);
+    case NVML_FI_DEV_ECC_DBE_VOL_TOTAL: return put(f, &g->ecc[2], VT_ULL, 1);
+    case NVML_FI_DEV_ECC_SBE_AGG_TOTAL: return put(f, &g->ecc[1], VT_ULL, 1);
+    case NVML_FI_DEV_ECC_DBE_AGG_TOTAL: return put(f, &g->ecc[3], VT_ULL, 1);
+    case NVML_FI_DEV_RETIRED_SBE: return put(f, &g->retired_sbe, VT_ULL, 1);
+    case NVML_FI_DEV_RETIRED_DBE: return put(f, &g->retired_dbe, VT_ULL, 1);
+    case NVML_FI_DEV_RETIRED_PENDING: return put(f, &g->retired_pending, VT_ULL, 1);
+    case NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL:
+    case NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL: return put_link_sum(g, f, LINK_OFF(crc_errors), 1);
+    case NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL: return put_link_sum(g, f, LINK_OFF(replay_errors), 1);
+    case NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL: return put_link_sum(g, f, LINK_OFF(recovery_errors), 1);
+    /* perf policy violation counters: slots 0-5 in field order, then total app clocks (10) and base clocks (11) */
+    case NVML_FI_DEV_PERF_POLICY_POWER: case NVML_FI_DEV_PERF_POLICY_THERMAL:
+    case NVML_FI_DEV_PERF_POLICY_SYNC_BOOST: case NVML_FI_DEV_PERF_POLICY_BOARD_LIMIT:
+    case NVML_FI_DEV_PERF_POLICY_LOW_UTILIZATION: case NVML_FI_DEV_PERF_POLICY_RELIABILITY:
+        return put(f, &g->violation_ns[id - NVML_FI_DEV_PERF_POLICY_POWER], VT_ULL, 1);
+    case NVML_FI_DEV_PERF_POLICY_TOTAL_APP_CLOCKS: return put(f, &g->violation_ns[10], VT_ULL, 1);
+    case NVML_FI_DEV_PERF_POLICY_TOTAL_BASE_CLOCKS: return put(f, &g->violation_ns[11], VT_ULL, 1);
+    case NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN: return put(f, &g->violation_ns[1], VT_ULL, 1);
+    /* slots 6 and 7: reasons with no perf policy counter of their own */
+    case NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN: return put(f, &g->violation_ns[6], VT_ULL, 1);
+    case NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN: return put(f, &g->violation_ns[7], VT_ULL, 1);
+    case NVML_FI_DEV_MEMORY_TEMP: return put(f, &g->temp_mem, VT_UINT, 1);
+    case NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION: case NVML_FI_DEV_ENERGY:
+        return put(f, &g->energy_mj, VT_ULL, 1); /* millijoules */
+    case NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON: return put_link(g, f, 0, LINK_OFF(speed_mbps), VT_UINT, 1);
+    case NVML_FI_DEV_NVLINK_LINK_COUNT:
         f->valueType = VT_UINT;
         f->value.uiVal = g->link_count > 0 ? (unsigned)g->link_count : 0;
         return g->link_count > 0 ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED;
-    case 94: return put(f, &g->pcie_replay, VT_UINT, 1);
-    case 138: case 140: return sc == 0xFFFFFFFFu ? put_link_sum(g, f, LINK_OFF(tx_bytes), 1.0 / 1024)
-                                                 : put_link(g, f, sc, LINK_OFF(tx_bytes), VT_ULL, 1.0 / 1024);
-    case 139: case 141: return sc == 0xFFFFFFFFu ? put_link_sum(g, f, LINK_OFF(rx_bytes), 1.0 / 1024)
-                                                 : put_link(g, f, sc, LINK_OFF(rx_bytes), VT_ULL, 1.0 / 1024);
-    case 142: return put(f, &g->remap_cor, VT_UINT, 1);
-    case 143: return put(f, &g->remap_unc, VT_UINT, 1);
-    case 144: return put(f, &g->remap_pending, VT_UINT, 1);
-    case 145: return put(f, &g->remap_failure, VT_UINT, 1);
-    case 160: return put_link_sum(g, f, LINK_OFF(ecc_errors), 1);
-    case 161: return put_link(g, f, sc, LINK_OFF(replay_errors), VT_ULL, 1);
-    case 162: return put_link(g, f, sc, LINK_OFF(recovery_errors), VT_ULL, 1);
-    case 163: return put_link(g, f, sc, LINK_OFF(crc_errors), VT_ULL, 1);
-    case 164: return put_link(g, f, sc, LINK_OFF(speed_mbps), VT_UINT, 1);
-    case 165: return put_link(g, f, sc, LINK_OFF(state), VT_UINT, 1);
-    case 166: return put_link(g, f, sc, LINK_OFF(version), VT_UINT, 1);
-    case 185: return put(f, g->power_avg_mw.ret ? &g->power_mw : &g->power_avg_mw, VT_UINT, 1);
-    case 186: return put(f, &g->power_mw, VT_UINT, 1);
-    case 187: return put(f, &g->min_limit_mw, VT_UINT, 1);
-    case 188: return put(f, &g->max_limit_mw, VT_UINT, 1);
-    case 189: return put(f, &g->default_limit_mw, VT_UINT, 1);
-    case 190: return put(f, &g->enforced_limit_mw, VT_UINT, 1);
-    case 192: return put(f, &g->power_limit_mw, VT_UINT, 1);
-    case 193: case 194: case 195: case 196:  /* thresholds relative to T.Limit, as nvidia-smi prints them */
-        return put_tlimit(g, f, id == 193 ? 0 : id == 194 ? 1 : id == 195 ? 2 : 3);
-    case 197: return put(f, &g->pcie_tx_bytes, VT_ULL, 1);
-    case 198: return put(f, &g->pcie_rx_bytes, VT_ULL, 1);
-    case 202: return put_link(g, f, sc, LINK_OFF(tx_bytes), VT_ULL, 1);
-    case 204: return put_link(g, f, sc, LINK_OFF(rx_bytes), VT_ULL, 1);
+    case NVML_FI_DEV_PCIE_REPLAY_COUNTER: return put(f, &g->pcie_replay, VT_UINT, 1);
+    /* THROUGHPUT_* count KiB; the scope 0xFFFFFFFF asks for the sum over the links */
+    case NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: case NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_TX:
+        return sc == 0xFFFFFFFFu ? put_link_sum(g, f, LINK_OFF(tx_bytes), 1.0 / 1024)
+                                 : put_link(g, f, sc, LINK_OFF(tx_bytes), VT_ULL, 1.0 / 1024);
+    case NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: case NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_RX:
+        return sc == 0xFFFFFFFFu ? put_link_sum(g, f, LINK_OFF(rx_bytes), 1.0 / 1024)
+                                 : put_link(g, f, sc, LINK_OFF(rx_bytes), VT_ULL, 1.0 / 1024);
+    case NVML_FI_DEV_REMAPPED_COR: return put(f, &g->remap_cor, VT_UINT, 1);
+    case NVML_FI_DEV_REMAPPED_UNC: return put(f, &g->remap_unc, VT_UINT, 1);
+    case NVML_FI_DEV_REMAPPED_PENDING: return put(f, &g->remap_pending, VT_UINT, 1);
+    case NVML_FI_DEV_REMAPPED_FAILURE: return put(f, &g->remap_failure, VT_UINT, 1);
+    case NVML_FI_DEV_NVLINK_ECC_DATA_ERROR_COUNT_TOTAL: return put_link_sum(g, f, LINK_OFF(ecc_errors), 1);
+    case NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY: return put_link(g, f, sc, LINK_OFF(replay_errors), VT_ULL, 1);
+    case NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY: return put_link(g, f, sc, LINK_OFF(recovery_errors), VT_ULL, 1);
+    case NVML_FI_DEV_NVLINK_ERROR_DL_CRC: return put_link(g, f, sc, LINK_OFF(crc_errors), VT_ULL, 1);
+    case NVML_FI_DEV_NVLINK_GET_SPEED: return put_link(g, f, sc, LINK_OFF(speed_mbps), VT_UINT, 1);
+    case NVML_FI_DEV_NVLINK_GET_STATE: return put_link(g, f, sc, LINK_OFF(state), VT_UINT, 1);
+    case NVML_FI_DEV_NVLINK_GET_VERSION: return put_link(g, f, sc, LINK_OFF(version), VT_UINT, 1);
+    case NVML_FI_DEV_POWER_AVERAGE: return put(f, g->power_avg_mw.ret ? &g->power_mw : &g->power_avg_mw, VT_UINT, 1);
+    case NVML_FI_DEV_POWER_INSTANT: return put(f, &g->power_mw, VT_UINT, 1);
+    case NVML_FI_DEV_POWER_MIN_LIMIT: return put(f, &g->min_limit_mw, VT_UINT, 1);
+    case NVML_FI_DEV_POWER_MAX_LIMIT: return put(f, &g->max_limit_mw, VT_UINT, 1);
+    case NVML_FI_DEV_POWER_DEFAULT_LIMIT: return put(f, &g->default_limit_mw, VT_UINT, 1);
+    case NVML_FI_DEV_POWER_CURRENT_LIMIT: return put(f, &g->enforced_limit_mw, VT_UINT, 1);
+    case NVML_FI_DEV_POWER_REQUESTED_LIMIT: return put(f, &g->power_limit_mw, VT_UINT, 1);
+    /* thresholds relative to T.Limit, as nvidia-smi prints them; kinds in the order of the fields */
+    case NVML_FI_DEV_TEMPERATURE_SHUTDOWN_TLIMIT: case NVML_FI_DEV_TEMPERATURE_SLOWDOWN_TLIMIT:
+    case NVML_FI_DEV_TEMPERATURE_MEM_MAX_TLIMIT: case NVML_FI_DEV_TEMPERATURE_GPU_MAX_TLIMIT:
+        return put_tlimit(g, f, (int)(id - NVML_FI_DEV_TEMPERATURE_SHUTDOWN_TLIMIT));
+    case NVML_FI_DEV_PCIE_COUNT_TX_BYTES: return put(f, &g->pcie_tx_bytes, VT_ULL, 1);
+    case NVML_FI_DEV_PCIE_COUNT_RX_BYTES: return put(f, &g->pcie_rx_bytes, VT_ULL, 1);
+    case NVML_FI_DEV_NVLINK_COUNT_XMIT_BYTES: return put_link(g, f, sc, LINK_OFF(tx_bytes), VT_ULL, 1);
+    case NVML_FI_DEV_NVLINK_COUNT_RCV_BYTES: return put_link(g, f, sc, LINK_OFF(rx_bytes), VT_ULL, 1);
     default:
-        if (id >= 39 && id <= 44) return put_link(g, f, id - 39, LINK_OFF(crc_errors), VT_ULL, 1);
-        if (id >= 46 && id <= 51) return put_link(g, f, id - 46, LINK_OFF(replay_errors), VT_ULL, 1);
-        if (id >= 53 && id <= 58) return put_link(g, f, id - 53, LINK_OFF(recovery_errors), VT_ULL, 1);
-        if (id >= 1000) return NVML_ERROR_INVALID_ARGUMENT;
+        /* per-link error counters of the first six links, one field id per link */
+        if (id >= NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_L0 && id <= NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_L5)
+            return put_link(g, f, id - NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_L0, LINK_OFF(crc_errors), VT_ULL, 1);
+        if (id >= NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_L0 && id <= NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_L5)
+            return put_link(g, f, id - NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_L0, LINK_OFF(replay_errors), VT_ULL, 1);
+        if (id >= NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_L0 && id <= NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_L5)
+            return put_link(g, f, id - NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_L0, LINK_OFF(recovery_errors),
+                            VT_ULL, 1);
+        if (id >= 1000) return NVML_ERROR_INVALID_ARGUMENT; /* far beyond any NVML_FI_MAX: a garbage id */
         return NVML_ERROR_NOT_SUPPORTED;
     }
 }

@@ -399,9 +399,31 @@ def _resolve(path: str, base: Path | None) -> Path:
 
 
 def expand(spec: dict, base: Path | None = None) -> tuple[dict, list[tuple[dict, str, float]]]:
-    """Turn a scenario mapping into (driver info, [(profile, behaviour, period)] per GPU slot)."""
+    """Turn a scenario mapping into (driver info, [(profile, behaviour, period)] per GPU slot).
+
+    Raises ScenarioError naming what is wrong: no 'gpus' list, an unknown driver or profile, a bad
+    count, a process on a GPU that does not exist."""
     if not isinstance(spec, dict) or not isinstance(spec.get("gpus"), list):
         raise ScenarioError("a scenario needs a 'gpus' list")
+    if not spec["gpus"]:
+        raise ScenarioError("a scenario needs at least one GPU in 'gpus'")
+    info, named = _driver_info(spec)
+    slots: list[tuple[dict, str, float]] = []
+    for n, entry in enumerate(spec["gpus"]):
+        base_profile = _entry_profile(n, entry, base, spec, info, named)
+        count = entry.get("count", 1)
+        if not isinstance(count, int) or not 1 <= count <= layout.MAX_GPUS - len(slots):
+            raise ScenarioError(f"gpus[{n}]: count must be an integer from 1 to {layout.MAX_GPUS} GPUs in all, "
+                                f"got {count!r}")
+        slots += [(copy.deepcopy(base_profile), entry.get("behaviour", "idle"), float(entry.get("period_s", 300)))
+                  for _ in range(count)]
+    _place_processes(spec, slots)
+    return info, slots
+
+
+def _driver_info(spec: dict) -> tuple[dict, bool]:
+    """The scenario's driver, driver and CUDA versions; and whether the driver is a named release
+    (builder.DRIVER_VERSIONS), whose versions win over a capture's."""
     driver = spec.get("driver", "current")
     try:
         builder.driver_symbols(driver)
@@ -409,36 +431,35 @@ def expand(spec: dict, base: Path | None = None) -> tuple[dict, list[tuple[dict,
         raise ScenarioError(f"driver: {e}") from None
     versions = builder.DRIVER_VERSIONS.get(driver)
     driver_version, cuda_version = versions or ("590.48.01", "13.1")
-    info = {"driver": driver, "driver_version": str(spec.get("driver_version", driver_version)),
-            "cuda_version": str(spec.get("cuda_version", cuda_version))}
-    slots: list[tuple[dict, str, float]] = []
-    if not spec["gpus"]:
-        raise ScenarioError("a scenario needs at least one GPU in 'gpus'")
-    for n, entry in enumerate(spec["gpus"]):
-        if not isinstance(entry, dict):
-            raise ScenarioError(f"gpus[{n}] must be a mapping, got {entry!r}")
-        if "capture" in entry:
-            base_profile = _capture_profile(_resolve(entry["capture"], base), entry.get("phase", "load"))
-            for key in ("driver_version", "cuda_version"):
-                if base_profile.get(key) and key not in spec and not versions:  # a named driver wins
-                    info[key] = base_profile[key]
-        elif "profile" in entry:
-            try:
-                base_profile = profiles.get(entry["profile"])
-            except KeyError as e:
-                raise ScenarioError(f"gpus[{n}]: {e.args[0]}") from None
-        else:
-            raise ScenarioError(f"gpus[{n}] needs 'profile' or 'capture'")
-        _deep_merge(base_profile, entry.get("overrides") or {})
-        if entry.get("mig"):
-            base_profile["mig"] = mig_layout(base_profile, list(entry["mig"]))
-        count = entry.get("count", 1)
-        if not isinstance(count, int) or not 1 <= count <= layout.MAX_GPUS - len(slots):
-            raise ScenarioError(f"gpus[{n}]: count must be an integer from 1 to {layout.MAX_GPUS} GPUs in all, "
-                                f"got {count!r}")
-        for _ in range(count):
-            slots.append((copy.deepcopy(base_profile), entry.get("behaviour", "idle"),
-                          float(entry.get("period_s", 300))))
+    return {"driver": driver, "driver_version": str(spec.get("driver_version", driver_version)),
+            "cuda_version": str(spec.get("cuda_version", cuda_version))}, versions is not None
+
+
+def _entry_profile(n: int, entry: object, base: Path | None, spec: dict, info: dict, named: bool) -> dict:
+    """The profile of gpus[n]: from its capture (whose driver versions fill `info` unless the scenario or a
+    named driver gives them) or named profile, with its overrides and MIG layout applied."""
+    if not isinstance(entry, dict):
+        raise ScenarioError(f"gpus[{n}] must be a mapping, got {entry!r}")
+    if "capture" in entry:
+        profile = _capture_profile(_resolve(entry["capture"], base), entry.get("phase", "load"))
+        for key in ("driver_version", "cuda_version"):
+            if profile.get(key) and key not in spec and not named:
+                info[key] = profile[key]
+    elif "profile" in entry:
+        try:
+            profile = profiles.get(entry["profile"])
+        except KeyError as e:
+            raise ScenarioError(f"gpus[{n}]: {e.args[0]}") from None
+    else:
+        raise ScenarioError(f"gpus[{n}] needs 'profile' or 'capture'")
+    _deep_merge(profile, entry.get("overrides") or {})
+    if entry.get("mig"):
+        profile["mig"] = mig_layout(profile, list(entry["mig"]))
+    return profile
+
+
+def _place_processes(spec: dict, slots: list[tuple[dict, str, float]]) -> None:
+    """Add the scenario's 'processes' to the profiles of the GPUs they name."""
     procs = spec.get("processes") or []
     if not isinstance(procs, list):
         raise ScenarioError("'processes' must be a list")
@@ -447,7 +468,6 @@ def expand(spec: dict, base: Path | None = None) -> tuple[dict, list[tuple[dict,
         if not 0 <= gpu < len(slots):
             raise ScenarioError(f"process {pr.get('pid')} names GPU {gpu}, which does not exist")
         slots[gpu][0].setdefault("processes", []).append(pr)
-    return info, slots
 
 
 def apply(st: SimState, spec: dict, base: Path | None = None, node: str = "node") -> None:

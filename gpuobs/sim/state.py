@@ -36,11 +36,6 @@ def set_val(v: Val, value: float | None, shape: str = "const", amp: float = 0.0,
     v.ret = 0
 
 
-def set_error(v: Val, error: int) -> None:
-    """Make reading this value return `error` (an NVML return code) until set_val is called."""
-    v.ret = error
-
-
 def current(v: Val) -> float:
     """The value as C would evaluate a const or counter shape now (ramps/sines/noise: their base)."""
     if v.shape == layout.SHAPE_COUNTER:

@@ -1,0 +1,124 @@
+"""The shape rules ARCHITECTURE.md states, checked on the source: small functions (at most 60 lines,
+McCabe complexity at most 15, as flake8's C901 counts it) and the import layering.
+
+bench/ is exempt (one-off measurement scripts), and so are the declarative builders that are one
+long list of panels, alerts or recording rules (named in LONG_LISTS): their length is data, their
+complexity still counts."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import mccabe
+import pytest
+
+from conftest import REPO
+
+MAX_LINES = 60
+MAX_COMPLEXITY = 15
+CHECKED = ("gpuobs", "tests", "examples")
+LONG_LISTS = {  # (file, function): one declarative list; exempt from MAX_LINES only
+    ("gpuobs/dashboards/node.py", "build"), ("gpuobs/dashboards/fleet.py", "build"),
+    ("gpuobs/dashboards/training.py", "build"), ("gpuobs/dashboards/inference.py", "build"),
+    ("gpuobs/dashboards/exporter.py", "build"),
+}
+
+
+def _sources() -> list[Path]:
+    return sorted(p for d in CHECKED for p in (REPO / d).rglob("*.py")
+                  if not p.name.endswith(("_pb2.py", "_pb2_grpc.py")))  # protoc's output
+
+
+def _functions(tree: ast.AST):
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield node
+
+
+def test_no_function_is_longer_than_60_lines():
+    long = []
+    for path in _sources():
+        rel = path.relative_to(REPO).as_posix()
+        for fn in _functions(ast.parse(path.read_text(), str(path))):
+            lines = fn.end_lineno - fn.lineno + 1
+            if lines > MAX_LINES and (rel, fn.name) not in LONG_LISTS:
+                long.append(f"{rel}:{fn.lineno} {fn.name} ({lines} lines)")
+    assert not long, "functions over 60 lines:\n" + "\n".join(long)
+
+
+def test_no_function_is_more_complex_than_15():
+    complex_ = []
+    for path in _sources():
+        visitor = mccabe.PathGraphingAstVisitor()
+        visitor.preorder(ast.parse(path.read_text(), str(path)), visitor)
+        complex_ += [f"{path.relative_to(REPO)}:{g.lineno} {g.entity} ({g.complexity()})"
+                     for g in visitor.graphs.values() if g.complexity() > MAX_COMPLEXITY]
+    assert not complex_, "functions over McCabe complexity 15:\n" + "\n".join(complex_)
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("def f(x):\n" + "".join(f"    if x == {i}:\n        return {i}\n" for i in range(15)) + "    return -1\n", 16),
+    ("def f(x):\n    return x\n", 1),
+])
+def test_the_complexity_measure_counts_branches(source, expected):
+    visitor = mccabe.PathGraphingAstVisitor()
+    visitor.preorder(ast.parse(source), visitor)
+    assert [g.complexity() for g in visitor.graphs.values()] == [expected]
+
+
+# ARCHITECTURE.md's layers: a gpuobs package or module may import its own package, gpuobs/__init__
+# (the version) and packages of lower layers; FORBIDDEN lists same-or-lower-layer imports that are
+# still not allowed.
+LAYERS = {
+    "nvml": 0, "ports": 0, "runenv": 0, "attribution": 0,
+    "catalog": 1,
+    "records": 2, "sim": 2, "logs": 2,
+    "collect": 3, "instrument": 3,
+    "exporter": 4, "alerts": 4, "dashboards": 4,
+    "docs": 5, "smi": 5, "demo": 5, "generated": 5,
+    "cli": 6,
+}
+FORBIDDEN = {("dashboards", "alerts"), ("logs", "instrument")}
+
+
+def _unit(path: Path) -> str:
+    """The top-level gpuobs package or module a source file belongs to."""
+    return path.relative_to(REPO / "gpuobs").with_suffix("").parts[0]
+
+
+def _imported_units(path: Path) -> set[str]:
+    """The top-level gpuobs units a module imports (absolute or relative, at any depth)."""
+    package = list(path.relative_to(REPO).with_suffix("").parts[:-1])
+    units = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name.split(".") for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else []
+            module = base + (node.module.split(".") if node.module else [])
+            names = [module + [a.name] for a in node.names] if not node.module else [module]
+        else:
+            continue
+        units |= {parts[1] for parts in names if parts[0] == "gpuobs" and len(parts) > 1}
+    return units
+
+
+def test_imports_follow_the_layers():
+    units = {_unit(p) for p in (REPO / "gpuobs").rglob("*.py") if _unit(p) != "__init__"}
+    assert units <= set(LAYERS), f"add {sorted(units - set(LAYERS))} to LAYERS and to ARCHITECTURE.md"
+    wrong = []
+    for path in (REPO / "gpuobs").rglob("*.py"):
+        unit = _unit(path)
+        if unit == "__init__":
+            continue
+        for target in _imported_units(path) - {unit, "__init__", "__version__"}:
+            if LAYERS.get(target, 99) >= LAYERS[unit] or (unit, target) in FORBIDDEN:
+                wrong.append(f"{path.relative_to(REPO)} imports gpuobs.{target}")
+    assert not wrong, "imports against ARCHITECTURE.md's layers:\n" + "\n".join(sorted(wrong))
+
+
+def test_the_layering_check_sees_relative_and_absolute_imports():
+    module = REPO / "gpuobs" / "collect" / "base.py"
+    assert {"catalog", "nvml"} <= _imported_units(module)
+    assert "exporter" in _imported_units(REPO / "gpuobs" / "cli.py")
