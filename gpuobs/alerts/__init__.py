@@ -1,8 +1,8 @@
 """Alert and recording rules, Alertmanager routing, Grafana alerting and runbooks, generated from
-one set of Python definitions (rules.py) over the metric catalog's names (build.py writes them)."""
+one set of Python definitions (rules.py, over the metric catalog and the records of gpuobs.records;
+runbooks.py for the runbooks' text); build.py writes them."""
 
-from .rules import (DEFAULT, DEFAULT_RUNBOOK_BASE, FAST, PROFILES, Alert, Record, Thresholds, alerts,
-                    recording_rules)
+from ..records import recording_rules
+from .rules import DEFAULT, DEFAULT_RUNBOOK_BASE, FAST, Alert, Thresholds, alerts
 
-__all__ = ["DEFAULT", "DEFAULT_RUNBOOK_BASE", "FAST", "PROFILES", "Alert", "Record", "Thresholds", "alerts",
-           "recording_rules"]
+__all__ = ["DEFAULT", "DEFAULT_RUNBOOK_BASE", "FAST", "Alert", "Thresholds", "alerts", "recording_rules"]

@@ -1,10 +1,40 @@
-"""The runbook texts (meaning, impact, diagnosis, action) rendered into docs/runbooks by `gpuobs alerts build`."""
+"""The runbook texts (meaning, impact, diagnosis, action) rendered into docs/runbooks by `gpuobs generate`.
+
+The texts name no metric or recording rule literally: `$NAME` stands for the sample name of the catalog
+metric `gpuobs.catalog.NAME` (counters with `_total`; `${NAME}_sum`, `_count`, `_bucket` for a
+histogram's series) or for the name of the record `gpuobs.records.NAME`, filled in when rendered
+(`render`), so that they follow a rename. `$$` writes a dollar sign.
+"""
 
 from __future__ import annotations
 
+from string import Template
 from textwrap import dedent
 
+from .. import catalog as c
+from .. import records
+
 SECTIONS = ("meaning", "impact", "diagnosis", "action")
+# metrics of the catalog without a name of their own there
+ALIASES = {"GPM_DRAM_ACTIVE": c.GPM_METRICS[10]}  # 10: NVML_GPM_METRIC_DRAM_BW_UTIL
+
+
+def names() -> dict[str, str]:
+    """What each `$NAME` of the texts stands for, from the catalog and the records as they are now.
+    ValueError if a Python name means both a metric and a record."""
+    metrics = {k: v for k, v in vars(c).items() if isinstance(v, c.Metric)} | ALIASES
+    both = metrics.keys() & records.NAMES.keys()
+    if both:
+        raise ValueError(f"both a catalog metric and a record: {sorted(both)}")
+    return {k: m.exposed_name for k, m in metrics.items()} | {k: r.name for k, r in records.NAMES.items()}
+
+
+def render(alert: str) -> dict[str, str]:
+    """The runbook of alert, section by section (SECTIONS), its `$NAME`s filled in. KeyError for an
+    alert without a runbook or a `$NAME` that is neither a catalog metric nor a record; ValueError
+    for a `$` followed by no name."""
+    values = names()
+    return {section: Template(text).substitute(values) for section, text in RUNBOOKS[alert].items()}
 
 
 def _md(text: str | list[str]) -> str:
@@ -38,13 +68,13 @@ _RESET = """
 
 _THROTTLE_QUERIES = """
     ```promql
-    gpuobs_gpu_clock_event_reason_active{node="<node>", reason!="gpu_idle"} == 1
-    gpuobs_gpu_clock_hertz{node="<node>", clock="sm"} / gpuobs_gpu_max_clock_hertz{node="<node>", clock="sm"}
-    rate(gpuobs_gpu_clock_event_duration_seconds_total{node="<node>"}[1h])   # share of time held down, per reason
+    $CLOCK_EVENT_ACTIVE{node="<node>", reason!="gpu_idle"} == 1
+    $CLOCK{node="<node>", clock="sm"} / $MAX_CLOCK{node="<node>", clock="sm"}
+    rate($CLOCK_EVENT_DURATION{node="<node>"}[1h])   # share of time held down, per reason
     ```"""
 
 _XID_TIMING = """
-    The alert reads the event's own time, `gpuobs_gpu_xid_last_seen_timestamp_seconds` (Unix time of the last
+    The alert reads the event's own time, `$XID_LAST_SEEN` (Unix time of the last
     event of that code on that GPU and MIG instance), as well as the counter: it fires for 5 minutes after each
     event and is kept 15 minutes more, so it resolves about 20 minutes after the last one. An XID right after
     an exporter restart pages too, even when the same code was counted before the restart (the counter series
@@ -78,10 +108,10 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             - Chassis side: `ipmitool sdr type temperature` and `ipmitool sdr type fan` for inlet temperature and
               fan state.""", """
             ```promql
-            gpuobs_gpu_temperature_celsius{node="<node>"}
-            gpuobs_gpu_slowdown_temperature_celsius{node="<node>"}
-            gpuobs_gpu_memory_temperature_celsius{node="<node>"}
-            gpuobs_gpu_fan_speed_ratio{node="<node>"}          # air-cooled boards only
+            $TEMPERATURE{node="<node>"}
+            $SLOWDOWN_TEMPERATURE{node="<node>"}
+            $MEMORY_TEMPERATURE{node="<node>"}
+            $FAN_SPEED{node="<node>"}          # air-cooled boards only
             ```""", _THROTTLE_QUERIES],
         action=["""
             Treat it as urgent: the GPU is protecting itself. If it persists, or more than one GPU of the node is
@@ -105,9 +135,9 @@ RUNBOOKS: dict[str, dict[str, str]] = {
               Operating Temp" and "Memory Current Temp" with "Memory Max Operating Temp".
             - Check whether the whole node or rack runs hot (inlet air, fans, coolant) or only this GPU.""", """
             ```promql
-            gpuobs_gpu_temperature_celsius{node="<node>"} - gpuobs_gpu_max_operating_temperature_celsius{node="<node>"}
-            gpuobs_gpu_memory_temperature_celsius{node="<node>"}
-              - gpuobs_gpu_memory_max_operating_temperature_celsius{node="<node>"}
+            $TEMPERATURE{node="<node>"} - $MAX_OPERATING_TEMPERATURE{node="<node>"}
+            $MEMORY_TEMPERATURE{node="<node>"}
+              - $MEMORY_MAX_TEMPERATURE{node="<node>"}
             ```""", _THROTTLE_QUERIES],
         action="""
             Fix the cooling before it becomes a hardware thermal slowdown: airflow, fans, inlet temperature,
@@ -128,15 +158,15 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             - Compare with the node's other GPUs and with neighbouring nodes: one GPU, a node or a rack?
             - `ipmitool sdr type temperature` / `ipmitool sdr type fan` on the node's BMC.""", """
             ```promql
-            gpuobs_gpu_slowdown_temperature_celsius{node="<node>"} - gpuobs_gpu_temperature_celsius{node="<node>"}
-            max by (node) (gpuobs_gpu_temperature_celsius)       # hottest GPU per node across the fleet
-            gpuobs_gpu_power_usage_watts{node="<node>"}
+            $SLOWDOWN_TEMPERATURE{node="<node>"} - $TEMPERATURE{node="<node>"}
+            max by (node) ($TEMPERATURE)       # hottest GPU per node across the fleet
+            $POWER_USAGE{node="<node>"}
             ```"""],
         action="""
             Check and fix cooling (fans, airflow, blanking panels, inlet temperature, coolant) before throttling
             starts. If a single GPU runs hotter than its peers under the same load, schedule a vendor check. The
             margin is `temp_margin_c` in `Thresholds` in `gpuobs/alerts/rules.py`; change it there and run
-            `gpuobs alerts build`."""),
+            `gpuobs generate`."""),
     "GpuMemoryTemperatureNearMax": _rb(
         meaning="""
             The HBM/GDDR temperature (`NVML_FI_DEV_MEMORY_TEMP`) has been within 5 °C of the memory maximum
@@ -152,10 +182,10 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             - Is the core temperature high too (cooling problem) or only the memory (bandwidth-heavy
               workload)?""", """
             ```promql
-            gpuobs_gpu_memory_max_operating_temperature_celsius{node="<node>"}
-              - gpuobs_gpu_memory_temperature_celsius{node="<node>"}
-            gpuobs_gpu_dram_active_ratio{node="<node>"}
-            rate(gpuobs_gpu_ecc_errors_total{node="<node>", error_type="corrected"}[1h])
+            $MEMORY_MAX_TEMPERATURE{node="<node>"}
+              - $MEMORY_TEMPERATURE{node="<node>"}
+            $GPM_DRAM_ACTIVE{node="<node>"}
+            rate($ECC_ERRORS{node="<node>", error_type="corrected"}[1h])
             ```"""],
         action="""
             Improve cooling of the node (airflow, fans, coolant). If one GPU's memory runs much hotter than its
@@ -176,9 +206,9 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             - On the BMC: `ipmitool sdr type "Power Supply"` for PSU status, `ipmitool sel elist` for power
               events, and the chassis power-capping policy.""", """
             ```promql
-            count by (node) (gpuobs_gpu_clock_event_reason_active{reason="hw_power_brake_slowdown"} == 1)
-            sum by (node) (gpuobs_gpu_power_usage_watts{node="<node>"})
-            rate(gpuobs_gpu_clock_event_duration_seconds_total{node="<node>", reason="hw_power_brake_slowdown"}[1h])
+            count by (node) ($CLOCK_EVENT_ACTIVE{reason="hw_power_brake_slowdown"} == 1)
+            sum by (node) ($POWER_USAGE{node="<node>"})
+            rate($CLOCK_EVENT_DURATION{node="<node>", reason="hw_power_brake_slowdown"}[1h])
             ```"""],
         action=["""
             Drain the node if the brake stays asserted:""", _drain("GpuHwPowerBrake"), """
@@ -199,8 +229,8 @@ RUNBOOKS: dict[str, dict[str, str]] = {
               (fast trigger) and power delivery.
             - `nvidia-smi -q -d PERFORMANCE,POWER,TEMPERATURE -i <index>`.""", _THROTTLE_QUERIES, """
             ```promql
-            gpuobs_gpu_power_usage_watts{node="<node>"} / gpuobs_gpu_power_limit_watts{node="<node>"}
-            gpuobs_gpu_temperature_celsius{node="<node>"}
+            $POWER_USAGE{node="<node>"} / $POWER_LIMIT{node="<node>"}
+            $TEMPERATURE{node="<node>"}
             ```"""],
         action=["""
             Follow the thermal or power-brake runbook when one of those bits explains it. If HW slowdown persists
@@ -221,10 +251,10 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             - A limit below the default means someone or something (a site power policy, DCGM, an admin) lowered
               it.""", """
             ```promql
-            gpuobs_gpu_power_limit_watts{node="<node>"} < gpuobs_gpu_power_default_limit_watts{node="<node>"}
-            gpuobs_gpu_power_usage_watts{node="<node>"} / gpuobs_gpu_power_limit_watts{node="<node>"}
-            rate(gpuobs_gpu_clock_event_duration_seconds_total{node="<node>", reason="sw_power_cap"}[1h])
-            gpuobs_gpu_temperature_celsius{node="<node>"}    # hot silicon draws more power for the same work
+            $POWER_LIMIT{node="<node>"} < $POWER_DEFAULT_LIMIT{node="<node>"}
+            $POWER_USAGE{node="<node>"} / $POWER_LIMIT{node="<node>"}
+            rate($CLOCK_EVENT_DURATION{node="<node>", reason="sw_power_cap"}[1h])
+            $TEMPERATURE{node="<node>"}    # hot silicon draws more power for the same work
             ```"""],
         action="""
             If the limit was lowered by mistake, restore it: `nvidia-smi -pl <watts> -i <index>` (root; it does not
@@ -249,9 +279,9 @@ RUNBOOKS: dict[str, dict[str, str]] = {
               `kubectl describe node <node>` (allocated `nvidia.com/gpu`).
             - Slurm: `squeue -w <node>` and `scontrol show job -d <jobid>` (the GRES indexes it holds).""", """
             ```promql
-            max_over_time(gpuobs_gpu_utilization_ratio{node="<node>"}[30m])
-            gpuobs_gpu_memory_used_bytes{node="<node>"}
-            gpuobs_gpu_process_memory_used_bytes{node="<node>"}      # with --processes
+            max_over_time($UTILIZATION{node="<node>"}[30m])
+            $MEMORY_USED{node="<node>"}
+            $PROCESS_MEMORY{node="<node>"}      # with --processes
             ```"""],
         action="""
             Contact the owner of the pod or job and ask them to release the GPU; kill processes left behind by a
@@ -269,9 +299,9 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             but idle.""",
         diagnosis=["""
             ```promql
-            cluster:gpuobs_gpus_idle:count
-            cluster:gpuobs_gpus_allocated_idle:count      # idle GPUs that someone holds: see GpuAllocatedIdle
-            cluster:gpuobs_gpu_utilization_ratio:avg
+            $CLUSTER_GPUS_IDLE
+            $CLUSTER_GPUS_ALLOCATED_IDLE      # idle GPUs that someone holds: see GpuAllocatedIdle
+            $CLUSTER_UTILIZATION
             ```""", """
             - Queued work: `squeue -t PENDING` (Slurm), `kubectl get pods -A --field-selector status.phase=Pending`.
             - Drained or cordoned nodes: `sinfo -R`, `kubectl get nodes` (SchedulingDisabled)."""],
@@ -297,11 +327,11 @@ RUNBOOKS: dict[str, dict[str, str]] = {
               whether the device still enumerates, `lspci -vv -s <pci_bus_id>` whether its config space reads.
             - BMC event log: `ipmitool sel elist` for PCIe, power or thermal events.""", """
             ```promql
-            increase(gpuobs_gpu_xid_errors_total{node="<node>"}[1h])
-            gpuobs_gpu_xid_last_seen_timestamp_seconds{node="<node>"}
-            gpuobs_gpu_up{node="<node>"}
-            gpuobs_gpu_info{node="<node>"}          # pci_bus_id and serial for the vendor case
-            max_over_time(gpuobs_gpu_temperature_celsius{node="<node>"}[1h])
+            increase($XID_ERRORS{node="<node>"}[1h])
+            $XID_LAST_SEEN{node="<node>"}
+            $GPU_UP{node="<node>"}
+            $GPU_INFO{node="<node>"}          # pci_bus_id and serial for the vendor case
+            max_over_time($TEMPERATURE{node="<node>"}[1h])
             ```"""],
         action=["""
             Drain the node and reboot it; a GPU reset does not normally recover from XID 79.""",
@@ -332,16 +362,16 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             - Who ran on it: `kubectl get pods -A -o wide --field-selector spec.nodeName=<node>`,
               `squeue -w <node>`.""", """
             ```promql
-            increase(gpuobs_gpu_xid_errors_total{node="<node>"}[1h])
-            gpuobs_gpu_row_remap_pending{node="<node>"}
-            gpuobs_gpu_retired_pages_pending{node="<node>"}
-            gpuobs_gpu_row_remap_failure{node="<node>"}
+            increase($XID_ERRORS{node="<node>"}[1h])
+            $REMAP_PENDING{node="<node>"}
+            $RETIRED_PAGES_PENDING{node="<node>"}
+            $REMAP_FAILURE{node="<node>"}
             ```"""],
         action=["""
             Drain the GPU's node and let or make its jobs stop:""", _drain("XID reset required on GPU <index>"),
             _RESET, """
-            After the reset check that `gpuobs_gpu_row_remap_pending` and `gpuobs_gpu_retired_pages_pending` are 0
-            and `gpuobs_gpu_row_remap_failure` is 0, then run `dcgmi diag -r 3` where DCGM is installed. Escalate
+            After the reset check that `$REMAP_PENDING` and `$RETIRED_PAGES_PENDING` are 0
+            and `$REMAP_FAILURE` is 0, then run `dcgmi diag -r 3` where DCGM is installed. Escalate
             to the vendor (RMA) on XID 64, a row-remap failure, or the same XID recurring on the same GPU after a
             reset; for recurring 119/120 also check the driver release notes and consider a driver update.""",
             _UNDRAIN]),
@@ -367,9 +397,9 @@ RUNBOOKS: dict[str, dict[str, str]] = {
               `compute-sanitizer` to find the faulting kernel.
             - For 94: `nvidia-smi -q -d ECC,ROW_REMAPPER -i <index>`.""", """
             ```promql
-            increase(gpuobs_gpu_xid_errors_total{node="<node>", xid=~"13|31|43|45|94"}[1h])
-            topk(10, sum by (node, gpu, uuid, xid) (increase(gpuobs_gpu_xid_errors_total{xid=~"13|31|43|45|94"}[7d])))
-            gpuobs_gpu_row_remap_pending{node="<node>"}
+            increase($XID_ERRORS{node="<node>", xid=~"13|31|43|45|94"}[1h])
+            topk(10, sum by (node, gpu, uuid, xid) (increase($XID_ERRORS{xid=~"13|31|43|45|94"}[7d])))
+            $REMAP_PENDING{node="<node>"}
             ```"""],
         action="""
             Restart the affected application or job; tell its owner for 13, 31 and 43 (code or library bugs,
@@ -392,9 +422,9 @@ RUNBOOKS: dict[str, dict[str, str]] = {
               (error counters); `nvidia-smi topo -m` for the topology.
             - On NVSwitch systems: `systemctl status nvidia-fabricmanager` and its journal.""", """
             ```promql
-            gpuobs_gpu_nvlink_link_up{node="<node>"} == 0
-            rate(gpuobs_gpu_nvlink_errors_total{node="<node>"}[5m])
-            increase(gpuobs_gpu_xid_errors_total{node="<node>", xid="74"}[24h])
+            $NVLINK_UP{node="<node>"} == 0
+            rate($NVLINK_ERRORS{node="<node>"}[5m])
+            increase($XID_ERRORS{node="<node>", xid="74"}[24h])
             ```"""],
         action=["""
             A single XID 74 with all links up and no rising error counters: restart the affected job if it failed
@@ -419,17 +449,17 @@ RUNBOOKS: dict[str, dict[str, str]] = {
               pending remaps, remap failure, bank remap availability.
             - `dmesg -T | grep -i xid` for 48/94/95 and the process affected.""", """
             ```promql
-            increase(gpuobs_gpu_ecc_errors_total{uuid="<uuid>", error_type="uncorrected"}[24h])
-            gpuobs_gpu_remapped_rows_total{uuid="<uuid>"}
-            gpuobs_gpu_row_remap_pending{uuid="<uuid>"}
-            gpuobs_gpu_row_remap_failure{uuid="<uuid>"}
-            gpuobs_gpu_retired_pages_total{uuid="<uuid>"}
+            increase($ECC_ERRORS{uuid="<uuid>", error_type="uncorrected"}[24h])
+            $REMAPPED_ROWS{uuid="<uuid>"}
+            $REMAP_PENDING{uuid="<uuid>"}
+            $REMAP_FAILURE{uuid="<uuid>"}
+            $RETIRED_PAGES{uuid="<uuid>"}
             ```"""],
         action=["""
             Drain the node so no new work lands on the GPU:""", _drain("uncorrectable ECC on GPU <index>"),
             _RESET, """
-            After the reset, `gpuobs_gpu_row_remap_pending` (or `gpuobs_gpu_retired_pages_pending`) must be 0 and
-            `gpuobs_gpu_row_remap_failure` 0; a GPU whose error was repaired by a row remap can return to service.
+            After the reset, `$REMAP_PENDING` (or `$RETIRED_PAGES_PENDING`) must be 0 and
+            `$REMAP_FAILURE` 0; a GPU whose error was repaired by a row remap can return to service.
             If uncorrectable errors recur after the remap, or the remap failed, keep it drained and RMA it.""",
             _UNDRAIN]),
     "GpuEccCorrectedRate": _rb(
@@ -447,10 +477,10 @@ RUNBOOKS: dict[str, dict[str, str]] = {
               remap availability.
             - Is the rate growing over days, and is the memory running hot?""", """
             ```promql
-            rate(gpuobs_gpu_ecc_errors_total{uuid="<uuid>", error_type="corrected", counter_type="volatile"}[1h])
-            increase(gpuobs_gpu_ecc_errors_total{uuid="<uuid>", error_type="corrected", counter_type="aggregate"}[7d])
-            gpuobs_gpu_remapped_rows_total{uuid="<uuid>"}
-            gpuobs_gpu_memory_temperature_celsius{uuid="<uuid>"}
+            rate($ECC_ERRORS{uuid="<uuid>", error_type="corrected", counter_type="volatile"}[1h])
+            increase($ECC_ERRORS{uuid="<uuid>", error_type="corrected", counter_type="aggregate"}[7d])
+            $REMAPPED_ROWS{uuid="<uuid>"}
+            $MEMORY_TEMPERATURE{uuid="<uuid>"}
             ```"""],
         action="""
             Ticket, not page. Schedule a GPU reset in the next maintenance window so pending remaps take effect. If
@@ -471,14 +501,14 @@ RUNBOOKS: dict[str, dict[str, str]] = {
               remap availability histogram.
             - `dmesg -T | grep -i xid` for the XID that caused it.""", """
             ```promql
-            gpuobs_gpu_row_remap_pending{uuid="<uuid>"}
-            gpuobs_gpu_remapped_rows_total{uuid="<uuid>"}
-            increase(gpuobs_gpu_ecc_errors_total{uuid="<uuid>", error_type="uncorrected"}[24h])
+            $REMAP_PENDING{uuid="<uuid>"}
+            $REMAPPED_ROWS{uuid="<uuid>"}
+            increase($ECC_ERRORS{uuid="<uuid>", error_type="uncorrected"}[24h])
             ```"""],
         action=["""
             Plan a reset within hours, not weeks: drain the node, let running jobs finish, then reset.""",
             _drain("row remap pending on GPU <index>"), _RESET, """
-            Check afterwards that `gpuobs_gpu_row_remap_pending` is 0 and `gpuobs_gpu_row_remap_failure` is 0. If
+            Check afterwards that `$REMAP_PENDING` is 0 and `$REMAP_FAILURE` is 0. If
             the availability histogram shows banks with few or no spare rows left, plan an RMA.""", _UNDRAIN]),
     "GpuRowRemapFailure": _rb(
         meaning="""
@@ -492,9 +522,9 @@ RUNBOOKS: dict[str, dict[str, str]] = {
               ECC counts.
             - `dmesg -T | grep -i xid` for XID 64 and ECC XIDs.""", """
             ```promql
-            gpuobs_gpu_row_remap_failure{uuid="<uuid>"}
-            gpuobs_gpu_remapped_rows_total{uuid="<uuid>"}
-            gpuobs_gpu_info{uuid="<uuid>"}     # serial and pci_bus_id for the RMA
+            $REMAP_FAILURE{uuid="<uuid>"}
+            $REMAPPED_ROWS{uuid="<uuid>"}
+            $GPU_INFO{uuid="<uuid>"}     # serial and pci_bus_id for the RMA
             ```"""],
         action=["""
             Take the GPU out of service and keep it out; a reset does not fix it.""",
@@ -518,9 +548,9 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             - On NVSwitch systems: `systemctl status nvidia-fabricmanager` and `journalctl -u nvidia-fabricmanager`.""",
             """
             ```promql
-            gpuobs_gpu_nvlink_link_up{node="<node>"} == 0
-            rate(gpuobs_gpu_nvlink_errors_total{node="<node>"}[1h])
-            increase(gpuobs_gpu_xid_errors_total{node="<node>", xid="74"}[24h])
+            $NVLINK_UP{node="<node>"} == 0
+            rate($NVLINK_ERRORS{node="<node>"}[1h])
+            increase($XID_ERRORS{node="<node>", xid="74"}[24h])
             ```"""],
         action=["""
             Drain the node:""", _drain("NVLink down on GPU <index>"), """
@@ -540,9 +570,9 @@ RUNBOOKS: dict[str, dict[str, str]] = {
               state and speed.
             - One link (a physical fault) or many links on many GPUs (driver, firmware, fabric)?""", """
             ```promql
-            rate(gpuobs_gpu_nvlink_errors_total{node="<node>"}[5m])
-            gpuobs_gpu_nvlink_link_up{node="<node>"}
-            rate(gpuobs_gpu_nvlink_transmit_bytes_total{node="<node>"}[5m])
+            rate($NVLINK_ERRORS{node="<node>"}[5m])
+            $NVLINK_UP{node="<node>"}
+            rate($NVLINK_TX{node="<node>"}[5m])
             ```"""],
         action="""
             Ticket. If errors persist on one link, drain the node at a convenient time, reset or reboot, and open a
@@ -563,10 +593,10 @@ RUNBOOKS: dict[str, dict[str, str]] = {
               mark a downgraded link).
             - `dmesg -T | grep -i -E "aer|pcie bus error"` for link errors.""", """
             ```promql
-            gpuobs_gpu_pcie_link_generation{node="<node>"} < gpuobs_gpu_pcie_link_generation_max{node="<node>"}
-            gpuobs_gpu_pcie_link_width{node="<node>"} < gpuobs_gpu_pcie_link_width_max{node="<node>"}
-            rate(gpuobs_gpu_pcie_replays_total{node="<node>"}[5m])
-            gpuobs_gpu_info{node="<node>"}       # pci_bus_id
+            $PCIE_GENERATION{node="<node>"} < $PCIE_MAX_GENERATION{node="<node>"}
+            $PCIE_WIDTH{node="<node>"} < $PCIE_MAX_WIDTH{node="<node>"}
+            rate($PCIE_REPLAYS{node="<node>"}[5m])
+            $GPU_INFO{node="<node>"}       # pci_bus_id
             ```""", """
             The exporter reads the link state every tenth sampling pass, so a change shows with a delay."""],
         action=["""
@@ -590,9 +620,9 @@ RUNBOOKS: dict[str, dict[str, str]] = {
               upstream switch.
             - `lspci -vv -s <pci_bus_id>` for link status and AER registers.""", """
             ```promql
-            rate(gpuobs_gpu_pcie_replays_total{node="<node>"}[5m])
-            gpuobs_gpu_pcie_link_generation{node="<node>"}
-            gpuobs_gpu_pcie_link_width{node="<node>"}
+            rate($PCIE_REPLAYS{node="<node>"}[5m])
+            $PCIE_GENERATION{node="<node>"}
+            $PCIE_WIDTH{node="<node>"}
             ```"""],
         action="""
             Ticket. If the rate stays high, drain the node at a convenient time, reseat the GPU and riser or
@@ -602,9 +632,9 @@ RUNBOOKS: dict[str, dict[str, str]] = {
     # ------------------------------------------------------------------------------ presence and exporter
     "GpuLost": _rb(
         meaning=["""
-            `gpuobs_gpu_up` is 0 and the GPU is lost: NVML returns `GPU_IS_LOST` for it
-            (`gpuobs_gpu_unhealthy{reason="lost"}`), or the exporter gives no reason (one without
-            `gpuobs_gpu_unhealthy`). The exporter withholds its value series, so its other alerts resolve and are
+            `$GPU_UP` is 0 and the GPU is lost: NVML returns `GPU_IS_LOST` for it
+            (`$GPU_UNHEALTHY{reason="lost"}`), or the exporter gives no reason (one without
+            `$GPU_UNHEALTHY`). The exporter withholds its value series, so its other alerts resolve and are
             inhibited; the XID alert that explains the loss (usually XID 79) stays. A GPU unusable for another
             reason (reset required, timeouts, unreadable) is `GpuUnhealthy`'s case, so one GPU pages once.""",
             _FLAPPING],
@@ -617,21 +647,21 @@ RUNBOOKS: dict[str, dict[str, str]] = {
               still enumerate?).
             - BMC event log: `ipmitool sel elist`.""", """
             ```promql
-            gpuobs_gpu_up{node="<node>"} == 0
-            gpuobs_gpu_unhealthy{node="<node>"}
-            avg_over_time(gpuobs_gpu_up{node="<node>"}[1h])      # share of samples it answered
-            increase(gpuobs_gpu_xid_errors_total{node="<node>"}[1h])
-            increase(gpuobs_exporter_nvml_errors_total{node="<node>", code="GPU_IS_LOST"}[1h])
-            gpuobs_gpu_info{node="<node>"}       # serial and pci_bus_id
+            $GPU_UP{node="<node>"} == 0
+            $GPU_UNHEALTHY{node="<node>"}
+            avg_over_time($GPU_UP{node="<node>"}[1h])      # share of samples it answered
+            increase($XID_ERRORS{node="<node>"}[1h])
+            increase($NVML_ERRORS{node="<node>", code="GPU_IS_LOST"}[1h])
+            $GPU_INFO{node="<node>"}       # serial and pci_bus_id
             ```"""],
         action=["""
             Drain the node and reboot it:""", _drain("GPU <index> lost"), """
-            After the reboot confirm the GPU is back (`nvidia-smi -L`, `gpuobs_gpu_up` 1) and run `dcgmi diag -r 3`
+            After the reboot confirm the GPU is back (`nvidia-smi -L`, `$GPU_UP` 1) and run `dcgmi diag -r 3`
             where DCGM is installed. If the same GPU is lost again, keep the node drained and RMA the GPU with
             `nvidia-bug-report.sh` output.""", _UNDRAIN]),
     "GpuUnhealthy": _rb(
         meaning=["""
-            `gpuobs_gpu_up` is 0 and `gpuobs_gpu_unhealthy` gives the reason the GPU is unusable (the alert's
+            `$GPU_UP` is 0 and `$GPU_UNHEALTHY` gives the reason the GPU is unusable (the alert's
             `reason` label):
 
             - `reset_required`: NVML returns `RESET_REQUIRED`: the GPU needs a reset (after an uncontained error,
@@ -651,24 +681,24 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             - `dmesg -T | grep -i -E "xid|NVRM"`: XIDs 48, 62, 79, 95, 119 and 120 come before these states.
             - The exporter's logs: the failing call and its NVML code, rate-limited.""", """
             ```promql
-            gpuobs_gpu_unhealthy{node="<node>"}
-            avg_over_time(gpuobs_gpu_up{node="<node>"}[1h])
-            increase(gpuobs_exporter_gpu_timeouts_total{node="<node>"}[1h])
-            sum by (call, code) (increase(gpuobs_exporter_nvml_errors_total{node="<node>"}[1h]))
-            increase(gpuobs_gpu_xid_errors_total{node="<node>"}[1h])
+            $GPU_UNHEALTHY{node="<node>"}
+            avg_over_time($GPU_UP{node="<node>"}[1h])
+            increase($GPU_TIMEOUTS{node="<node>"}[1h])
+            sum by (call, code) (increase($NVML_ERRORS{node="<node>"}[1h]))
+            increase($XID_ERRORS{node="<node>"}[1h])
             ```"""],
         action=["""
             Drain the node and stop or move the GPU's jobs:""", _drain("GPU <index> unusable"), """
             For `reset_required`, reset the GPU:""", _RESET, """
             For `timeout` and `unreadable`, try the same reset; if `nvidia-smi` hangs or the reset fails, reboot
-            the node. After it, check `gpuobs_gpu_up` is 1 and run `dcgmi diag -r 3` where DCGM is installed. If the
+            the node. After it, check `$GPU_UP` is 1 and run `dcgmi diag -r 3` where DCGM is installed. If the
             same GPU comes back to this state, keep the node drained and open a vendor case with the output of
             `nvidia-bug-report.sh`.""", _UNDRAIN]),
     "GpuSamplingTimeouts": _rb(
         meaning="""
             In more than 5 % of the exporter's sampling passes over the last hour (held for 15 minutes), the GPU's
-            NVML reads missed the sampling deadline (`gpuobs_exporter_gpu_timeouts_total` against
-            `gpuobs_exporter_samples_total`): its series were withheld from those passes. Slow or hanging NVML calls
+            NVML reads missed the sampling deadline (`$GPU_TIMEOUTS` against
+            `$SAMPLES`): its series were withheld from those passes. Slow or hanging NVML calls
             on one GPU are often the first sign of a GPU or driver fault. While the GPU is unusable
             (`GpuUnhealthy`, same family) this warning is inhibited.""",
         impact="""
@@ -680,10 +710,10 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             - Families that are slow on some boards (`processes`, MIG, NVLink) and `--interval`: the exporter's
               sampling deadline is 0.8 of its interval.""", """
             ```promql
-            rate(gpuobs_exporter_gpu_timeouts_total{node="<node>"}[1h])
-              / ignoring (gpu, uuid) group_left rate(gpuobs_exporter_samples_total{node="<node>"}[1h])
-            gpuobs_exporter_collection_duration_seconds{node="<node>"}
-            gpuobs_gpu_unhealthy{node="<node>"}
+            rate($GPU_TIMEOUTS{node="<node>"}[1h])
+              / ignoring (gpu, uuid) group_left rate($SAMPLES{node="<node>"}[1h])
+            $COLLECTION_DURATION{node="<node>"}
+            $GPU_UNHEALTHY{node="<node>"}
             ```"""],
         action="""
             If other GPUs of the node answer in time and this one does not, drain the node at a convenient point,
@@ -693,8 +723,8 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             `Thresholds`."""),
     "GpuMissing": _rb(
         meaning="""
-            The driver counts fewer GPUs on the node (`gpuobs_gpus_present`) than it should have
-            (`gpuobs_gpus_expected`: the exporter's `--expected-gpus`, else the most it has seen since it started):
+            The driver counts fewer GPUs on the node (`$GPUS_PRESENT`) than it should have
+            (`$GPUS_EXPECTED`: the exporter's `--expected-gpus`, else the most it has seen since it started):
             a GPU did not enumerate or initialise, typically after a reboot. A GPU the driver still counts but
             that is lost or unusable is `GpuLost`'s or `GpuUnhealthy`'s case.""",
         impact="""
@@ -707,8 +737,8 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             - `kubectl describe node <node>` (capacity and allocatable `nvidia.com/gpu`), `scontrol show node <node>`
               (Gres).""", """
             ```promql
-            gpuobs_gpus_expected{node="<node>"} - gpuobs_gpus_present{node="<node>"}
-            gpuobs_gpu_up{node="<node>"}
+            $GPUS_EXPECTED{node="<node>"} - $GPUS_PRESENT{node="<node>"}
+            $GPU_UP{node="<node>"}
             ```""", """
             Without `--expected-gpus` the expected count is a high-water mark that resets when the exporter
             restarts, so a GPU missing since boot goes unnoticed: set `--expected-gpus` per node type."""],
@@ -719,7 +749,7 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             _UNDRAIN]),
     "NvmlDown": _rb(
         meaning=["""
-            `gpuobs_nvml_up` is 0: `nvmlInit_v2` fails on the node, so no GPU can be read. `gpuobs_nvml_init_error`
+            `$NVML_UP` is 0: `nvmlInit_v2` fails on the node, so no GPU can be read. `$NVML_INIT_ERROR`
             carries the reason, for example `DRIVER_NOT_LOADED` (no kernel module), `LIB_RM_VERSION_MISMATCH`
             (the user-space library and the kernel module differ, typically after a driver upgrade without a
             reboot), `LIBRARY_NOT_FOUND` (libnvidia-ml.so.1 is not visible to the exporter) or `NO_PERMISSION`.
@@ -728,7 +758,7 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             The node is blind: no GPU metric, and every GPU and node alert of the node is inhibited. A driver
             problem usually breaks CUDA jobs on the node too.""",
         diagnosis=["""
-            - `gpuobs_nvml_init_error{node="<node>"}`; the exporter's JSON logs ("nvml init failed" with the
+            - `$NVML_INIT_ERROR{node="<node>"}`; the exporter's JSON logs ("nvml init failed" with the
               error); `curl -s http://<node>:9445/readyz` answers 503 with the reason.
             - On the node: `nvidia-smi` (the same error if the driver is at fault), `lsmod | grep nvidia`,
               `cat /proc/driver/nvidia/version`, `dmesg -T | grep NVRM`.
@@ -836,11 +866,11 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             - `kubectl get daemonsets -A | grep gpuobs` and the ServiceMonitor or PodMonitor that selects it."""],
         action="""
             Restore the scrape configuration or the exporter deployment. If the job was renamed on purpose, set
-            `exporter_job` in `Thresholds` in `gpuobs/alerts/rules.py`, run `gpuobs alerts build`, and deploy the
+            `exporter_job` in `Thresholds` in `gpuobs/alerts/rules.py`, run `gpuobs generate`, and deploy the
             new rules."""),
     "GpuMetricsStale": _rb(
         meaning=["""
-            `gpuobs_exporter_snapshot_stale` is 1: the exporter's last complete sampling pass is older than two
+            `$SNAPSHOT_STALE` is 1: the exporter's last complete sampling pass is older than two
             intervals, because an NVML call hangs. The exporter then withholds the GPU series rather than serve
             old values, and `/readyz` answers 503. A hanging NVML usually means the driver or a GPU is in a bad
             state (often together with XID 79 or the GSP errors 119/120).""", _FLAPPING],
@@ -853,10 +883,10 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             - The exporter's logs; `py-spy dump --pid <pid>` of the exporter shows which NVML call hangs.
             - `curl -s http://<node>:9445/readyz`.""", """
             ```promql
-            time() - gpuobs_exporter_last_success_timestamp_seconds{node="<node>"}
-            gpuobs_exporter_collection_duration_seconds{node="<node>"}
-            sum by (call, code) (rate(gpuobs_exporter_nvml_errors_total{node="<node>"}[5m]))
-            increase(gpuobs_exporter_nvml_reinits_total{node="<node>"}[1h])
+            time() - $LAST_SUCCESS{node="<node>"}
+            $COLLECTION_DURATION{node="<node>"}
+            sum by (call, code) (rate($NVML_ERRORS{node="<node>"}[5m]))
+            increase($NVML_REINITS{node="<node>"}[1h])
             ```"""],
         action=["""
             If `nvidia-smi` hangs as well, drain the node and reboot it; a GPU reset is rarely possible with a hung
@@ -865,10 +895,10 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             GPUs, MIG, the `processes` family), raise `--interval` or turn off the costly families."""]),
     "GpuExporterCollectorFailing": _rb(
         meaning=["""
-            `gpuobs_exporter_collector_success` is 0 for one collector (the `collector` label: a metric family
+            `$COLLECTOR_SUCCESS` is 0 for one collector (the `collector` label: a metric family
             such as `power` or `nvlink`, or `sampler`): it raised an exception in the last pass, on at least one
             GPU, for 15 minutes. The exporter logs each exception (rate-limited) and counts it in
-            `gpuobs_exporter_collector_errors_total`, and serves what the other collectors read.""", _FLAPPING],
+            `$COLLECTOR_ERRORS`, and serves what the other collectors read.""", _FLAPPING],
         impact="""
             That family's series are missing or partial on the node, so the alerts that read them cannot fire
             (for a failing `clock_events` collector, no throttling alert). Dashboards show gaps for it.""",
@@ -877,19 +907,19 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             - Did it start with a driver upgrade, a new GPU model, MIG being turned on? Compare with a node of the
               same type where it works.""", """
             ```promql
-            gpuobs_exporter_collector_success{node="<node>"} == 0
-            increase(gpuobs_exporter_collector_errors_total{node="<node>"}[1h])
-            gpuobs_exporter_nvml_unavailable_calls{node="<node>"}
+            $COLLECTOR_SUCCESS{node="<node>"} == 0
+            increase($COLLECTOR_ERRORS{node="<node>"}[1h])
+            $NVML_UNAVAILABLE{node="<node>"}
             ```"""],
         action="""
             Turn the family off on that node type if it cannot work there (`--families`), and report the exception
-            with the driver version and GPU model (`gpuobs_nvml_info`, `gpuobs_gpu_info`). If every collector
+            with the driver version and GPU model (`$NVML_INFO`, `$GPU_INFO`). If every collector
             fails, treat it as `NvmlDown` or `GpuMetricsStale`."""),
     "GpuXidWatcherDown": _rb(
         meaning=["""
-            `gpuobs_exporter_xid_watcher_up` is 0: the exporter's XID event thread is not waiting on its NVML
+            `$XID_WATCHER_UP` is 0: the exporter's XID event thread is not waiting on its NVML
             event set (it could not create it or register any GPU, its wait fails, or the thread died and waits
-            to be restarted) for 5 minutes. `gpuobs_exporter_xid_watcher_errors_total` counts why, by NVML
+            to be restarted) for 5 minutes. `$XID_WATCHER_ERRORS` counts why, by NVML
             code.""", _FLAPPING],
         impact="""
             XIDs on this node may be missed: the XID alerts cannot fire for them and the XID history has holes.
@@ -898,9 +928,9 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             - The exporter's logs ("xid" lines) for the failing call and its code.
             - `dmesg -T | grep -i xid` on the node: the kernel log still has every XID.""", """
             ```promql
-            gpuobs_exporter_xid_watcher_up{node="<node>"}
-            increase(gpuobs_exporter_xid_watcher_errors_total{node="<node>"}[1h])
-            gpuobs_nvml_up{node="<node>"}
+            $XID_WATCHER_UP{node="<node>"}
+            increase($XID_WATCHER_ERRORS{node="<node>"}[1h])
+            $NVML_UP{node="<node>"}
             ```"""],
         action="""
             Check the kernel log for XIDs the exporter missed and act on them as the XID runbooks say. Restart the
@@ -910,7 +940,7 @@ RUNBOOKS: dict[str, dict[str, str]] = {
     "TelemetryLogRecordsDropped": _rb(
         meaning="""
             A process (the exporter, or a training or inference process using `gpuobs.logs`) dropped log records
-            in every 15-minute window for 30 minutes (`gpuobs_telemetry_log_records_dropped_total`): its Fluentd
+            in every 15-minute window for 30 minutes (`$LOGS_DROPPED`): its Fluentd
             forwarder is down, unreachable or too slow, so its queue fills and new records are dropped rather
             than block the process. One short burst (a Fluentd restart) does not fire.""",
         impact="""
@@ -921,8 +951,8 @@ RUNBOOKS: dict[str, dict[str, str]] = {
               its output failing?
             - The process's own logs on stderr mention when it starts and stops dropping.""", """
             ```promql
-            increase(gpuobs_telemetry_log_records_dropped_total[15m]) > 0
-            sum by (node) (rate(gpuobs_telemetry_log_records_dropped_total[5m]))   # one node, or everywhere?
+            increase($LOGS_DROPPED[15m]) > 0
+            sum by (node) (rate($LOGS_DROPPED[5m]))   # one node, or everywhere?
             ```"""],
         action="""
             Restore the forwarder (restart it, fix its output or buffer). If it is healthy but cannot keep up,
@@ -931,7 +961,7 @@ RUNBOOKS: dict[str, dict[str, str]] = {
     "TrainingStalled": _rb(
         meaning="""
             A rank of a training job has not finished an optimizer step for 10 minutes
-            (`time() - gpuobs_training_step_last_timestamp_seconds`). Common causes: a collective waiting on a peer that
+            (`time() - $LAST_STEP`). Common causes: a collective waiting on a peer that
             crashed or hung, a GPU fault on one rank, a stuck data loader, a checkpoint stuck on storage, or a long
             phase without steps (evaluation, a big checkpoint).""",
         impact="""
@@ -949,9 +979,9 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             - Scheduler: `squeue -j <jobid>`, `kubectl get pods -o wide` for the job's pods and their logs.""",
             """
             ```promql
-            time() - gpuobs_training_step_last_timestamp_seconds{job_id="<job>"}
-            rate(gpuobs_training_badput_seconds_total{job_id="<job>"}[5m])
-            job_id_rank:gpuobs_training_data_wait:ratio{job_id="<job>"}
+            time() - $LAST_STEP{job_id="<job>"}
+            rate($BADPUT{job_id="<job>"}[5m])
+            $DATA_WAIT_RATIO{job_id="<job>"}
             ```"""],
         action="""
             If a hardware alert explains it, drain that node and restart the job from its last checkpoint without
@@ -961,24 +991,24 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             `training_stall` in `Thresholds` in `gpuobs/alerts/rules.py`."""),
     "TrainingStepTimeRegression": _rb(
         meaning="""
-            The job's median step time (`job_id:gpuobs_training_step_duration_seconds:p50`) has been more than
+            The job's median step time (`$JOB_STEP_P50`) has been more than
             1.2 times its own median over the last 6 hours for 15 minutes. The job compares against itself, so
             the alert needs some hours of history to be meaningful. Each rank computes the exact median of its
-            recent steps in process (`gpuobs_training_step_duration_quantile_seconds`, a 5-minute window), so a
+            recent steps in process (`$STEP_QUANTILE`, a 5-minute window), so a
             sustained 1.3x slowdown fires and a 1.1x change stays quiet; the job's value is the median rank's.""",
         impact="""
             The job trains slower than it did: fewer tokens per second, longer time to result, and more GPU hours
             for the same work.""",
         diagnosis=["""
             ```promql
-            job_id:gpuobs_training_step_duration_seconds:p50{job_id="<job>"}
-            job_id_rank:gpuobs_training_step_duration_seconds:p50{job_id="<job>"}   # one slow rank? see TrainingStragglerRank
-            job_id_rank:gpuobs_training_data_wait:ratio{job_id="<job>"}             # input pipeline?
-            job_id:gpuobs_training_tokens:rate{job_id="<job>"}
-            job_id_rank:gpuobs_training_mfu:ratio{job_id="<job>"}
+            $JOB_STEP_P50{job_id="<job>"}
+            $RANK_STEP_P50{job_id="<job>"}   # one slow rank? see TrainingStragglerRank
+            $DATA_WAIT_RATIO{job_id="<job>"}             # input pipeline?
+            $JOB_TOKENS{job_id="<job>"}
+            $MFU_RATIO{job_id="<job>"}
             ```""", """
-            - Throttling on the job's nodes: `gpuobs_gpu_clock_event_reason_active{node="<node>", reason!="gpu_idle"} == 1`,
-              and `cluster_reason:gpuobs_gpu_clock_event_reason_active:sum` fleet-wide.
+            - Throttling on the job's nodes: `$CLOCK_EVENT_ACTIVE{node="<node>", reason!="gpu_idle"} == 1`,
+              and `$CLUSTER_THROTTLED` fleet-wide.
             - NVLink, PCIe or XID alerts on the job's nodes; congestion on the inter-node network.
             - Changes to the job itself: batch size, sequence length, model, code or library versions."""],
         action="""
@@ -990,7 +1020,7 @@ RUNBOOKS: dict[str, dict[str, str]] = {
     "TrainingDataLoaderBound": _rb(
         meaning="""
             For 15 minutes, a rank has spent more than 30 % of its wall time over the last 5 minutes waiting for
-            its next batch (`job_id_rank:gpuobs_training_data_wait:ratio`, the rate of the data-wait badput
+            its next batch (`$DATA_WAIT_RATIO`, the rate of the data-wait badput
             counter: an average over the window, so a few slow batches do not fire it and it resolves once
             training stops). The input pipeline cannot keep up with the GPUs.""",
         impact="""
@@ -998,9 +1028,9 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             synchronous job one slow rank's loader slows every rank.""",
         diagnosis=["""
             ```promql
-            job_id_rank:gpuobs_training_data_wait:ratio{job_id="<job>"}     # all ranks, or one node's ranks?
-            gpuobs_training_data_wait_duration_quantile_seconds{job_id="<job>", quantile="0.99"}
-            rate(gpuobs_training_badput_seconds_total{job_id="<job>", cause="data_wait"}[5m])
+            $DATA_WAIT_RATIO{job_id="<job>"}     # all ranks, or one node's ranks?
+            $DATA_WAIT_QUANTILE{job_id="<job>", quantile="0.99"}
+            rate($BADPUT{job_id="<job>", cause="data_wait"}[5m])
             ```""", """
             - All ranks: the pipeline or shared storage. One node's ranks: that node's CPU, disk or network.
             - On the node: CPU saturation of the loader worker processes (`top`), disk I/O (`iostat -x 1`),
@@ -1014,7 +1044,7 @@ RUNBOOKS: dict[str, dict[str, str]] = {
     "TrainingSlowCheckpoint": _rb(
         meaning="""
             A rank's checkpoint saves averaged more than 600 s over the last hour
-            (`gpuobs_training_checkpoint_duration_seconds`). The storage is slow or contended, the checkpoint is
+            (`$CHECKPOINT_DURATION`). The storage is slow or contended, the checkpoint is
             large, or one rank gathers and writes the whole state alone.""",
         impact="""
             With synchronous checkpoints the GPUs idle for the whole save (badput `checkpoint`), and peers waiting
@@ -1022,9 +1052,9 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             more work is lost on each failure.""",
         diagnosis=["""
             ```promql
-            rate(gpuobs_training_checkpoint_duration_seconds_sum{job_id="<job>"}[1h])
-              / rate(gpuobs_training_checkpoint_duration_seconds_count{job_id="<job>"}[1h])
-            rate(gpuobs_training_badput_seconds_total{job_id="<job>", cause="checkpoint"}[1h])
+            rate(${CHECKPOINT_DURATION}_sum{job_id="<job>"}[1h])
+              / rate(${CHECKPOINT_DURATION}_count{job_id="<job>"}[1h])
+            rate($BADPUT{job_id="<job>", cause="checkpoint"}[1h])
             ```""", """
             - One rank slow (it writes everything) or all ranks (storage)?
             - Storage throughput and latency of the checkpoint target, other jobs writing at the same time, and
@@ -1038,9 +1068,9 @@ RUNBOOKS: dict[str, dict[str, str]] = {
     "TrainingStragglerRank": _rb(
         meaning="""
             For 15 minutes, one rank has computed more than 1.2 times as long per step as the mean of its job's
-            other ranks (`job_id_rank:gpuobs_training_compute_seconds:ratio_to_others`). In a synchronous job all
+            other ranks (`$STRAGGLER_RATIO`). In a synchronous job all
             ranks' step times are equal, since the fast ranks wait for the slow one inside the gradient
-            all-reduce; gpuobs times that wait (`gpuobs_training_collective_wait_seconds_total`, from a DDP
+            all-reduce; gpuobs times that wait (`$COLLECTIVE_WAIT`, from a DDP
             communication hook or `run.collective()`) and subtracts it, so the compute time per step names the
             slow rank. Without a timed collective (FSDP, pipeline stages, no `watch_ddp`) the signal is the step
             time less data wait, which stays equal across synchronous ranks: the alert then stays quiet.""",
@@ -1051,10 +1081,10 @@ RUNBOOKS: dict[str, dict[str, str]] = {
               `scontrol show job -d <jobid>`.
             - Then look at that node's GPUs:""", _THROTTLE_QUERIES, """
             ```promql
-            job_id_rank:gpuobs_training_compute_seconds:per_step{job_id="<job>"}
-            rate(gpuobs_training_collective_wait_seconds_total{job_id="<job>"}[5m])   # the others wait, it does not
-            job_id_rank:gpuobs_training_data_wait:ratio{job_id="<job>", rank="<rank>"}
-            gpuobs_gpu_temperature_celsius{node="<node>"}
+            $COMPUTE_PER_STEP{job_id="<job>"}
+            rate($COLLECTIVE_WAIT{job_id="<job>"}[5m])   # the others wait, it does not
+            $DATA_WAIT_RATIO{job_id="<job>", rank="<rank>"}
+            $TEMPERATURE{node="<node>"}
             ```""", """
             - PCIe, NVLink or XID alerts on the node; CPU contention or a degraded NIC on it; uneven data shards
               (sequence lengths)."""],
@@ -1064,7 +1094,7 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             `straggler` in `Thresholds` in `gpuobs/alerts/rules.py`."""),
     "TrainingRankLost": _rb(
         meaning="""
-            A rank of a training job stopped reporting (its `gpuobs_training_step_last_timestamp_seconds` series
+            A rank of a training job stopped reporting (its `$LAST_STEP` series
             went stale) while other ranks of the same job still report, and its target is not merely down (that
             is `TrainingTargetDown`). The rank's process exited or its pod was deleted mid-job: a crash, an OOM
             kill, a preemption, or a node failure.""",
@@ -1073,8 +1103,8 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             its timeout kills them, holding every GPU of the job meanwhile. Work since the last checkpoint is lost.""",
         diagnosis=["""
             ```promql
-            last_over_time(gpuobs_training_step_last_timestamp_seconds{job_id="<job>"}[1h])   # which ranks, and when
-            time() - gpuobs_training_step_last_timestamp_seconds{job_id="<job>"}                # are the others stalling?
+            last_over_time($LAST_STEP{job_id="<job>"}[1h])   # which ranks, and when
+            time() - $LAST_STEP{job_id="<job>"}                # are the others stalling?
             ```""", """
             - The rank's exit: `kubectl describe pod <pod>` (OOMKilled, Evicted, exit code), `sacct -j <jobid>`,
               the launcher's log (torchrun prints the failing rank and its exit code), `dmesg` on its node.
@@ -1094,7 +1124,7 @@ RUNBOOKS: dict[str, dict[str, str]] = {
         diagnosis=["""
             ```promql
             up{instance="<instance>"}
-            last_over_time(gpuobs_training_step_last_timestamp_seconds{job_id="<job>"}[1h])
+            last_over_time($LAST_STEP{job_id="<job>"}[1h])
             ```""", """
             - Is the process alive? `kubectl get pod`, `ps` on the node; a live process that does not answer: take
               its stacks with `py-spy dump --pid <pid>`.
@@ -1106,7 +1136,7 @@ RUNBOOKS: dict[str, dict[str, str]] = {
     # ------------------------------------------------------------------------------ inference
     "InferenceLatencyHigh": _rb(
         meaning="""
-            The p99 of a model's request durations (`gpuobs_inference_request_duration_quantile_seconds`, exact
+            The p99 of a model's request durations (`$REQUEST_QUANTILE`, exact
             over each replica's last 5 minutes; the worst replica's) has been above 5 s for 5 minutes. For
             generative models the end-to-end time grows with the number of output tokens, so look at time to first
             token too.""",
@@ -1114,11 +1144,11 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             Users wait longer; clients may time out and retry, which adds load.""",
         diagnosis=["""
             ```promql
-            model:gen_ai_server_request_duration_seconds:p99{gen_ai_request_model="<model>"}
-            histogram_quantile(0.99, sum by (le) (rate(gen_ai_server_time_to_first_token_seconds_bucket{gen_ai_request_model="<model>"}[5m])))
-            model:gen_ai_server_requests:rate{gen_ai_request_model="<model>"}
-            sum by (gen_ai_token_type) (rate(gpuobs_inference_tokens_total{gen_ai_request_model="<model>"}[5m]))
-            gpuobs_inference_request_duration_quantile_seconds{gen_ai_request_model="<model>", quantile="0.99"}   # per replica
+            $MODEL_REQUEST_P99{gen_ai_request_model="<model>"}
+            histogram_quantile(0.99, sum by (le) (rate(${TIME_TO_FIRST_TOKEN}_bucket{gen_ai_request_model="<model>"}[5m])))
+            $MODEL_REQUESTS{gen_ai_request_model="<model>"}
+            sum by (gen_ai_token_type) (rate($INFERENCE_TOKENS{gen_ai_request_model="<model>"}[5m]))
+            $REQUEST_QUANTILE{gen_ai_request_model="<model>", quantile="0.99"}   # per replica
             ```""", """
             - High time to first token: queueing or prefill (overload, too large batches). Normal first token but
               long requests: long outputs or slow decoding.
@@ -1130,16 +1160,16 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             service's SLO."""),
     "InferenceErrorRate": _rb(
         meaning="""
-            More than 5 % of a model's requests have failed over 5 minutes (`gpuobs_inference_errors_total` against
+            More than 5 % of a model's requests have failed over 5 minutes (`$INFERENCE_ERRORS` against
             the request rate). `error_type` carries the GenAI `error.type` (exception type or status).""",
         impact="""
             Users get errors. A bad rollout, GPU out-of-memory on large inputs, a failing replica or a GPU fault
             can be behind it.""",
         diagnosis=["""
             ```promql
-            sum by (error_type) (rate(gpuobs_inference_errors_total{gen_ai_request_model="<model>"}[5m]))
-            sum by (job_id, rank) (rate(gpuobs_inference_errors_total{gen_ai_request_model="<model>"}[5m]))
-            model:gen_ai_server_requests:rate{gen_ai_request_model="<model>"}
+            sum by (error_type) (rate($INFERENCE_ERRORS{gen_ai_request_model="<model>"}[5m]))
+            sum by (job_id, rank) (rate($INFERENCE_ERRORS{gen_ai_request_model="<model>"}[5m]))
+            $MODEL_REQUESTS{gen_ai_request_model="<model>"}
             ```""", """
             - One replica or all? All points at a rollout or a dependency; one at that replica's process or GPU.
             - The server's structured logs: they carry `trace_id`, which leads to the failing `chat <model>` spans.

@@ -19,6 +19,7 @@ from grafanalib.core import (REFRESH_ON_TIME_RANGE_CHANGE, BarGauge, Dashboard, 
                              RowPanel, Stat, StateTimeline, Table, Target, Template, Templating, Time, TimeSeries)
 
 from .. import catalog as c
+from .. import records as r
 
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 SCHEMA_VERSION = 39  # Grafana 11
@@ -28,7 +29,7 @@ UIDS = {"fleet": "gpuobs-fleet", "node": "gpuobs-node", "training": "gpuobs-trai
         "inference": "gpuobs-inference", "exporter": "gpuobs-exporter"}
 SLUGS = {"fleet": "gpuobs-fleet-overview", "node": "gpuobs-node", "training": "gpuobs-training-job",
          "inference": "gpuobs-inference-service", "exporter": "gpuobs-exporter-health"}
-GPU_BY = "cluster, node, instance, gpu, uuid"  # one GPU, whatever the scrape adds
+GPU_BY = r.GPU_BY  # one GPU, whatever the scrape adds
 BASE_THRESHOLDS = [{"color": "green", "value": None}]
 NO_DATA = "No data"
 
@@ -46,9 +47,15 @@ def sample(m: c.Metric, suffix: str = "") -> str:
     return m.exposed_name
 
 
-def sel(m: c.Metric | str, *matchers: str, suffix: str = "") -> str:
-    """metric{matchers}: a selector over a catalog metric (or a recording rule / other name)."""
-    name = m if isinstance(m, str) else sample(m, suffix)
+def sel(m: c.Metric | r.Record | str, *matchers: str, suffix: str = "") -> str:
+    """metric{matchers}: a selector over a catalog metric, a recording rule (gpuobs.records) or another
+    series named here (Prometheus's own: up, scrape_duration_seconds)."""
+    if isinstance(m, r.Record):
+        if suffix:
+            raise ValueError(f"{m.name} is a recording rule, not a histogram")
+        name = m.name
+    else:
+        name = m if isinstance(m, str) else sample(m, suffix)
     inner = ",".join(x for x in matchers if x)
     return f"{name}{{{inner}}}" if inner else name
 

@@ -4,6 +4,7 @@ long a sampling pass takes, and which NVML calls fail with which code."""
 from __future__ import annotations
 
 from .. import catalog as c
+from .. import records as r
 from . import common as k
 from .common import rate, sel, target
 
@@ -34,8 +35,8 @@ def build():
     L.add(k.stat("Stale snapshots", [target(f"sum({m(c.SNAPSHOT_STALE)})")], "short",
                  "Exporters whose last snapshot is older than two intervals (NVML hangs); their GPU series are "
                  "withheld.", thresholds=BAD), 4, 4)
-    L.add(k.stat("GPUs missing", [target(f"sum(cluster_node:gpuobs_gpus_expected:sum{{{C},{N}}}) - "
-                                         f"sum(cluster_node:gpuobs_gpus_present:sum{{{C},{N}}})")], "short",
+    L.add(k.stat("GPUs missing", [target(f"sum({sel(r.NODE_GPUS_EXPECTED, C, N)}) - "
+                                         f"sum({sel(r.NODE_GPUS_PRESENT, C, N)})")], "short",
                  "GPUs expected but not counted by the driver, over the selected nodes (a GPU counted but lost "
                  "or unusable reads gpu_up 0: see the node dashboard).", thresholds=BAD), 4, 4)
     L.add(k.stat("NVML errors/s", [target(f"sum({rate(m(c.NVML_ERRORS))}) or vector(0)")], "cps",
@@ -75,8 +76,8 @@ def build():
     L.add(k.timeseries("NVML calls per sample", [target(m(c.NVML_CALLS), NODE)], "short",
                        "NVML calls made by the last sampling pass.", min=0), 8, 8)
     L.add(k.timeseries("GPUs expected and present", [
-        target(f"cluster_node:gpuobs_gpus_expected:sum{{{C},{N}}}", NODE + " expected"),
-        target(f"cluster_node:gpuobs_gpus_present:sum{{{C},{N}}}", NODE + " present")], "short",
+        target(sel(r.NODE_GPUS_EXPECTED, C, N), NODE + " expected"),
+        target(sel(r.NODE_GPUS_PRESENT, C, N), NODE + " present")], "short",
         "GPUs each node should have and GPUs its driver counts.", min=0), 8, 8)
 
     L.row("Errors")

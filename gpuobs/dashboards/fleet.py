@@ -1,6 +1,6 @@
 """Fleet overview: how many GPUs, how busy, how healthy, across clusters.
 
-Fleet-wide numbers read the recording rules of gpuobs/alerts/rules.py (`level:metric:operations`),
+Fleet-wide numbers read the recording rules of gpuobs/records.py (`level:metric:operations`),
 so they stay cheap on thousands of GPUs; those rules aggregate by cluster or by node, so the node
 filter applies to the per-node ones and the model filter to the per-GPU panels (top-N, tables) only.
 """
@@ -8,6 +8,7 @@ filter applies to the per-node ones and the model filter to the per-GPU panels (
 from __future__ import annotations
 
 from .. import catalog as c
+from .. import records as r
 from . import common as k
 from .common import sel, target
 
@@ -15,31 +16,35 @@ C = 'cluster=~"$cluster"'
 N = 'node=~"$node"'
 M = 'name=~"$model"'
 NOT_IDLE = 'reason!="gpu_idle"'
-MODEL = f"and on ({k.GPU_BY}) {sel(c.GPU_INFO, C, N, M)}"
 BAD = [{"color": "green", "value": None}, {"color": "red", "value": 1}]
 
 
 def gpus(m: c.Metric, *matchers: str) -> str:
     """A per-GPU catalog metric filtered by cluster, node and GPU model."""
-    return f"({sel(m, C, N, *matchers)} {MODEL})"
+    return f"({sel(m, C, N, *matchers)} {model()})"
 
 
-def per_cluster(counter: str) -> str:
+def model() -> str:
+    """`and` the GPUs of the selected models."""
+    return f"and on ({k.GPU_BY}) {sel(c.GPU_INFO, C, N, M)}"
+
+
+def per_cluster(rate: r.Record) -> str:
     """Per-second rate of a counter summed per cluster, from its per-node recording rule."""
-    return f"sum by (cluster) (cluster_node:gpuobs_{counter}:rate{{{C},{N}}})"
+    return f"sum by (cluster) ({sel(rate, C, N)})"
 
 
-def per_node_sum(m: c.Metric) -> str:
+def per_node_sum(record: r.Record) -> str:
     """A per-GPU gauge summed over the selected nodes, from its per-node recording rule."""
-    return f"sum(cluster_node:{m.name}:sum{{{C},{N}}})"
+    return f"sum({sel(record, C, N)})"
 
 
 def build():
     L = k.Layout()
     L.row("Inventory")
-    expected = f'sum(cluster:gpuobs_gpus_expected:sum{{{C}}})'
-    present = f'sum(cluster:gpuobs_gpus_present:sum{{{C}}})'
-    lost = f'(sum(cluster:gpuobs_gpus_lost:count{{{C}}}) or vector(0))'
+    expected = f"sum({sel(r.CLUSTER_GPUS_EXPECTED, C)})"
+    present = f"sum({sel(r.CLUSTER_GPUS_PRESENT, C)})"
+    lost = f"(sum({sel(r.CLUSTER_GPUS_LOST, C)}) or vector(0))"
     L.add(k.stat("GPUs expected", [target(expected)], "short",
                  "GPUs the nodes should have (--expected-gpus, else the most each exporter has seen)."), 4, 4)
     L.add(k.stat("GPUs up", [target(present)], "short", "GPUs answering NVML."), 4, 4)
@@ -49,38 +54,38 @@ def build():
                  "GPUs expected but gone from the device count, or on nodes whose NVML is down.",
                  thresholds=BAD), 4, 4)
     L.add(k.stat("Allocated but idle GPUs",
-                 [target(f"sum(cluster:gpuobs_gpus_allocated_idle:count{{{C}}}) or vector(0)")], "short",
+                 [target(f"sum({sel(r.CLUSTER_GPUS_ALLOCATED_IDLE, C)}) or vector(0)")], "short",
                  "GPUs that hold memory (someone has them) but did no work over the idle window.",
                  thresholds=[{"color": "green", "value": None}, {"color": "orange", "value": 1}]), 4, 4)
-    L.add(k.stat("Idle GPUs", [target(f"sum(cluster:gpuobs_gpus_idle:count{{{C}}}) or vector(0)")], "short",
+    L.add(k.stat("Idle GPUs", [target(f"sum({sel(r.CLUSTER_GPUS_IDLE, C)}) or vector(0)")], "short",
                  "GPUs with no work over the idle window, allocated or not."), 4, 4)
 
     L.row("Utilization")
     L.add(k.timeseries("Fleet GPU utilization and SM activity", [
-        target(f"cluster:gpuobs_gpu_utilization_ratio:avg{{{C}}}", "{{cluster}} GPU utilization"),
-        target(f"cluster:gpuobs_gpu_sm_active_ratio:avg{{{C}}}", "{{cluster}} SM active")], "percentunit",
+        target(sel(r.CLUSTER_UTILIZATION, C), "{{cluster}} GPU utilization"),
+        target(sel(r.CLUSTER_SM_ACTIVE, C), "{{cluster}} SM active")], "percentunit",
         "Average over the fleet's GPUs. Utilization is the share of time a kernel ran; SM active (GPM, Hopper "
         "and later) is the share of SMs busy, the better measure of how much of the GPU is used.",
         min=0, max=1), 12, 8)
     L.add(k.bargauge("Utilization by node",
-                     [target(f"cluster_node:gpuobs_gpu_utilization_ratio:avg{{{C},{N}}}", "{{node}}", instant=True)],
+                     [target(sel(r.NODE_UTILIZATION, C, N), "{{node}}", instant=True)],
                      "percentunit", "Average GPU utilization per node; click a bar for the node's dashboard.",
                      min=0, max=1, links=[k.TO_NODE_SERIES],
                      thresholds=[{"color": "red", "value": None}, {"color": "orange", "value": 0.2},
                                  {"color": "green", "value": 0.6}]), 12, 8)
     L.add(k.timeseries("Allocated but idle GPUs", [
-        target(f"cluster:gpuobs_gpus_allocated_idle:count{{{C}}}", "{{cluster}} allocated, idle"),
-        target(f"cluster:gpuobs_gpus_idle:count{{{C}}}", "{{cluster}} idle")], "short",
+        target(sel(r.CLUSTER_GPUS_ALLOCATED_IDLE, C), "{{cluster}} allocated, idle"),
+        target(sel(r.CLUSTER_GPUS_IDLE, C), "{{cluster}} idle")], "short",
         "Idle: no work over the idle window. Allocated: holding device memory, so a job or pod has it.",
         min=0), 12, 8)
     L.add(k.table("Most idle GPUs",
-                  [target(f"bottomk(10, (avg_over_time({sel(c.UTILIZATION, C, N)}[$__range]) {MODEL}))")],
+                  [target(f"bottomk(10, (avg_over_time({sel(c.UTILIZATION, C, N)}[$__range]) {model()}))")],
                   "percentunit", "The ten GPUs with the lowest average utilization over the dashboard's range.",
                   rename={"Value": "avg utilization"}, links=[k.TO_NODE]), 12, 8)
 
     L.row("Throttling, power and temperature")
     L.add(k.timeseries("Throttled GPUs by reason", [
-        target(f"cluster_reason:gpuobs_gpu_clock_event_reason_active:sum{{{C}}}", "{{cluster}} {{reason}}")],
+        target(sel(r.CLUSTER_THROTTLED, C), "{{cluster}} {{reason}}")],
         "short", "GPUs whose clocks are held down, per clock-event reason (idle excluded). Thermal and power-brake "
         "slowdowns need attention; sw_power_cap is the power limit at work.", stack=True, bars=True, min=0), 12, 8)
     L.add(k.table("Throttled GPUs now",
@@ -88,33 +93,33 @@ def build():
                   "Every GPU with a throttle reason active (idle excluded).", hide=("Value",), links=[k.TO_NODE]),
           12, 8)
     L.add(k.timeseries("Power draw vs limit", [
-        target(f"sum(cluster:gpuobs_gpu_power_usage_watts:sum{{{C}}})", "draw"),
-        target(f"sum(cluster:gpuobs_gpu_power_limit_watts:sum{{{C}}})", "enforced limit")], "watt",
+        target(f"sum({sel(r.CLUSTER_POWER, C)})", "draw"),
+        target(f"sum({sel(r.CLUSTER_POWER_LIMIT, C)})", "enforced limit")], "watt",
         "Board power of all GPUs against the sum of their enforced limits.", min=0), 12, 8)
     L.add(k.heatmap("Node temperature distribution",
-                    [target(f"cluster_node:gpuobs_gpu_temperature_celsius:max{{{C},{N}}}", "{{node}}")], "celsius",
+                    [target(sel(r.NODE_MAX_TEMPERATURE, C, N), "{{node}}")], "celsius",
                     "How many nodes have their hottest GPU at each temperature over time.", calculate=True), 12, 8)
     L.add(k.timeseries("Hottest GPU by cluster", [
-        target(f"cluster:gpuobs_gpu_temperature_celsius:max{{{C}}}", "{{cluster}}")], "celsius",
+        target(sel(r.CLUSTER_MAX_TEMPERATURE, C), "{{cluster}}")], "celsius",
         "The highest GPU core temperature in each cluster."), 12, 8)
     L.add(k.table("Hottest GPUs", [target(f"topk(10, {gpus(c.TEMPERATURE)})")], "celsius",
                   "The ten hottest GPUs now.", rename={"Value": "temperature"}, links=[k.TO_NODE]), 12, 8)
 
     L.row("Errors and events")
     L.add(k.timeseries("XID errors by code", [
-        target(f"cluster_xid:gpuobs_gpu_xid_errors:increase{{{C}}}", "{{cluster}} XID {{xid}}")], "short",
+        target(sel(r.CLUSTER_XID_ERRORS, C), "{{cluster}} XID {{xid}}")], "short",
         "XID errors over the recording rule's long window, per code. 79: fell off the bus; 48/63/64/95: memory "
         "errors; 13/31/43/45: application faults; 74: NVLink.", bars=True, stack=True, min=0), 12, 8)
     L.add(k.table("Last XID per GPU", [target(f"{gpus(c.XID_LAST_SEEN)} * 1000")], "dateTimeAsIso",
                   "When each GPU last reported each XID code.", rename={"Value": "last seen"}, links=[k.TO_NODE]),
           12, 8)
     L.add(k.timeseries("Uncorrectable ECC errors", [
-        target(f"cluster:gpuobs_gpu_ecc_uncorrected:increase{{{C}}}", "{{cluster}}")], "short",
+        target(sel(r.CLUSTER_ECC_UNCORRECTED, C), "{{cluster}}")], "short",
         "Uncorrectable (double-bit) volatile ECC errors over the recording rule's long window.",
         bars=True, min=0), 8, 8)
-    L.add(k.stat("Row remaps pending", [target(per_node_sum(c.REMAP_PENDING))], "short",
+    L.add(k.stat("Row remaps pending", [target(per_node_sum(r.NODE_REMAP_PENDING))], "short",
                  "GPUs with a DRAM row remap waiting for a GPU reset.", thresholds=BAD, graph=False), 4, 4)
-    L.add(k.stat("Row remap failures", [target(per_node_sum(c.REMAP_FAILURE))], "short",
+    L.add(k.stat("Row remap failures", [target(per_node_sum(r.NODE_REMAP_FAILURE))], "short",
                  "GPUs that could not remap a failing row: they need service.", thresholds=BAD, graph=False), 4, 4)
     L.add(k.table("Most remapped rows",
                   [target(f"topk(10, sum by ({k.GPU_BY}) {gpus(c.REMAPPED_ROWS)})")], "short",
@@ -123,27 +128,27 @@ def build():
 
     L.row("Interconnects")
     L.add(k.stat("NVLink links down",
-                 [target(f"sum(cluster_node:gpuobs_gpu_nvlink_links_down:count{{{C},{N}}}) or vector(0)")], "short",
+                 [target(f"sum({sel(r.NODE_NVLINK_LINKS_DOWN, C, N)}) or vector(0)")], "short",
                  "Inactive NVLink links on GPUs that have NVLink.", thresholds=BAD), 4, 6)
     L.add(k.stat("PCIe links below max",
-                 [target(f"sum(cluster_node:gpuobs_gpus_pcie_degraded:count{{{C},{N}}}) or vector(0)")], "short",
+                 [target(f"sum({sel(r.NODE_PCIE_DEGRADED, C, N)}) or vector(0)")], "short",
                  "GPUs whose PCIe link runs below its maximum generation or width. Idle GPUs downshift to save "
                  "power: only a busy GPU below its maximum is a fault.",
                  thresholds=[{"color": "green", "value": None}, {"color": "orange", "value": 1}]), 4, 6)
     L.add(k.timeseries("NVLink errors by type", [
-        target(f"sum by (cluster, error_type) (cluster_node_error_type:gpuobs_gpu_nvlink_errors:rate{{{C},{N}}})",
+        target(f"sum by (cluster, error_type) ({sel(r.NODE_NVLINK_ERRORS, C, N)})",
                "{{cluster}} {{error_type}}")],
         "cps", "NVLink data-link errors per second (CRC, replay, recovery).", min=0), 8, 6)
     L.add(k.timeseries("PCIe replays", [
-        target(f"cluster_node:gpuobs_gpu_pcie_replays:rate{{{C},{N}}}", "{{node}}")], "cps",
+        target(sel(r.NODE_PCIE_REPLAYS, C, N), "{{node}}")], "cps",
         "PCIe link-level retransmissions per second, per node.", min=0, links=[k.TO_NODE_SERIES]), 8, 6)
     L.add(k.timeseries("NVLink traffic", [
-        target(per_cluster("gpu_nvlink_transmit_bytes"), "{{cluster}} transmit"),
-        target(per_cluster("gpu_nvlink_receive_bytes"), "{{cluster}} receive")], "Bps",
+        target(per_cluster(r.NODE_NVLINK_TX), "{{cluster}} transmit"),
+        target(per_cluster(r.NODE_NVLINK_RX), "{{cluster}} receive")], "Bps",
         "NVLink data bytes per second over all links.", min=0), 12, 7)
     L.add(k.timeseries("PCIe traffic", [
-        target(per_cluster("gpu_pcie_transmit_bytes"), "{{cluster}} transmit"),
-        target(per_cluster("gpu_pcie_receive_bytes"), "{{cluster}} receive")], "Bps",
+        target(per_cluster(r.NODE_PCIE_TX), "{{cluster}} transmit"),
+        target(per_cluster(r.NODE_PCIE_RX), "{{cluster}} receive")], "Bps",
         "PCIe bytes per second between the GPUs and their hosts.", min=0), 12, 7)
 
     variables = [

@@ -14,8 +14,11 @@ M = (MODEL, OPERATION)
 OUTPUT = 'gen_ai_token_type="output"'
 BY = "gen_ai_request_model"
 LEGEND = "{{gen_ai_request_model}}"
-SERVING_NODES = (f"on (cluster, node) group by (cluster, node) "
-                 f"({sel(c.REQUEST_DURATION, MODEL, OPERATION, suffix='count')})")
+
+
+def serving_nodes() -> str:
+    """`on` the nodes serving the selected models (the scrape's cluster and node labels)."""
+    return f"on (cluster, node) group by (cluster, node) ({sel(c.REQUEST_DURATION, *M, suffix='count')})"
 
 
 def m(metric: c.Metric, *matchers: str, suffix: str = "") -> str:
@@ -24,6 +27,7 @@ def m(metric: c.Metric, *matchers: str, suffix: str = "") -> str:
 
 def build():
     L = k.Layout()
+    nodes = serving_nodes()
     requests = f"sum({rate(m(c.REQUEST_DURATION, suffix='count'))})"
     requests_by = f"sum by ({BY}) ({rate(m(c.REQUEST_DURATION, suffix='count'))})"
     # no failed request yet means no error series: count those as 0 errors, not as no data
@@ -80,14 +84,14 @@ def build():
         "suffix: tokens/s", "Input and output tokens per second.", min=0), 12, 8)
 
     L.row("GPUs serving")
-    L.add(k.timeseries("GPU utilization", [target(f"{sel(c.UTILIZATION)} and {SERVING_NODES}",
+    L.add(k.timeseries("GPU utilization", [target(f"{sel(c.UTILIZATION)} and {nodes}",
                                                   "{{node}} GPU {{gpu}}")], "percentunit",
                        "Utilization of the GPUs on the nodes serving the selected models.", min=0, max=1,
                        links=[k.TO_NODE_SERIES]), 8, 8)
-    L.add(k.timeseries("GPU memory used", [target(f"{sel(c.MEMORY_USED)} and {SERVING_NODES}",
+    L.add(k.timeseries("GPU memory used", [target(f"{sel(c.MEMORY_USED)} and {nodes}",
                                                   "{{node}} GPU {{gpu}}")], "bytes",
                        "Device memory used on the serving nodes.", min=0), 8, 8)
-    L.add(k.timeseries("GPU power", [target(f"{sel(c.POWER_USAGE)} and {SERVING_NODES}", "{{node}} GPU {{gpu}}")],
+    L.add(k.timeseries("GPU power", [target(f"{sel(c.POWER_USAGE)} and {nodes}", "{{node}} GPU {{gpu}}")],
                        "watt", "Board power on the serving nodes.", min=0), 8, 8)
 
     count = sel(c.REQUEST_DURATION, suffix="count")

@@ -8,7 +8,7 @@ endpoint or through a collector); every point carries `job_id` and `rank`.
 from __future__ import annotations
 
 from .. import catalog as c
-from ..alerts.rules import DATA_WAIT_RATIO, MFU_RATIO, STRAGGLER_RATIO  # recording rules, named where defined
+from .. import records as r
 from . import common as k
 from .common import rate, sel, target, windowed
 
@@ -17,8 +17,11 @@ RANK = 'rank=~"$rank"'
 J = (JOB, RANK)
 BY_RANK = "rank {{rank}}"
 TOKENS = "suffix: tokens/s"
-# the nodes the job's ranks run on (the scrape's cluster and node labels)
-JOB_NODES = f"on (cluster, node) group by (cluster, node) ({sel(c.STEPS, JOB)})"
+
+
+def job_nodes() -> str:
+    """`on` the nodes the job's ranks run on (the scrape's cluster and node labels)."""
+    return f"on (cluster, node) group by (cluster, node) ({sel(c.STEPS, JOB)})"
 
 
 def m(metric: c.Metric, *matchers: str, suffix: str = "") -> str:
@@ -27,7 +30,8 @@ def m(metric: c.Metric, *matchers: str, suffix: str = "") -> str:
 
 def build():
     L = k.Layout()
-    relative = f"{STRAGGLER_RATIO}{{{JOB},{RANK}}}"
+    relative = sel(r.STRAGGLER_RATIO, JOB, RANK)
+    nodes = job_nodes()
     goodput = f"sum({rate(m(c.GOODPUT))})"
     badput = f"sum({rate(m(c.BADPUT))})"
 
@@ -36,7 +40,7 @@ def build():
                  "Optimizer steps per second, averaged over the ranks."), 4, 5)
     L.add(k.stat("Tokens/s", [target(f"sum({rate(m(c.TOKENS_TRAINED))})")], TOKENS,
                  "Tokens trained per second by the whole job."), 4, 5)
-    L.add(k.stat("MFU", [target(f"avg({MFU_RATIO}{{{JOB},{RANK}}})")], "percentunit",
+    L.add(k.stat("MFU", [target(f"avg({sel(r.MFU_RATIO, JOB, RANK)})")], "percentunit",
                  "Model FLOPs utilization over the rate window (FLOPs per second / peak FLOP/s), averaged over "
                  "the ranks."), 4, 5)
     L.add(k.stat("Goodput", [target(f"{goodput} / ({goodput} + {badput})")], "percentunit",
@@ -75,7 +79,7 @@ def build():
         "waits least.", min=0), 24, 8)
 
     L.row("Data loading and throughput")
-    L.add(k.timeseries("Data-wait share by rank", [target(f"{DATA_WAIT_RATIO}{{{JOB},{RANK}}}", BY_RANK)],
+    L.add(k.timeseries("Data-wait share by rank", [target(sel(r.DATA_WAIT_RATIO, JOB, RANK), BY_RANK)],
                        "percentunit", "Share of wall time spent waiting for the data loader over the rate window; "
                        "over ~30% the job is input bound.", min=0, max=1), 8, 8)
     L.add(k.timeseries("Data wait p99 and mean by rank", [
@@ -129,17 +133,17 @@ def build():
 
     L.row("The job's GPUs")
     L.add(k.table("GPUs of the job's nodes", [
-        target(f"{sel(c.UTILIZATION)} and {JOB_NODES}"), target(f"{sel(c.MEMORY_USED)} and {JOB_NODES}")],
+        target(f"{sel(c.UTILIZATION)} and {nodes}"), target(f"{sel(c.MEMORY_USED)} and {nodes}")],
         "percentunit", "Every GPU on the nodes the job's ranks run on; click for the node's dashboard.",
         merge=True, rename={"Value #A": "utilization", "Value #B": "memory used"}, links=[k.TO_NODE],
         overrides=[{"matcher": {"id": "byName", "options": "memory used"},
                     "properties": [{"id": "unit", "value": "bytes"}]}]), 24, 7)
-    L.add(k.timeseries("GPU utilization", [target(f"{sel(c.UTILIZATION)} and {JOB_NODES}", "{{node}} GPU {{gpu}}")],
+    L.add(k.timeseries("GPU utilization", [target(f"{sel(c.UTILIZATION)} and {nodes}", "{{node}} GPU {{gpu}}")],
                        "percentunit", "Utilization of the GPUs on the job's nodes.", min=0, max=1,
                        links=[k.TO_NODE_SERIES]), 8, 8)
-    L.add(k.timeseries("GPU memory used", [target(f"{sel(c.MEMORY_USED)} and {JOB_NODES}", "{{node}} GPU {{gpu}}")],
+    L.add(k.timeseries("GPU memory used", [target(f"{sel(c.MEMORY_USED)} and {nodes}", "{{node}} GPU {{gpu}}")],
                        "bytes", "Device memory used on the job's nodes.", min=0), 8, 8)
-    L.add(k.timeseries("GPU power", [target(f"{sel(c.POWER_USAGE)} and {JOB_NODES}", "{{node}} GPU {{gpu}}")],
+    L.add(k.timeseries("GPU power", [target(f"{sel(c.POWER_USAGE)} and {nodes}", "{{node}} GPU {{gpu}}")],
                        "watt", "Board power on the job's nodes.", min=0), 8, 8)
 
     variables = [

@@ -1,0 +1,211 @@
+"""The PromQL contract: the catalog's metric names and the records of gpuobs.records are the only
+names the alert pack, the dashboards and the runbooks use.
+
+- records are named `level:metric:operation` from what they read, whatever the windows;
+- rule groups follow from the alerts' scope (and per-link NVLink series);
+- no definition types a recording-rule or metric name: they come from the catalog and the records;
+- every metric and record a runbook names exists;
+- renaming a catalog metric renames it in every generated rule, record, panel query and runbook,
+  and changes nothing else.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from contextlib import contextmanager
+from string import Template
+
+import pytest
+
+from conftest import REPO
+from gpuobs import catalog as c
+from gpuobs import records
+from gpuobs.alerts import build as alerts_build
+from gpuobs.alerts import runbooks
+from gpuobs.alerts.rules import DEFAULT, FAST, SCOPE_GROUPS, alerts
+from gpuobs.dashboards import build as dashboards_build
+
+RECORD = re.compile(r"(?<![\w:])[a-z_]+:[a-z0-9_]+:[a-z0-9_]+(?![\w:])")  # level:metric:operation
+METRIC = re.compile(r"(?<![\w:])(?:gpuobs|gen_ai)_[a-z0-9_]+")  # a gpuobs or GenAI metric (or GenAI label)
+SAMPLES = {s for m in c.ALL for s in (m.name, m.exposed_name, *m.prometheus_samples)}
+LABELS = {label for m in c.ALL for label in m.labels}
+
+
+# ---------------------------------------------------------------------------------------- records
+def test_records_are_named_level_metric_operation():
+    names = [r.name for r in records.RECORDS]
+    assert len(names) == len(set(names)), "two records of the same name"
+    assert all(RECORD.fullmatch(n) for n in names), names
+    by_name = {r.name: r for r in records.RECORDS}
+    assert by_name["cluster_node:gpuobs_gpu_power_usage_watts:sum"] is records.NODE_POWER
+    # a record read further keeps the metric part of what it reads, and its operation
+    assert records.STRAGGLER_RATIO.name == "job_id_rank:gpuobs_training_compute_seconds:ratio_to_others"
+    assert records.CLUSTER_GPUS_EXPECTED.name == "cluster:gpuobs_gpus_expected:sum"
+    assert records.JOB_DATA_WAIT_RATIO.name == "job_id:gpuobs_training_data_wait:ratio"
+    assert records.MODEL_REQUEST_P99.name == "model:gen_ai_server_request_duration_seconds:p99"
+    assert records.GOODPUT_RATIO.name == "job_id_rank:gpuobs_training_goodput:ratio"  # seconds per second
+    for r in records.RECORDS:  # the metric part is the catalog metric's name, or a quantity of its own
+        if isinstance(r.source, c.Metric) and r.metric != r.source.name:
+            assert r.operation == "ratio" and r.source.unit == "seconds", r.name
+
+
+def test_record_names_do_not_depend_on_the_windows():
+    default, fast = records.recording_rules(DEFAULT), records.recording_rules(FAST)
+    assert [r.record for r in default] == [r.record for r in fast] == [r.name for r in records.RECORDS]
+    assert [r.group for r in default] == [r.group for r in fast]
+    changed = [d.record for d, f in zip(default, fast) if d.expr != f.expr]
+    assert records.NODE_NVLINK_TX.name in changed and records.CLUSTER_POWER.name not in changed
+
+
+def test_records_read_only_what_exists():
+    """Every name a record's expression selects is a catalog sample or another record, defined before it."""
+    seen: set[str] = set()
+    for rule in records.recording_rules(DEFAULT):
+        for token in records.TOKEN.findall(rule.expr):
+            if RECORD.fullmatch(token):
+                assert token in seen, f"{rule.record} reads {token} before it is defined"
+            elif METRIC.fullmatch(token):
+                assert token in SAMPLES | LABELS, f"{rule.record} reads {token}, which the catalog lacks"
+        seen.add(rule.record)
+
+
+# ------------------------------------------------------------------------------------ rule groups
+def test_rule_groups_follow_from_scope_and_links():
+    pack = alerts(DEFAULT)
+    assert {a.group for a in pack} <= set(alerts_build.GROUP_ORDER)
+    groups = {g["name"]: [r.get("alert") or r["record"] for r in g["rules"]] for g in alerts_build.rule_groups(DEFAULT)}
+    assert sum(map(len, groups.values())) == len(pack) + len(records.RECORDS), "a rule in no group"
+    assert set(groups["gpuobs-links"]) == {"GpuNvlinkDown", "GpuNvlinkErrorRate"}
+    assert set(groups["gpuobs-recording-links"]) == {r.name for r in (
+        records.NODE_NVLINK_TX, records.NODE_NVLINK_RX, records.NODE_NVLINK_ERRORS, records.NODE_NVLINK_LINKS_DOWN)}
+    assert set(groups["gpuobs-meta"]) == {a.name for a in pack if a.scope == "cluster"}
+    for a in pack:
+        if a.group != "links":
+            assert a.group == SCOPE_GROUPS[a.scope], a.name
+
+
+def test_dashboards_import_the_records_without_the_alert_pack():
+    code = ("import sys, gpuobs.records, gpuobs.dashboards.build; "
+            "assert not [m for m in sys.modules if m.startswith('gpuobs.alerts')], sys.modules")
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
+
+
+# ------------------------------------------------------------------------------- no literal names
+DEFINITIONS = ["gpuobs/alerts/rules.py", "gpuobs/alerts/runbooks.py", "gpuobs/dashboards/common.py",
+               "gpuobs/dashboards/node.py", "gpuobs/dashboards/fleet.py", "gpuobs/dashboards/training.py",
+               "gpuobs/dashboards/inference.py", "gpuobs/dashboards/exporter.py"]
+
+
+def literals(source: str) -> list[str]:
+    """The string constants of a module, docstrings left out (they may quote names as examples)."""
+    tree = ast.parse(source)
+    docs = {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef)) and node.body
+            and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return [n.value for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs]
+
+
+def typed_names(source: str) -> list[str]:
+    """Recording-rule and metric names typed in a module's strings (GenAI labels are no metric)."""
+    found = []
+    for text in literals(source):
+        found += RECORD.findall(text) + [m for m in METRIC.findall(text) if m not in LABELS]
+    return found
+
+
+@pytest.mark.parametrize("path", DEFINITIONS)
+def test_definitions_type_no_record_or_metric_name(path):
+    assert not typed_names((REPO / path).read_text()), f"{path}: use gpuobs.catalog and gpuobs.records"
+
+
+def test_the_literal_check_sees_names():
+    source = ('X = "cluster:gpuobs_gpus_lost:count"\n'
+              'def f():\n    """gpuobs_gpu_up"""\n    return f"{x} gpuobs_gpu_up"\n')
+    assert typed_names(source) == ["cluster:gpuobs_gpus_lost:count", "gpuobs_gpu_up"]
+
+
+# ------------------------------------------------------------------------------------------ runbooks
+def unknown_names(text: str) -> list[str]:
+    """Metric and record names in a text that neither the catalog nor the records define."""
+    defined = {r.name for r in records.RECORDS}
+    return ([n for n in RECORD.findall(text) if n not in defined]
+            + [n for n in METRIC.findall(text) if n not in SAMPLES | LABELS])
+
+
+def test_every_runbook_names_only_metrics_and_records_that_exist():
+    assert set(runbooks.RUNBOOKS) == {a.name for a in alerts(DEFAULT)}
+    for name in runbooks.RUNBOOKS:
+        text = "\n".join(runbooks.render(name).values())
+        assert "$" not in text, f"{name}: a $NAME left unfilled"
+        assert not unknown_names(text), f"{name} names {unknown_names(text)}, which do not exist"
+
+
+def test_the_runbook_check_catches_names_that_do_not_exist():
+    assert unknown_names("rate(gpuobs_gpu_power_usage_watts_total[5m]) and cluster:gpuobs_gpus_gone:count") == [
+        "cluster:gpuobs_gpus_gone:count", "gpuobs_gpu_power_usage_watts_total"]
+    assert not unknown_names('gpuobs_gpu_power_usage_watts{gen_ai_request_model="m"} / '
+                             "job_id:gpuobs_training_tokens:rate")
+    with pytest.raises(KeyError):  # a $NAME that is neither a catalog metric nor a record
+        Template("$POWER_USAGES").substitute(runbooks.names())
+    values = runbooks.names()
+    assert values["POWER_USAGE"] == "gpuobs_gpu_power_usage_watts" and values["ECC_ERRORS"].endswith("_total")
+    assert values["STRAGGLER_RATIO"] == records.STRAGGLER_RATIO.name
+
+
+# --------------------------------------------------------------------------------------- a rename
+# New names as long as the old ones: the YAML writer folds long lines, so only then is each file
+# exactly the old one with the names replaced.
+RENAMES = {c.POWER_USAGE: "gpuobs_gpu_board_power_watts",  # a gauge: panels, records, runbooks
+           c.COMPUTE: "gpuobs_training_working_seconds"}  # a counter feeding the straggler records and alert
+
+
+@contextmanager
+def renamed(renames: dict[c.Metric, str]):
+    """Catalog metrics renamed in place. Each Metric is a singleton every reader holds (as a module
+    attribute, in GPM_METRICS, QUANTILES, ALL): renaming the object is renaming the metric, and a
+    name that was copied into a string at import keeps the old one."""
+    old = {m: m.name for m in renames}
+    try:
+        for m, name in renames.items():
+            object.__setattr__(m, "name", name)
+        yield
+    finally:
+        for m, name in old.items():
+            object.__setattr__(m, "name", name)
+
+
+def generate() -> dict[str, str]:
+    """Every generated file's content, built now in memory (nothing written), and the fast rules."""
+    out = {str(p): text for build in (alerts_build, dashboards_build) for p, text in build.outputs().items()}
+    out["fast rules"] = alerts_build.rules_file(FAST)
+    return out
+
+
+def test_renaming_a_catalog_metric_renames_every_reference():
+    old = {m.name: new for m, new in RENAMES.items()}
+    assert all(len(o) == len(n) for o, n in old.items())
+    before = generate()
+    with renamed(RENAMES):
+        after = generate()
+        assert records.NODE_POWER.name == "cluster_node:gpuobs_gpu_board_power_watts:sum"
+        assert records.STRAGGLER_RATIO.name == "job_id_rank:gpuobs_training_working_seconds:ratio_to_others"
+    assert c.POWER_USAGE.name == "gpuobs_gpu_power_usage_watts"  # restored
+    for name, new in old.items():
+        referring = sorted(p for p, text in before.items() if name in text)
+        # the rules (records and alerts), the dashboards and the runbooks all named it
+        assert any(p.endswith(".rules.yml") for p in referring) and any(p.endswith(".json") for p in referring)
+        assert any("runbooks" in p for p in referring), referring
+        assert not [p for p, text in after.items() if name in text], f"{name} still named after the rename"
+        assert all(new in after[p] for p in referring)
+    expected = {p: _replace(text, old) for p, text in before.items()}
+    assert [p for p in before if after[p] != expected[p]] == [], "a rename changed more than the names"
+
+
+def _replace(text: str, renames: dict[str, str]) -> str:
+    for old, new in renames.items():
+        text = text.replace(old, new)
+    return text
