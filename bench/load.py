@@ -184,11 +184,11 @@ def _drive_scrapers(port: int, pid: int, seconds: float, scrapers: int, procs: i
 def serve_exporter(port: int, interval: float, process_cap: int) -> None:
     """Run the real Exporter (every family, processes included) until SIGTERM; for the churn test,
     whose interval is below the CLI's 0.1 s floor."""
-    from gpuobs import catalog
+    from gpuobs.collect import REGISTRY
     from gpuobs.exporter import Exporter, ExporterConfig
 
     config = ExporterConfig(listen_address="127.0.0.1", port=port, interval=interval,
-                            families=set(catalog.FAMILIES), process_cap=process_cap)
+                            families=set(REGISTRY), process_cap=process_cap)
     exp = Exporter(config).start()
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())

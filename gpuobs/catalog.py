@@ -10,10 +10,16 @@ Python names. Naming follows Prometheus conventions: one `gpuobs_` namespace, ba
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
+
+from .nvml import pynvml as N  # gpuobs.nvml first: it backfills the NVML ids an older pynvml lacks
 
 NAMESPACE = "gpuobs"
 GPU_LABELS = ("gpu", "uuid")  # identity on every per-GPU series: NVML index and UUID
 MIG_LABELS = GPU_LABELS + ("gpu_instance_id", "compute_instance_id")
+
+
+Kind = Literal["gauge", "counter", "info", "histogram"]
 
 
 @dataclass(frozen=True, eq=False)  # each Metric is a singleton: identity is equality
@@ -21,13 +27,13 @@ class Metric:
     """One exported metric.
 
     name: exposition name without `_total` (counters get it at exposition).
-    kind: "gauge", "counter" or "info" (a gauge of 1 whose labels carry the data).
+    kind: "gauge", "counter", "info" (a gauge of 1 whose labels carry the data) or "histogram" (OTel only).
     labels: every label, identity first. source: where NVML gives the value, with its unit.
     dcgm: dcgm-exporter field names, keyed by the values of the labels after the identity
     ones (() for a metric without such labels); dcgm_scale converts our unit to DCGM's.
     """
     name: str
-    kind: str
+    kind: Kind
     unit: str
     help: str
     family: str
@@ -65,7 +71,7 @@ class Metric:
         return (self.exposed_name,)
 
 
-def _m(name: str, kind: str, unit: str, help: str, family: str, source: str, **kw) -> Metric:
+def _m(name: str, kind: Kind, unit: str, help: str, family: str, source: str, **kw) -> Metric:
     return Metric(f"{NAMESPACE}_{name}", kind, unit, help, family, source, **kw)
 
 
@@ -99,15 +105,22 @@ DECODER_UTILIZATION = _m("gpu_decoder_utilization_ratio", "gauge", "ratio", "Vid
                          "utilization", "nvmlDeviceGetDecoderUtilization (percent) / 100",
                          dcgm={(): "DCGM_FI_DEV_DEC_UTIL"}, dcgm_scale=100, max_value=1.0)
 # ------------------------------------------------------------------------- profiling (GPM, Hopper+)
-# (metric, NVML_GPM_METRIC_* id, DCGM profiling field)
-_GPM = [("sm_active", 2, "DCGM_FI_PROF_SM_ACTIVE", "Fraction of SMs busy."),
-        ("sm_occupancy", 3, "DCGM_FI_PROF_SM_OCCUPANCY", "Resident warps over the SMs' maximum."),
-        ("tensor_active", 5, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "Fraction of cycles any tensor pipe was active."),
-        ("dram_active", 10, "DCGM_FI_PROF_DRAM_ACTIVE", "Fraction of peak DRAM bandwidth used."),
-        ("fp64_active", 11, "DCGM_FI_PROF_PIPE_FP64_ACTIVE", "Fraction of cycles the FP64 pipe was active."),
-        ("fp32_active", 12, "DCGM_FI_PROF_PIPE_FP32_ACTIVE", "Fraction of cycles the FP32 pipe was active."),
-        ("fp16_active", 13, "DCGM_FI_PROF_PIPE_FP16_ACTIVE", "Fraction of cycles the FP16 pipe was active."),
-        ("graphics_active", 1, "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "Fraction of time the graphics engine was active.")]
+# (metric, nvmlGpmMetricId_t, DCGM profiling field); gpuobs.nvml backfills the ids older pynvml lacks
+_GPM = [("sm_active", N.NVML_GPM_METRIC_SM_UTIL, "DCGM_FI_PROF_SM_ACTIVE", "Fraction of SMs busy."),
+        ("sm_occupancy", N.NVML_GPM_METRIC_SM_OCCUPANCY, "DCGM_FI_PROF_SM_OCCUPANCY",
+         "Resident warps over the SMs' maximum."),
+        ("tensor_active", N.NVML_GPM_METRIC_ANY_TENSOR_UTIL, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+         "Fraction of cycles any tensor pipe was active."),
+        ("dram_active", N.NVML_GPM_METRIC_DRAM_BW_UTIL, "DCGM_FI_PROF_DRAM_ACTIVE",
+         "Fraction of peak DRAM bandwidth used."),
+        ("fp64_active", N.NVML_GPM_METRIC_FP64_UTIL, "DCGM_FI_PROF_PIPE_FP64_ACTIVE",
+         "Fraction of cycles the FP64 pipe was active."),
+        ("fp32_active", N.NVML_GPM_METRIC_FP32_UTIL, "DCGM_FI_PROF_PIPE_FP32_ACTIVE",
+         "Fraction of cycles the FP32 pipe was active."),
+        ("fp16_active", N.NVML_GPM_METRIC_FP16_UTIL, "DCGM_FI_PROF_PIPE_FP16_ACTIVE",
+         "Fraction of cycles the FP16 pipe was active."),
+        ("graphics_active", N.NVML_GPM_METRIC_GRAPHICS_UTIL, "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+         "Fraction of time the graphics engine was active.")]
 GPM_METRICS: dict[int, Metric] = {
     gid: _m(f"gpu_{name}_ratio", "gauge", "ratio", help, "gpm",
             f"nvmlGpmMetricsGet metric {gid} (percent) / 100 over two nvmlGpmSampleGet samples",
@@ -343,7 +356,7 @@ ATTRIBUTION_UP = _m("exporter_attribution_up", "gauge", "",
 RUN_LABELS = ("rank", "job_id")  # not "job": Prometheus's target label
 
 
-def _otel(otel_name: str, kind: str, otel_unit: str, prom_name: str, help: str, family: str,
+def _otel(otel_name: str, kind: Kind, otel_unit: str, prom_name: str, help: str, family: str,
           labels: tuple[str, ...] = RUN_LABELS, unit: str = "") -> Metric:
     return Metric(prom_name, kind, unit, help, family, f"OpenTelemetry instrument {otel_name}", labels=labels,
                   otel_name=otel_name, otel_unit=otel_unit, max_value=1.0 if unit == "ratio" else None)
@@ -457,8 +470,8 @@ LOGS_DROPPED = _otel("gpuobs.telemetry.log_records_dropped", "counter", "{record
 ALL: tuple[Metric, ...] = tuple(v for v in list(globals().values()) if isinstance(v, Metric)) + \
     tuple(GPM_METRICS.values()) + tuple(MIG_GPM_METRICS.values())
 BY_NAME: dict[str, Metric] = {m.name: m for m in ALL}
-FAMILIES = ("identity", "utilization", "gpm", "memory", "power", "thermal", "clocks", "clock_events",
-            "ecc", "pcie", "nvlink", "mig", "processes", "xid")
-DEFAULT_OFF = frozenset({"processes"})
+# The exporter's families (names, default on/off) are registered with their collectors: gpuobs.collect.REGISTRY
 APP_FAMILIES = ("training", "inference", "telemetry")  # recorded by gpuobs.instrument, not the exporter
+# What the exporter emits: every non-OTel metric, plus its own dropped log records (gpuobs.logs in its process)
+EXPORTED: tuple[Metric, ...] = tuple(m for m in ALL if not m.otel_name) + (LOGS_DROPPED,)
 OTEL: tuple[Metric, ...] = tuple(m for m in ALL if m.otel_name)  # opt-in: per-process series are unbounded by nature

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import socket
 import subprocess
 import threading
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 import pynvml
 import pytest
 
+from gpuobs.ports import free_port, free_port_run  # noqa: F401  (tests import them from here)
 from gpuobs.sim import Simulator
 
 REPO = Path(__file__).resolve().parents[1]
@@ -116,7 +116,7 @@ def start(make_sim):
     faults can be in place before the exporter's first nvmlInit). Stopped after the test."""
     import time
 
-    from gpuobs import catalog
+    from gpuobs.collect import REGISTRY
     from gpuobs.exporter import Exporter, ExporterConfig
 
     running = []
@@ -125,7 +125,7 @@ def start(make_sim):
         config.setdefault("listen_address", "127.0.0.1")
         config.setdefault("port", 0)
         config.setdefault("interval", 0.2)
-        config.setdefault("families", set(catalog.FAMILIES))
+        config.setdefault("families", set(REGISTRY))
         exp = Exporter(ExporterConfig(**config)).start()
         running.append(exp)
         deadline = time.monotonic() + 10  # the first pass (not "one more": it may be done already)
@@ -158,31 +158,6 @@ def require_tool(name: str) -> str:
             pytest.fail(message)
         pytest.skip(message)
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def free_port_run(n: int) -> int:
-    """The first of n consecutive free ports (as ranks serving on base + local rank need)."""
-    for _ in range(100):
-        base = free_port()
-        socks = []
-        try:
-            for port in range(base, base + n):
-                sock = socket.socket()
-                socks.append(sock)
-                sock.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for sock in socks:
-                sock.close()
-    raise RuntimeError(f"no {n} consecutive free ports")
 
 
 @pytest.fixture

@@ -89,8 +89,8 @@ def test_not_supported_is_absent_remembered_and_reprobed_after_reinit(exporter):
     set_val(st.gpu(1).temp_gpu, None)  # a whole call (nvmlDeviceGetTemperature) on GPU 1
     scrape = run.wait_for(lambda s: set(one(s, MEM_TEMP)) == {u1} and set(one(s, TEMP)) == {u0}, 5,
                           "unsupported values to disappear")
-    assert (u0, "field:82:0") in session.unavailable
-    assert (u1, "nvmlDeviceGetTemperature:") in session.unavailable
+    assert session.field_unavailable(u0, 82, 0)
+    assert session.is_unavailable(u1, "nvmlDeviceGetTemperature:")
     assert all(v > 0 for v in one(scrape, MEM_TEMP).values()) and all(v > 0 for v in one(scrape, TEMP).values())
     # other series of both GPUs unaffected
     assert series_of(scrape, u0) - {TEMP, MEM_TEMP} == series_of(scrape, u1) - {TEMP, MEM_TEMP}
@@ -109,7 +109,7 @@ def test_not_supported_is_absent_remembered_and_reprobed_after_reinit(exporter):
     scrape = run.wait_for(lambda s: set(one(s, MEM_TEMP)) == {u0, u1} and set(one(s, TEMP)) == {u0, u1}, 5,
                           "values re-probed after re-initialisation")
     assert one(scrape, TEMP)[u1] == 55
-    assert (u1, "nvmlDeviceGetTemperature:") not in session.unavailable
+    assert not session.is_unavailable(u1, "nvmlDeviceGetTemperature:")
 
 
 # ---------------------------------------------------------------------------------------- 2

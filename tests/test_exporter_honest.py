@@ -117,7 +117,7 @@ def test_mig_mode_change_forgets_what_the_gpu_answered(exporter):
     g = run.sim.state.gpu(0)
     set_val(g.temp_gpu, None)
     run.wait_for(lambda s: u0 not in one(s, TEMP), 5, "the value withheld")
-    assert session.is_unavailable((u0, "nvmlDeviceGetTemperature:"))
+    assert session.is_unavailable(u0, "nvmlDeviceGetTemperature:")
     set_val(g.temp_gpu, 50)
     set_val(g.mig_current, 1)  # MIG enabled (the mig family reads the mode on slow samples)
     run.wait_for(lambda s: one(s, TEMP).get(u0) == 50, 5, "re-probed after the MIG mode change")

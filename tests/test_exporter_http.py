@@ -28,6 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import REPO, OTLPReceiver
 from gpuobs import catalog as c
+from gpuobs.collect import REGISTRY
 from gpuobs.exporter import Exporter, ExporterConfig
 from gpuobs.exporter.render import SELF_FAMILIES
 from gpuobs.exporter.server import WebConfig, WebConfigError
@@ -196,7 +197,7 @@ def test_stale_snapshot_fails_readyz_and_withholds_gpu_series(exporter):
 def native_exporter(families=None):
     """A second, gpuobs-named exporter on the simulated node already active in this process."""
     exp = Exporter(ExporterConfig(listen_address="127.0.0.1", port=0, interval=0.2,
-                                  families=families or set(c.FAMILIES) - {"xid"})).start()
+                                  families=families or set(REGISTRY) - {"xid"})).start()
     try:
         deadline = time.monotonic() + 10
         while exp.sampler.samples < 2 and time.monotonic() < deadline:
@@ -356,7 +357,7 @@ def test_otlp_push_is_decodable_and_complete(make_sim, collector):
     before = set(threading.enumerate())
     with collector() as (rec, endpoint):
         exp = Exporter(ExporterConfig(listen_address="127.0.0.1", port=0, interval=0.2,
-                                      families=set(c.FAMILIES) - {"xid"}, otlp_endpoint=endpoint)).start()
+                                      families=set(REGISTRY) - {"xid"}, otlp_endpoint=endpoint)).start()
         try:
             deadline = time.monotonic() + 15
             while time.monotonic() < deadline and not (
@@ -548,7 +549,7 @@ def test_cli_families_limits_what_is_served(tmp_path):
 
 @pytest.mark.skipif(not shutil.which("promtool"), reason="promtool not installed")
 def test_promtool_check_metrics_passes(exporter):
-    run = exporter(EIGHT, families=set(c.FAMILIES))
+    run = exporter(EIGHT, families=set(REGISTRY))
     run.next_snapshot(2)  # GPM needs two samples
     status, text = run.get("/metrics")
     assert status == 200 and "gpuobs_gpu_process_memory_used_bytes" in text and "gpuobs_gpu_sm_active_ratio" in text

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpuobs import catalog
 from gpuobs.attribution import SlurmJobMap
-from gpuobs.collect import Sampler, Session, build_families
+from gpuobs.collect import Sampler, Session, build_families, default_families
 from gpuobs.exporter.render import Renderer
 from gpuobs.sim.state import set_val
 
@@ -25,7 +24,7 @@ def test_cached_render_equals_full_render_as_values_gpus_and_jobs_change(make_si
     jobs.mkdir()
     source = SlurmJobMap(str(jobs))
     session = Session()
-    sampler = Sampler(session, build_families(set(catalog.FAMILIES) - catalog.DEFAULT_OFF, None, 8), interval=1)
+    sampler = Sampler(session, build_families(default_families(), process_cap=8), interval=1)
     renderer = Renderer(naming, hostname="node-a", attribution=[source])
     g0 = sim.state.gpu(0)
 

@@ -1,41 +1,45 @@
-"""Collectors, one module per metric family, and the sampling loop that runs them."""
+"""Collectors, one module per metric family, and the sampling loop that runs them.
+
+Each family registers itself next to its class (`@register` in .base: name, default on or off,
+the families whose state it uses, whether it needs the XID watcher); `REGISTRY` is the one list
+of families, which the CLI, the exporter's configuration and the docs read. The modules are
+imported below in the order the families run in a pass and are listed (a family's `uses` must
+come before it; register() checks).
+"""
 
 from __future__ import annotations
 
 from ..nvml import Session
-from .base import Family, Sample, Snapshot
-from .clock_events import ClockEvents
-from .clocks import Clocks
-from .ecc import Ecc
-from .gpm import Gpm
-from .identity import Identity
-from .memory import Memory
-from .mig import Mig
-from .nvlink import Nvlink
-from .pcie import Pcie
-from .power import Power
-from .processes import Processes
+from . import identity, utilization, gpm, memory, power, thermal, clocks, clock_events, ecc, pcie  # noqa: F401, I001
+from . import nvlink, mig, processes, xid  # noqa: F401, I001
+from .base import REGISTRY, Family, FamilySpec, Needs, Sample, Snapshot
 from .sampler import Sampler
-from .thermal import Thermal
-from .utilization import Utilization
-from .xid import Xid, XidWatcher
+from .xid import XidWatcher
 
-__all__ = ["Family", "Sample", "Sampler", "Snapshot", "build_families"]
+__all__ = ["REGISTRY", "Family", "FamilySpec", "Sample", "Sampler", "Session", "Snapshot", "XidWatcher",
+           "build_families", "default_families", "needs_watcher"]
+
+def default_families() -> set[str]:
+    """The families collected when the operator names none (FamilySpec.default)."""
+    return {name for name, spec in REGISTRY.items() if spec.default}
 
 
-def build_families(enabled: set[str], watcher: XidWatcher | None = None, process_cap: int = 32) -> list[Family]:
-    """Family instances for the enabled names (catalog.FAMILIES), in catalog order.
+def needs_watcher(enabled: set[str]) -> bool:
+    """True when one of the enabled families needs an XidWatcher."""
+    return any(REGISTRY[name].needs_watcher for name in enabled if name in REGISTRY)
 
-    gpm must run before mig (mig reuses its support probe); xid needs a running XidWatcher.
-    """
-    makers = {"identity": Identity, "utilization": Utilization, "gpm": Gpm, "memory": Memory, "power": Power,
-              "thermal": Thermal, "clocks": Clocks, "clock_events": ClockEvents, "ecc": Ecc, "pcie": Pcie,
-              "nvlink": Nvlink, "mig": Mig, "processes": lambda: Processes(process_cap),
-              "xid": lambda: Xid(watcher) if watcher else None}
-    unknown = enabled - set(makers)
+
+def build_families(enabled: set[str], *, process_cap: int, watcher: XidWatcher | None = None) -> list[Family]:
+    """Instances of the enabled families, in registry order, each built with the enabled families
+    it uses (FamilySpec.uses). A family that needs a watcher is left out without one. Raises
+    ValueError for a name not in REGISTRY."""
+    unknown = enabled - set(REGISTRY)
     if unknown:
         raise ValueError(f"unknown metric families: {', '.join(sorted(unknown))}")
-    return [f for name, make in makers.items() if name in enabled and (f := make()) is not None]
-
-
-__all__ += ["Session", "XidWatcher"]
+    built: dict[str, Family] = {}
+    for name, spec in REGISTRY.items():
+        if name in enabled:
+            family = spec.cls.build(Needs(built=dict(built), watcher=watcher, process_cap=process_cap))
+            if family is not None:
+                built[name] = family
+    return list(built.values())

@@ -1,4 +1,5 @@
-"""What collectors produce (Samples in an immutable Snapshot) and what they get (a GpuCtx)."""
+"""What collectors are (Family, registered with @register), what they produce (Samples in an
+immutable Snapshot) and what they get (a GpuCtx)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,12 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, NamedTuple
+from typing import Any, Callable, Hashable, NamedTuple, TypeVar
 
 import pynvml
 
 from ..catalog import Metric
-from ..nvml import UNAVAILABLE, UNUSABLE, Session
+from ..nvml import UNAVAILABLE, UNUSABLE, Session, call_name
 
 SENTINELS = {0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF, 0xFFFF, 0x7FFFFFFF}  # NVML "not available" markers
 # A counter can legitimately pass 65535 or 2^31-1; it never reads exactly 2^32-1 or 2^64-1, which
@@ -79,32 +80,68 @@ class Sample(NamedTuple):
 
 @dataclass(frozen=True)
 class Snapshot:
-    """Every Sample of one sampling pass, taken at `time` (Unix seconds) in `duration` seconds."""
+    """Every Sample of one sampling pass, whose reads started at `time` (Unix seconds)."""
     time: float
-    duration: float
     samples: tuple[Sample, ...]
-    nvml_up: bool
-    gpus_present: int
 
 
 @dataclass(frozen=True)
 class FieldSpec:
     """One value read with nvmlDeviceGetFieldValues: NVML field id and scope (e.g. an NVLink link),
-    the metric it feeds, a scale to base units, and the metric's extra label values."""
+    the metric it feeds, how it becomes base units (value * scale / per), and the metric's extra
+    label values."""
     field_id: int
     metric: Metric | None  # None: read for the family's collect() to use, not emitted directly
     scale: float = 1.0
     extra: tuple[str, ...] = ()
     scope: int = 0
+    per: float = 1  # a divisor: 72600 / 1000 is 72.6, where 72600 * 0.001 is 72.60000000000001
+
+
+@dataclass(frozen=True, kw_only=True)
+class Needs:
+    """What build() hands a family class: the families built before it (enabled ones, by name),
+    the XID watcher (None when the exporter runs without one), and the most processes per GPU."""
+    built: dict[str, "Family"]
+    watcher: Any = None
+    process_cap: int
 
 
 class Family:
-    """One metric family. Subclasses read NVML in `collect` and/or declare batched `fields`."""
-    name = ""
+    """One metric family. Subclasses register with @register, read NVML in `collect` and/or
+    declare batched `fields`, and read one-off capabilities in `probe`.
+
+    Per-GPU memory lives in one typed object per GPU and family (`state(gpu)`, of the class
+    `State`), dropped by `release(uuid)` when the GPU goes away or NVML re-initialises.
+    """
+    name = ""  # set by @register
+    spec: "FamilySpec"  # set by @register
+    State: Callable[[], Any] = dict  # per-GPU state: a class (a dataclass) made with no arguments
     slow_every = 10  # samples between reads of values that change rarely (limits, max clocks)
 
+    def __init__(self) -> None:
+        self._states: dict[str, Any] = {}  # uuid -> State(); one reader thread per GPU at a time
+
+    @classmethod
+    def build(cls, needs: Needs) -> "Family | None":
+        """The family's instance for the exporter (None: it cannot run, e.g. no XID watcher)."""
+        return cls()
+
+    def state(self, gpu: "GpuCtx | str") -> Any:
+        """This family's state of a GPU (by GpuCtx or UUID), made on first use."""
+        uuid = gpu if isinstance(gpu, str) else gpu.uuid
+        st = self._states.get(uuid)
+        if st is None:
+            st = self._states[uuid] = self.State()
+        return st
+
+    def probe(self, gpu: "GpuCtx") -> None:
+        """Read what a GPU answers once (capabilities, fixed limits) into its state; the sampler
+        runs it before fields() and collect() for a new GPU, after NVML re-initialises and every
+        Session.reprobe_after seconds. Raises GpuUnusable as collect() does."""
+
     def fields(self, gpu: "GpuCtx") -> list[FieldSpec]:
-        """Field values this family wants for this GPU in this sample."""
+        """Field values this family wants for this GPU in this sample (no I/O: from its state)."""
         return []
 
     def collect(self, gpu: "GpuCtx") -> None:
@@ -114,9 +151,54 @@ class Family:
         """Samples that outlive a GPU's loss, once per pass; known maps UUID -> last NVML index."""
         return []
 
-    def release(self, cache: dict[str, Any]) -> None:
-        """Free NVML resources kept in a GPU's cache when the GPU goes away or NVML re-initialises."""
+    def release(self, uuid: str) -> None:
+        """Forget a GPU's state (it went away, or NVML re-initialised), freeing the NVML resources
+        it holds (free())."""
+        st = self._states.pop(uuid, None)
+        if st is not None:
+            self.free(st)
 
+    def free(self, state: Any) -> None:
+        """Free the NVML resources one GPU's state holds (none by default)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class FamilySpec:
+    """A family as the exporter offers it (what node_exporter's registerCollector records).
+
+    default: collected unless the operator names the families (--families).
+    uses: families whose per-GPU state this one reads when they are enabled; they are registered,
+    and so run in each pass, before it. Enabling this one does not enable them.
+    needs_watcher: runs only with an XidWatcher (the exporter starts one when such a family is on).
+    summary: what the family adds, for the CLI's help (a flag --<name> for a family off by default).
+    """
+    name: str
+    cls: type[Family]
+    default: bool = True
+    uses: tuple[str, ...] = ()
+    needs_watcher: bool = False
+    summary: str = ""
+
+
+F = TypeVar("F", bound=Family)
+REGISTRY: dict[str, FamilySpec] = {}  # in registration order: the order families run and are listed
+
+
+def register(name: str, *, default: bool = True, uses: tuple[str, ...] = (), needs_watcher: bool = False,
+             summary: str = "") -> Callable[[type[F]], type[F]]:
+    """Class decorator: add a Family subclass to REGISTRY under `name` (see FamilySpec). Raises
+    ValueError for a name registered twice or a `uses` not registered before."""
+    def wrap(cls: type[F]) -> type[F]:
+        if name in REGISTRY:
+            raise ValueError(f"metric family {name} registered twice")
+        missing = [u for u in uses if u not in REGISTRY]
+        if missing:
+            raise ValueError(f"metric family {name} uses {missing}, which must be registered before it")
+        cls.name = name
+        cls.spec = REGISTRY[name] = FamilySpec(name=name, cls=cls, default=default, uses=uses,
+                                               needs_watcher=needs_watcher, summary=summary)
+        return cls
+    return wrap
 
 @dataclass
 class GpuCtx:
@@ -130,7 +212,7 @@ class GpuCtx:
     dropped: Callable[[Metric, str], None]
     fields: dict[tuple[int, int], float] = field(default_factory=dict)  # values that came back
     labels: tuple[str, ...] = ()
-    cache: dict[str, Any] = field(default_factory=dict)  # per-GPU memory kept across samples
+    versions: tuple[str, str] = ("", "")  # driver and CUDA driver versions (Identity's labels)
     answered: int = 0  # calls in this pass that the GPU answered (values or capability answers)
     failed: int = 0  # calls in this pass that returned an error
 
@@ -142,27 +224,31 @@ class GpuCtx:
         """True on the samples that also refresh rarely changing values."""
         return self.sample_no % Family.slow_every == 0
 
-    def get(self, call: str, fn: Callable[..., Any], *args: Any, variant: str = "",
+    def get(self, fn: Callable[..., Any], *args: Any, name: str | None = None, variant: str = "",
             expected: tuple[int, ...] = (), handle: Any = None) -> Any:
         """fn(handle, *args) through the session; None when unavailable (remembered) or failing.
-        handle: another handle than the GPU's (one of its MIG devices; give a variant for it).
+        name: the call's name in counts and capability answers (default fn.__name__, see
+        nvml.call_name). handle: another handle than the GPU's (one of its MIG devices; give a
+        variant for it).
 
         expected: codes that are answers, not errors (Session.call); they give None, uncounted.
         A capability answer (nvml.UNAVAILABLE: NOT_SUPPORTED, NO_PERMISSION, a function the
         driver or binding lacks) is remembered per GPU, call and variant and re-probed after
         Session.reprobe_after. Raises GpuUnusable (GpuLost) on an nvml.UNUSABLE code.
         """
-        key = (self.uuid, f"{call}:{variant}")
-        if self.session.is_unavailable(key):
+        call = name or call_name(fn)
+        what = f"{call}:{variant}"
+        if self.session.is_unavailable(self.uuid, what):
             return None
         try:
-            value = self.session.call(call, fn, self.handle if handle is None else handle, *args, expected=expected)
+            value = self.session.call(fn, self.handle if handle is None else handle, *args, name=call,
+                                      expected=expected)
             self.answered += 1
             return value
         except pynvml.NVMLError as e:
             if e.value in UNAVAILABLE:
                 self.answered += 1
-                self.session.mark_unavailable(key, call, e.value)
+                self.session.mark_unavailable(self.uuid, what, call, e.value)
             elif e.value in UNUSABLE:
                 raise unusable(self.uuid, e.value) from None
             elif e.value in expected:
@@ -173,25 +259,25 @@ class GpuCtx:
             self.failed += 1  # counted by the session; one failing call never stops the others
         return None
 
-    def first(self, *calls: tuple[str, Callable[..., Any]], handle: Any = None, variant: str = "") -> Any:
-        """The answer of the first (call name, fn) the GPU, driver and binding have: newer calls
-        first, then their older fallbacks (e.g. memory info v2, then v1). None if none answers."""
-        for call, fn in calls:
-            key = (self.uuid, f"{call}:{variant}")
-            if self.session.is_unavailable(key):
+    def first(self, *fns: Callable[..., Any], handle: Any = None, variant: str = "") -> Any:
+        """The answer of the first fn (named by call_name) the GPU, driver and binding have: newer
+        calls first, then their older fallbacks (e.g. memory info v2, then v1). None if none answers."""
+        for fn in fns:
+            what = f"{call_name(fn)}:{variant}"
+            if self.session.is_unavailable(self.uuid, what):
                 continue
-            value = self.get(call, fn, variant=variant, handle=handle)
-            if value is not None or not self.session.is_unavailable(key):
+            value = self.get(fn, variant=variant, handle=handle)
+            if value is not None or not self.session.is_unavailable(self.uuid, what):
                 return value  # an answer, or an error (counted): do not mask it with an older call
         return None
 
-    def emit(self, metric: Metric, raw: float | None, *extra: str, scale: float = 1.0,
+    def emit(self, metric: Metric, raw: float | None, *extra: str, scale: float = 1.0, per: float = 1,
              labels: tuple[str, ...] | None = None) -> None:
-        """Add one sample of raw * scale, unless raw is absent, an NVML sentinel, not finite, or
+        """Add one sample of raw * scale / per, unless raw is absent, an NVML sentinel, not finite, or
         the scaled value is out of the metric's range; drops are counted, never served."""
         if raw is None:
             return
-        value = raw * scale
+        value = raw * scale / per
         upper = metric.max_value if metric.max_value is not None else sys.float_info.max
         sentinel = isinstance(raw, int) and raw in (COUNTER_SENTINELS if metric.kind == "counter" else SENTINELS)
         if 0 <= value <= upper and not sentinel:  # one comparison also rules out NaN and infinity

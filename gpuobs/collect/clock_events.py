@@ -6,7 +6,7 @@ from __future__ import annotations
 import pynvml as N
 
 from .. import catalog as c
-from .base import Family, FieldSpec, GpuCtx
+from .base import Family, FieldSpec, GpuCtx, register
 
 NS = 1e-9
 
@@ -20,9 +20,9 @@ def reason_names(mask: int) -> dict[str, int]:
     return out
 
 
+@register("clock_events")
 class ClockEvents(Family):
     """Reasons from one call per sample; duration counters batched in the field-values call."""
-    name = "clock_events"
     FIELDS = [FieldSpec(fid, c.CLOCK_EVENT_DURATION, NS, (reason,))
               for fid, reason in c.CLOCK_EVENT_COUNTER_FIELDS.items()]
 
@@ -31,8 +31,7 @@ class ClockEvents(Family):
 
     def collect(self, gpu: GpuCtx) -> None:
         # R535 renamed throttle reasons to clock events; older drivers and bindings have the old call
-        mask = gpu.first(("nvmlDeviceGetCurrentClocksEventReasons", N.nvmlDeviceGetCurrentClocksEventReasons),
-                         ("nvmlDeviceGetCurrentClocksThrottleReasons", N.nvmlDeviceGetCurrentClocksThrottleReasons))
+        mask = gpu.first(N.nvmlDeviceGetCurrentClocksEventReasons, N.nvmlDeviceGetCurrentClocksThrottleReasons)
         if mask is not None and mask != 0xFFFFFFFFFFFFFFFF:
             for reason, active in reason_names(mask).items():
                 gpu.emit(c.CLOCK_EVENT_ACTIVE, active, reason)

@@ -1,28 +1,38 @@
-"""Clocks: current SM and memory clocks every sample, graphics/video on slow samples, maxima once
-per GPU, and the performance state."""
+"""Clocks: current SM and memory clocks every sample, graphics/video on slow samples, maxima per
+probe (fixed per GPU), and the performance state."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import pynvml as N
 
 from .. import catalog as c
-from .base import Family, GpuCtx
+from .base import Family, GpuCtx, register
 
 MHZ = 1e6
 FAST = (N.NVML_CLOCK_SM, N.NVML_CLOCK_MEM)
 
 
+@dataclass
+class ClocksState:
+    current: dict[int, int | None] = field(default_factory=dict)  # clock type -> last MHz read (None: failed)
+    maximum: dict[int, int | None] = field(default_factory=dict)  # clock type -> MHz, probed
+
+
+@register("clocks")
 class Clocks(Family):
-    name = "clocks"
+    State = ClocksState
+
+    def probe(self, gpu: GpuCtx) -> None:
+        self.state(gpu).maximum = {clock: gpu.get(N.nvmlDeviceGetMaxClockInfo, clock, variant=label)
+                                   for clock, label in enumerate(c.CLOCKS)}
 
     def collect(self, gpu: GpuCtx) -> None:
+        st = self.state(gpu)
         for clock, label in enumerate(c.CLOCKS):
-            key = f"clock:{label}"
-            if clock in FAST or gpu.slow or key not in gpu.cache:
-                gpu.cache[key] = gpu.get("nvmlDeviceGetClockInfo", N.nvmlDeviceGetClockInfo, clock, variant=label)
-            gpu.emit(c.CLOCK, gpu.cache[key], label, scale=MHZ)
-            if f"max:{label}" not in gpu.cache:  # fixed per GPU: read once
-                gpu.cache[f"max:{label}"] = gpu.get("nvmlDeviceGetMaxClockInfo", N.nvmlDeviceGetMaxClockInfo,
-                                                    clock, variant=label)
-            gpu.emit(c.MAX_CLOCK, gpu.cache[f"max:{label}"], label, scale=MHZ)
-        gpu.emit(c.PSTATE, gpu.get("nvmlDeviceGetPerformanceState", N.nvmlDeviceGetPerformanceState))
+            if clock in FAST or gpu.slow or clock not in st.current:
+                st.current[clock] = gpu.get(N.nvmlDeviceGetClockInfo, clock, variant=label)
+            gpu.emit(c.CLOCK, st.current[clock], label, scale=MHZ)
+            gpu.emit(c.MAX_CLOCK, st.maximum.get(clock), label, scale=MHZ)
+        gpu.emit(c.PSTATE, gpu.get(N.nvmlDeviceGetPerformanceState))

@@ -6,11 +6,21 @@ from __future__ import annotations
 import pynvml as N
 
 from .. import catalog as c
-from .base import Family, FieldSpec, GpuCtx
+from dataclasses import dataclass
+from typing import Any
+
+from .base import Family, FieldSpec, GpuCtx, register
 
 
+@dataclass
+class EccState:
+    mode: Any = None  # last nvmlDeviceGetEccMode answer: (current, pending), None when failed
+    read: bool = False  # mode read at least once
+
+
+@register("ecc")
 class Ecc(Family):
-    name = "ecc"
+    State = EccState
     FIELDS = [FieldSpec(N.NVML_FI_DEV_ECC_SBE_VOL_TOTAL, c.ECC_ERRORS, extra=("corrected", "volatile")),
               FieldSpec(N.NVML_FI_DEV_ECC_DBE_VOL_TOTAL, c.ECC_ERRORS, extra=("uncorrected", "volatile")),
               FieldSpec(N.NVML_FI_DEV_ECC_SBE_AGG_TOTAL, c.ECC_ERRORS, extra=("corrected", "aggregate")),
@@ -27,7 +37,7 @@ class Ecc(Family):
         return self.FIELDS
 
     def collect(self, gpu: GpuCtx) -> None:
-        if gpu.slow or "mode" not in gpu.cache:
-            gpu.cache["mode"] = gpu.get("nvmlDeviceGetEccMode", N.nvmlDeviceGetEccMode)
-        mode = gpu.cache["mode"]
-        gpu.emit(c.ECC_MODE, mode[0] if mode else None)
+        st = self.state(gpu)
+        if gpu.slow or not st.read:  # the mode changes only with a reboot after nvidia-smi -e
+            st.mode, st.read = gpu.get(N.nvmlDeviceGetEccMode), True
+        gpu.emit(c.ECC_MODE, st.mode[0] if st.mode else None)

@@ -4,14 +4,17 @@ between two GPM samples; the previous sample is kept, so one nvmlGpmSampleGet pe
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import pynvml as N
 
 from .. import catalog as c
-from .base import Family, GpuCtx
+from ..nvml import named
+from .base import Family, GpuCtx, register
 
 
+@named("nvmlGpmMetricsGet")
 def metrics_get(sample1: Any, sample2: Any, ids: list[int]) -> dict[int, float]:
     """nvmlGpmMetricsGet for ids between two samples: {metric id: percent} for those that succeeded."""
     mg = N.c_nvmlGpmMetricsGet_t()
@@ -22,42 +25,56 @@ def metrics_get(sample1: Any, sample2: Any, ids: list[int]) -> dict[int, float]:
     return {m.metricId: m.value for m in mg.metrics[: len(ids)] if m.nvmlReturn == N.NVML_SUCCESS}
 
 
+@dataclass
+class GpmState:
+    supported: bool = False  # the probe's answer (nvmlGpmQueryDeviceSupport)
+    # GPU instance id (None: the whole GPU) -> [previous sample, current sample, previous is valid]
+    samples: dict[int | None, list] = field(default_factory=dict)
+
+
+@register("gpm")
 class Gpm(Family):
-    """Keeps two GPM sample buffers per GPU (and per GPU instance) and alternates them."""
-    name = "gpm"
+    """Keeps two GPM sample buffers per GPU (and per GPU instance, for the mig family) and
+    alternates them."""
+    State = GpmState
+
+    def probe(self, gpu: GpuCtx) -> None:
+        support = gpu.get(N.nvmlGpmQueryDeviceSupport)
+        self.state(gpu).supported = bool(support and support.isSupportedDevice)
+
+    def supported(self, gpu: GpuCtx) -> bool:
+        """The GPU supports GPM (as of the last probe)."""
+        return self.state(gpu).supported
 
     def collect(self, gpu: GpuCtx) -> None:
-        if "gpm" not in gpu.cache:
-            support = gpu.get("nvmlGpmQueryDeviceSupport", N.nvmlGpmQueryDeviceSupport)
-            gpu.cache["gpm"] = bool(support and support.isSupportedDevice)
-        if gpu.cache["gpm"]:
+        if self.supported(gpu):
             self.sample(gpu, None, c.GPM_METRICS, gpu.labels)
 
-    def release(self, cache: dict[str, Any]) -> None:
-        for key in [k for k in cache if k.startswith("gpm_samples:")]:
-            for sample in cache.pop(key)[:2]:
+    def free(self, state: GpmState) -> None:
+        for pair in state.samples.values():
+            for sample in pair[:2]:
                 try:
                     N.nvmlGpmSampleFree(sample)
                 except N.NVMLError:
                     pass
+        state.samples.clear()
 
-    @staticmethod
-    def sample(gpu: GpuCtx, gi: int | None, metrics: dict[int, Any], labels: tuple[str, ...]) -> None:
+    def sample(self, gpu: GpuCtx, gi: int | None, metrics: dict[int, Any], labels: tuple[str, ...]) -> None:
         """Take one GPM sample (whole GPU, or GPU instance gi) and emit metrics against the previous one."""
-        key = f"gpm_samples:{gi}"
-        pair = gpu.cache.get(key)
+        samples = self.state(gpu).samples
+        pair = samples.get(gi)
         if pair is None:
-            pair = gpu.cache[key] = [N.nvmlGpmSampleAlloc(), N.nvmlGpmSampleAlloc(), False]
+            pair = samples[gi] = [N.nvmlGpmSampleAlloc(), N.nvmlGpmSampleAlloc(), False]
         prev, cur, have_prev = pair
         if gi is None:
-            ok = gpu.get("nvmlGpmSampleGet", N.nvmlGpmSampleGet, cur) is not None
+            ok = gpu.get(N.nvmlGpmSampleGet, cur) is not None
         else:
-            ok = gpu.get("nvmlGpmMigSampleGet", N.nvmlGpmMigSampleGet, gi, cur, variant=str(gi)) is not None
+            ok = gpu.get(N.nvmlGpmMigSampleGet, gi, cur, variant=str(gi)) is not None
         if not ok:
             return
         if have_prev:
             try:
-                values = gpu.session.call("nvmlGpmMetricsGet", metrics_get, prev, cur, list(metrics))
+                values = gpu.session.call(metrics_get, prev, cur, list(metrics))
             except (N.NVMLError, ValueError):
                 values = {}
             for mid, value in values.items():

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pynvml as N
 
 from .. import catalog as c
-from .base import Family, GpuCtx
+from .base import Family, GpuCtx, register
 
 
 def _text(value) -> str:
@@ -15,25 +17,33 @@ def _text(value) -> str:
     return "" if value is None else str(value)
 
 
+@dataclass
+class IdentityState:
+    info: tuple[str, ...] | None = None  # GPU_INFO's label values after the GPU's own labels
+
+
+@register("identity")
 class Identity(Family):
-    name = "identity"
+    """Reads the identity once per probe (it is fixed for the GPU's life); emits it every pass."""
+    State = IdentityState
+
+    def probe(self, gpu: GpuCtx) -> None:
+        cc = gpu.get(N.nvmlDeviceGetCudaComputeCapability)
+        pci = gpu.get(N.nvmlDeviceGetPciInfo_v3)
+        self.state(gpu).info = (
+            _text(gpu.get(N.nvmlDeviceGetName)),
+            _text(pci.busId if pci is not None else None),
+            _text(gpu.get(N.nvmlDeviceGetSerial)),
+            _text(gpu.get(N.nvmlDeviceGetVbiosVersion)),
+            *gpu.versions,
+            f"{cc[0]}.{cc[1]}" if cc else "",
+            _text(BRANDS.get(gpu.get(N.nvmlDeviceGetBrand))),
+            _text(ARCHITECTURES.get(gpu.get(N.nvmlDeviceGetArchitecture))))
 
     def collect(self, gpu: GpuCtx) -> None:
-        info = gpu.cache.get("info")
-        if info is None:  # fixed for the GPU's life: read once (again after NVML re-initialises)
-            cc = gpu.get("nvmlDeviceGetCudaComputeCapability", N.nvmlDeviceGetCudaComputeCapability)
-            pci = gpu.get("nvmlDeviceGetPciInfo_v3", N.nvmlDeviceGetPciInfo_v3)
-            versions = gpu.cache.get("versions", ("", ""))
-            info = (_text(gpu.get("nvmlDeviceGetName", N.nvmlDeviceGetName)),
-                    _text(pci.busId if pci is not None else None),
-                    _text(gpu.get("nvmlDeviceGetSerial", N.nvmlDeviceGetSerial)),
-                    _text(gpu.get("nvmlDeviceGetVbiosVersion", N.nvmlDeviceGetVbiosVersion)),
-                    *versions,
-                    f"{cc[0]}.{cc[1]}" if cc else "",
-                    _text(BRANDS.get(gpu.get("nvmlDeviceGetBrand", N.nvmlDeviceGetBrand))),
-                    _text(ARCHITECTURES.get(gpu.get("nvmlDeviceGetArchitecture", N.nvmlDeviceGetArchitecture))))
-            gpu.cache["info"] = info
-        gpu.emit(c.GPU_INFO, 1, *info)
+        info = self.state(gpu).info
+        if info is not None:
+            gpu.emit(c.GPU_INFO, 1, *info)
 
 
 BRANDS = {v: k.removeprefix("NVML_BRAND_").lower() for k, v in vars(N).items()

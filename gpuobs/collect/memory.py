@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import pynvml as N
 
 from .. import catalog as c
-from .base import Family, GpuCtx
+from ..nvml import named
+from .base import Family, GpuCtx, register
 
 
+@named("nvmlDeviceGetMemoryInfo_v2")
 def memory_v2(handle):
     """nvmlDeviceGetMemoryInfo_v2 for a GPU or MIG handle: total, reserved, used, free in bytes.
     Raises NVMLError(FUNCTION_NOT_FOUND) when the binding predates it (pynvml < 11.5), as pynvml
@@ -22,24 +27,37 @@ def memory_any(gpu: GpuCtx, handle=None, variant: str = ""):
     """Memory info of the GPU (or of one of its MIG devices: its handle and a variant): v2, else v1
     on drivers and bindings without it (v1 has no `reserved`, and its `used` includes the reserved
     memory); None if neither answers. Raises GpuUnusable as GpuCtx.get does."""
-    return gpu.first(("nvmlDeviceGetMemoryInfo_v2", memory_v2), ("nvmlDeviceGetMemoryInfo", N.nvmlDeviceGetMemoryInfo),
-                     handle=handle, variant=variant)
+    return gpu.first(memory_v2, N.nvmlDeviceGetMemoryInfo, handle=handle, variant=variant)
 
 
+_UNREAD = object()  # BAR1 not read yet for this GPU
+
+
+@dataclass
+class MemoryState:
+    total: int | None = None  # bytes, as of this pass (None: not read); the processes family checks against it
+    bar1: Any = _UNREAD  # last nvmlDeviceGetBAR1MemoryInfo answer (None: failed)
+
+
+@register("memory")
 class Memory(Family):
-    name = "memory"
+    State = MemoryState
+
+    def total(self, gpu: GpuCtx) -> int | None:
+        """The GPU's memory in bytes as read in this pass (None: not read)."""
+        return self.state(gpu).total
 
     def collect(self, gpu: GpuCtx) -> None:
+        st = self.state(gpu)
         mem = memory_any(gpu)
-        gpu.cache["memory_total"] = None if mem is None else mem.total  # the processes family checks against it
+        st.total = None if mem is None else mem.total
         if mem is not None:
             gpu.emit(c.MEMORY_TOTAL, mem.total)
             gpu.emit(c.MEMORY_USED, mem.used)
             gpu.emit(c.MEMORY_RESERVED, getattr(mem, "reserved", None))
             gpu.emit(c.MEMORY_FREE, mem.free)
-        if gpu.slow or "bar1" not in gpu.cache:
-            gpu.cache["bar1"] = gpu.get("nvmlDeviceGetBAR1MemoryInfo", N.nvmlDeviceGetBAR1MemoryInfo)
-        bar1 = gpu.cache["bar1"]
-        if bar1 is not None:
-            gpu.emit(c.BAR1_TOTAL, bar1.bar1Total)
-            gpu.emit(c.BAR1_USED, bar1.bar1Used)
+        if gpu.slow or st.bar1 is _UNREAD:
+            st.bar1 = gpu.get(N.nvmlDeviceGetBAR1MemoryInfo)
+        if st.bar1 is not None:
+            gpu.emit(c.BAR1_TOTAL, st.bar1.bar1Total)
+            gpu.emit(c.BAR1_USED, st.bar1.bar1Used)

@@ -3,31 +3,34 @@ Device-level values stay on the physical GPU's series only."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import pynvml as N
 
 from .. import catalog as c
-from .base import Family, GpuCtx
+from .base import Family, GpuCtx, Needs, register
 from .gpm import Gpm
 from .memory import memory_any
 
+# (MIG handle, (GPU instance id, compute instance id), MIG UUID, profile)
+MigDevice = tuple[object, tuple[str, str], str, str]
 
-def _enumerate(gpu: GpuCtx) -> list[tuple[object, tuple[str, str], str, str]]:
-    """[(MIG handle, (GPU instance id, compute instance id), MIG UUID, profile)] of one GPU.
 
-    The GPU's own labels are not kept here: its index can shift between samples."""
-    count = gpu.get("nvmlDeviceGetMaxMigDeviceCount", N.nvmlDeviceGetMaxMigDeviceCount) or 0
+def _enumerate(gpu: GpuCtx) -> list[MigDevice]:
+    """The MIG devices of one GPU. The GPU's own labels are not kept here: its index can shift
+    between samples."""
+    count = gpu.get(N.nvmlDeviceGetMaxMigDeviceCount) or 0
     out = []
     for i in range(count):
-        handle = gpu.get("nvmlDeviceGetMigDeviceHandleByIndex", N.nvmlDeviceGetMigDeviceHandleByIndex, i,
-                         variant=str(i), expected=(N.NVML_ERROR_NOT_FOUND,))
+        handle = gpu.get(N.nvmlDeviceGetMigDeviceHandleByIndex, i, variant=str(i), expected=(N.NVML_ERROR_NOT_FOUND,))
         if handle is None:
             continue  # NOT_FOUND: no device at this index (indexes can be sparse): an answer, not an error
         call = gpu.session.call
         try:
-            gi = call("nvmlDeviceGetGpuInstanceId", N.nvmlDeviceGetGpuInstanceId, handle)
-            ci = call("nvmlDeviceGetComputeInstanceId", N.nvmlDeviceGetComputeInstanceId, handle)
-            mig_uuid = call("nvmlDeviceGetUUID", N.nvmlDeviceGetUUID, handle)
-            name = call("nvmlDeviceGetName", N.nvmlDeviceGetName, handle)
+            gi = call(N.nvmlDeviceGetGpuInstanceId, handle)
+            ci = call(N.nvmlDeviceGetComputeInstanceId, handle)
+            mig_uuid = call(N.nvmlDeviceGetUUID, handle)
+            name = call(N.nvmlDeviceGetName, handle)
         except (N.NVMLError, UnicodeDecodeError):
             continue
         profile = name.rsplit(" MIG ", 1)[-1] if " MIG " in name else ""
@@ -35,29 +38,52 @@ def _enumerate(gpu: GpuCtx) -> list[tuple[object, tuple[str, str], str, str]]:
     return out
 
 
+_UNREAD = object()  # MIG mode not read yet for this GPU
+
+
+@dataclass
+class MigState:
+    mode: object = _UNREAD  # 1: MIG on, 0: off, None: the GPU did not answer
+    devices: list[MigDevice] = field(default_factory=list)  # enumerated when the mode is read
+
+
+@register("mig", uses=("gpm",))
 class Mig(Family):
-    name = "mig"
+    """Reads the mode and enumerates the MIG devices on slow samples. With the gpm family on, also
+    samples GPM per GPU instance through it (its support probe and sample buffers)."""
+    State = MigState
+
+    def __init__(self, gpm: Gpm | None = None):
+        super().__init__()
+        self.gpm = gpm
+
+    @classmethod
+    def build(cls, needs: Needs) -> "Mig":
+        return cls(gpm=needs.built.get("gpm"))
+
+    def devices(self, gpu: GpuCtx) -> list[MigDevice] | None:
+        """The GPU's MIG devices as of this pass; None when the GPU is not in MIG mode."""
+        st = self.state(gpu)
+        return st.devices if st.mode == 1 else None
 
     def collect(self, gpu: GpuCtx) -> None:
-        if gpu.slow or "mig_mode" not in gpu.cache:
-            mode = gpu.get("nvmlDeviceGetMigMode", N.nvmlDeviceGetMigMode)
+        st = self.state(gpu)
+        if gpu.slow or st.mode is _UNREAD:
+            mode = gpu.get(N.nvmlDeviceGetMigMode)
             mode = None if mode is None else mode[0]
-            if "mig_mode" in gpu.cache and mode != gpu.cache["mig_mode"]:
+            if st.mode is not _UNREAD and mode != st.mode:
                 # MIG toggled: what the GPU answered before (NOT_SUPPORTED in one mode) may differ now
                 gpu.session.forget(gpu.uuid)
-            gpu.cache["mig_mode"] = mode
-            gpu.cache["migs"] = _enumerate(gpu) if gpu.cache["mig_mode"] == 1 else []
-        gpu.emit(c.MIG_MODE, gpu.cache["mig_mode"])
-        gpm = gpu.cache.get("gpm")
-        for handle, ids, mig_uuid, profile in gpu.cache["migs"]:
+            st.mode = mode
+            st.devices = _enumerate(gpu) if mode == 1 else []
+        gpu.emit(c.MIG_MODE, st.mode)
+        gpm = self.gpm if self.gpm is not None and self.gpm.supported(gpu) else None
+        for handle, ids, mig_uuid, profile in st.devices:
             labels = gpu.labels + ids  # this sample's index, not the one seen at enumeration
             gpu.emit(c.MIG_INFO, 1, mig_uuid, profile, labels=labels)
             mem = memory_any(gpu, handle, variant="mig")
             if mem is not None:
                 gpu.emit(c.MIG_MEMORY_TOTAL, mem.total, labels=labels)
                 gpu.emit(c.MIG_MEMORY_USED, mem.used, labels=labels)
-            if gpm:  # set by the gpm family when the GPU supports GPM
-                Gpm.sample(gpu, int(labels[2]), c.MIG_GPM_METRICS, labels)
-
-    def release(self, cache) -> None:
-        Gpm().release(cache)
+            if gpm is not None:
+                gpm.sample(gpu, int(labels[2]), c.MIG_GPM_METRICS, labels)

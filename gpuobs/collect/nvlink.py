@@ -3,12 +3,12 @@ field-values call with the link as scope."""
 
 from __future__ import annotations
 
-import time
+from dataclasses import dataclass, field
 
 import pynvml as N
 
 from .. import catalog as c
-from .base import Family, FieldSpec, GpuCtx
+from .base import Family, FieldSpec, GpuCtx, register
 
 KIB = 1024
 PER_LINK = [(N.NVML_FI_DEV_NVLINK_GET_STATE, c.NVLINK_UP, 1, ()),
@@ -19,20 +19,27 @@ PER_LINK = [(N.NVML_FI_DEV_NVLINK_GET_STATE, c.NVLINK_UP, 1, ()),
             (N.NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY, c.NVLINK_ERRORS, 1, ("recovery",))]
 
 
+@dataclass
+class NvlinkState:
+    links: int = 0  # links the GPU reported at the last probe
+    fields: list[FieldSpec] = field(default_factory=list)  # built per link count: the sampler reuses its batch
+
+
+@register("nvlink")
 class Nvlink(Family):
-    name = "nvlink"
+    """The link count is probed (per GPU, after re-init and every Session.reprobe_after seconds, so
+    a fabric or link that comes up later is seen); fields() returns the specs built for it."""
+    State = NvlinkState
+
+    def probe(self, gpu: GpuCtx) -> None:
+        fv = gpu.get(N.nvmlDeviceGetFieldValues, [N.NVML_FI_DEV_NVLINK_LINK_COUNT], variant="link_count")
+        ok = fv is not None and fv[0].nvmlReturn == N.NVML_SUCCESS
+        links = fv[0].value.uiVal if ok else 0
+        st = self.state(gpu)
+        if links != st.links or not st.fields:
+            st.links = links
+            st.fields = [FieldSpec(fid, metric, scale, (str(link), *extra), scope=link)
+                         for link in range(links) for fid, metric, scale, extra in PER_LINK]
 
     def fields(self, gpu: GpuCtx) -> list[FieldSpec]:
-        links, read_at = gpu.cache.get("links", (None, 0.0))
-        # The link count is read once per GPU (and after re-init); a GPU that had none is asked
-        # again every Session.reprobe_after seconds (a fabric or link that comes up later).
-        if links is None or (links == 0 and time.monotonic() - read_at > gpu.session.reprobe_after):
-            fv = gpu.get("nvmlDeviceGetFieldValues", N.nvmlDeviceGetFieldValues,
-                         [N.NVML_FI_DEV_NVLINK_LINK_COUNT], variant="link_count")
-            ok = fv is not None and fv[0].nvmlReturn == N.NVML_SUCCESS
-            links = fv[0].value.uiVal if ok else 0
-            gpu.cache["links"] = (links, time.monotonic())
-        if gpu.cache.get("link_fields", (None,))[0] != links:  # built once: the sampler reuses its batch
-            gpu.cache["link_fields"] = (links, [FieldSpec(fid, metric, scale, (str(link), *extra), scope=link)
-                                                for link in range(links) for fid, metric, scale, extra in PER_LINK])
-        return gpu.cache["link_fields"][1]
+        return self.state(gpu).fields

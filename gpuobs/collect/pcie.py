@@ -6,16 +6,24 @@ from __future__ import annotations
 import pynvml as N
 
 from .. import catalog as c
-from .base import Family, FieldSpec, GpuCtx
+from dataclasses import dataclass, field
 
-LINK = [(c.PCIE_GENERATION, "nvmlDeviceGetCurrPcieLinkGeneration", N.nvmlDeviceGetCurrPcieLinkGeneration),
-        (c.PCIE_MAX_GENERATION, "nvmlDeviceGetMaxPcieLinkGeneration", N.nvmlDeviceGetMaxPcieLinkGeneration),
-        (c.PCIE_WIDTH, "nvmlDeviceGetCurrPcieLinkWidth", N.nvmlDeviceGetCurrPcieLinkWidth),
-        (c.PCIE_MAX_WIDTH, "nvmlDeviceGetMaxPcieLinkWidth", N.nvmlDeviceGetMaxPcieLinkWidth)]
+from .base import Family, FieldSpec, GpuCtx, register
+
+LINK = [(c.PCIE_GENERATION, N.nvmlDeviceGetCurrPcieLinkGeneration),
+        (c.PCIE_MAX_GENERATION, N.nvmlDeviceGetMaxPcieLinkGeneration),
+        (c.PCIE_WIDTH, N.nvmlDeviceGetCurrPcieLinkWidth),
+        (c.PCIE_MAX_WIDTH, N.nvmlDeviceGetMaxPcieLinkWidth)]
 
 
+@dataclass
+class PcieState:
+    link: list[tuple[c.Metric, int | None]] = field(default_factory=list)  # last link state read
+
+
+@register("pcie")
 class Pcie(Family):
-    name = "pcie"
+    State = PcieState
     FIELDS = [FieldSpec(N.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, c.PCIE_TX),
               FieldSpec(N.NVML_FI_DEV_PCIE_COUNT_RX_BYTES, c.PCIE_RX),
               FieldSpec(N.NVML_FI_DEV_PCIE_REPLAY_COUNTER, c.PCIE_REPLAYS)]
@@ -24,7 +32,8 @@ class Pcie(Family):
         return self.FIELDS
 
     def collect(self, gpu: GpuCtx) -> None:
-        if gpu.slow or "link" not in gpu.cache:  # link state changes rarely: slow samples only
-            gpu.cache["link"] = [(metric, gpu.get(call, fn)) for metric, call, fn in LINK]
-        for metric, value in gpu.cache["link"]:
+        st = self.state(gpu)
+        if gpu.slow or not st.link:  # link state changes rarely: slow samples only
+            st.link = [(metric, gpu.get(fn)) for metric, fn in LINK]
+        for metric, value in st.link:
             gpu.emit(metric, value)

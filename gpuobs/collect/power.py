@@ -5,20 +5,20 @@ from __future__ import annotations
 import pynvml as N
 
 from .. import catalog as c
-from .base import Family, FieldSpec, GpuCtx
+from .base import Family, FieldSpec, GpuCtx, register
 
-MW, MJ = 0.001, 0.001
+MILLI = 1000  # NVML reports mW and mJ: divided (72600 mW is 72.6 W; times 0.001 it was 72.60000000000001)
 POWER_SANITY = 2.0  # a draw above twice the enforced limit is a bad reading, not a real one
 
 
+@register("power")
 class Power(Family):
-    name = "power"
     # Draw is checked against the limit in collect, so it is not emitted from a FieldSpec.
-    FIELDS = [FieldSpec(N.NVML_FI_DEV_POWER_CURRENT_LIMIT, c.POWER_LIMIT, MW),
-              FieldSpec(N.NVML_FI_DEV_POWER_DEFAULT_LIMIT, c.POWER_DEFAULT_LIMIT, MW),
-              FieldSpec(N.NVML_FI_DEV_POWER_MIN_LIMIT, c.POWER_MIN_LIMIT, MW),
-              FieldSpec(N.NVML_FI_DEV_POWER_MAX_LIMIT, c.POWER_MAX_LIMIT, MW),
-              FieldSpec(N.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, c.ENERGY, MJ)]
+    FIELDS = [FieldSpec(N.NVML_FI_DEV_POWER_CURRENT_LIMIT, c.POWER_LIMIT, per=MILLI),
+              FieldSpec(N.NVML_FI_DEV_POWER_DEFAULT_LIMIT, c.POWER_DEFAULT_LIMIT, per=MILLI),
+              FieldSpec(N.NVML_FI_DEV_POWER_MIN_LIMIT, c.POWER_MIN_LIMIT, per=MILLI),
+              FieldSpec(N.NVML_FI_DEV_POWER_MAX_LIMIT, c.POWER_MAX_LIMIT, per=MILLI),
+              FieldSpec(N.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, c.ENERGY, per=MILLI)]
     DRAW = FieldSpec(N.NVML_FI_DEV_POWER_INSTANT, None)  # read here, emitted by collect
 
     def fields(self, gpu: GpuCtx) -> list[FieldSpec]:
@@ -27,9 +27,9 @@ class Power(Family):
     def collect(self, gpu: GpuCtx) -> None:
         draw = gpu.fields.get((N.NVML_FI_DEV_POWER_INSTANT, 0))
         if draw is None:  # older drivers: the classic getter
-            draw = gpu.get("nvmlDeviceGetPowerUsage", N.nvmlDeviceGetPowerUsage)
+            draw = gpu.get(N.nvmlDeviceGetPowerUsage)
         limit = gpu.fields.get((N.NVML_FI_DEV_POWER_CURRENT_LIMIT, 0))
         if draw is not None and limit and draw > POWER_SANITY * limit:
             gpu.dropped(c.POWER_USAGE, "above_limit")
             return
-        gpu.emit(c.POWER_USAGE, draw, scale=MW)
+        gpu.emit(c.POWER_USAGE, draw, per=MILLI)

@@ -10,19 +10,25 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass, field
 
 import pynvml as N
 
 from .. import catalog as c
-from .base import COUNTER_SENTINELS, Family, GpuCtx
+from .base import COUNTER_SENTINELS, Family, GpuCtx, Needs, register
+from .memory import Memory
+from .mig import Mig
 
 # Newest first: _v3 (R510+), then _v2 for older drivers and bindings. The versioned functions, not
 # pynvml's unversioned ones: on a driver without _v3 those raise NVMLLibraryMismatchError, which
 # is not an NVMLError.
-COMPUTE = (("nvmlDeviceGetComputeRunningProcesses_v3", N.nvmlDeviceGetComputeRunningProcesses_v3),
-           ("nvmlDeviceGetComputeRunningProcesses_v2", N.nvmlDeviceGetComputeRunningProcesses_v2))
-GRAPHICS = (("nvmlDeviceGetGraphicsRunningProcesses_v3", N.nvmlDeviceGetGraphicsRunningProcesses_v3),
-            ("nvmlDeviceGetGraphicsRunningProcesses_v2", N.nvmlDeviceGetGraphicsRunningProcesses_v2))
+COMPUTE = (N.nvmlDeviceGetComputeRunningProcesses_v3, N.nvmlDeviceGetComputeRunningProcesses_v2)
+GRAPHICS = (N.nvmlDeviceGetGraphicsRunningProcesses_v3, N.nvmlDeviceGetGraphicsRunningProcesses_v2)
+NO_MIG = ("", "")  # the (GPU instance, compute instance) labels of a process outside MIG
+UTILIZATION_WINDOW_S = 10  # per-process SM utilization: samples of the last this many seconds
+
+# (pid, used bytes or None, (GPU instance id, compute instance id))
+Record = tuple[int, "int | None", tuple[str, str]]
 
 
 def _running(pid: int) -> bool:
@@ -50,50 +56,58 @@ def _read(gpu: GpuCtx, mig: tuple | None) -> dict[int, int | None]:
     return procs
 
 
-class Processes(Family):
-    name = "processes"
+@dataclass
+class ProcessesState:
+    names: dict[int, str] = field(default_factory=dict)  # pid -> process name, while the process runs
 
-    def __init__(self, cap: int = 32):
-        self.cap = cap
+
+@register("processes", default=False, uses=("memory", "mig"), summary="per-process series")
+class Processes(Family):
+    """At most `cap` processes per GPU (the largest memory users). With the mig family on, a GPU in
+    MIG mode is read per MIG device; with the memory family on, records whose memory adds up to
+    more than the GPU's are dropped."""
+    State = ProcessesState
+
+    def __init__(self, cap: int, memory: Memory | None = None, mig: Mig | None = None):
+        super().__init__()
+        self.cap, self.memory, self.mig = cap, memory, mig
+
+    @classmethod
+    def build(cls, needs: Needs) -> "Processes":
+        return cls(needs.process_cap, memory=needs.built.get("memory"), mig=needs.built.get("mig"))
 
     def collect(self, gpu: GpuCtx) -> None:
-        migs = gpu.cache.get("migs") if gpu.cache.get("mig_mode") == 1 else None
-        # [(pid, used, (gpu instance, compute instance))]
-        records: list[tuple[int, int | None, tuple[str, str]]] = []
+        migs = self.mig.devices(gpu) if self.mig is not None else None
         if migs:
-            for mig in migs:
-                records += [(pid, used, mig[1]) for pid, used in _read(gpu, mig).items()]
+            records = [(pid, used, mig[1]) for mig in migs for pid, used in _read(gpu, mig).items()]
         else:
-            records = [(pid, used, ("", "")) for pid, used in _read(gpu, None).items()]
+            records = [(pid, used, NO_MIG) for pid, used in _read(gpu, None).items()]
         records = self._valid(gpu, records)
-        names = gpu.cache.setdefault("names", {})
+        names = self.state(gpu).names
         live = {pid for pid, _, _ in records}
-        for pid in list(names):
-            if pid not in live:
-                del names[pid]  # forget ended processes
+        for pid in [pid for pid in names if pid not in live]:
+            del names[pid]  # forget ended processes
         top = sorted(records, key=lambda r: -(r[1] or 0))[: self.cap]  # the biggest users over the cap
         for pid, used, ids in top:
             if pid not in names:
-                try:  # NOT_FOUND: the process ended since the list was read, an answer, not an error
-                    names[pid] = gpu.session.call("nvmlSystemGetProcessName", N.nvmlSystemGetProcessName, pid,
-                                                  expected=(N.NVML_ERROR_NOT_FOUND,))
-                except (N.NVMLError, UnicodeDecodeError):
-                    names[pid] = ""
+                names[pid] = _name(gpu, pid)
             if used is None:
                 gpu.dropped(c.PROCESS_MEMORY, "not_available")
-            gpu.emit(c.PROCESS_MEMORY, used, str(pid), str(names[pid])[:128], *ids)
+            gpu.emit(c.PROCESS_MEMORY, used, str(pid), names[pid][:128], *ids)
         if top and not migs:  # per-process utilization is not available in MIG mode
-            since = int((time.time() - 10) * 1e6)
-            # NOT_FOUND: no utilization samples in the window (e.g. only graphics processes): no values
-            samples = gpu.get("nvmlDeviceGetProcessUtilization", N.nvmlDeviceGetProcessUtilization, since,
-                              expected=(N.NVML_ERROR_NOT_FOUND,))
-            kept = {pid for pid, _, _ in top}
-            for s in samples or []:
-                if s.pid in kept:
-                    gpu.emit(c.PROCESS_SM, s.smUtil, str(s.pid), scale=0.01)
+            self._utilization(gpu, {pid for pid, _, _ in top})
 
     @staticmethod
-    def _valid(gpu: GpuCtx, records: list) -> list:
+    def _utilization(gpu: GpuCtx, pids: set[int]) -> None:
+        """SM utilization of these processes over the last UTILIZATION_WINDOW_S seconds."""
+        since = int((time.time() - UTILIZATION_WINDOW_S) * 1e6)
+        # NOT_FOUND: no utilization samples in the window (e.g. only graphics processes): no values
+        samples = gpu.get(N.nvmlDeviceGetProcessUtilization, since, expected=(N.NVML_ERROR_NOT_FOUND,))
+        for s in samples or []:
+            if s.pid in pids:
+                gpu.emit(c.PROCESS_SM, s.smUtil, str(s.pid), scale=0.01)
+
+    def _valid(self, gpu: GpuCtx, records: list[Record]) -> list[Record]:
         """The records that can be true; each one dropped is counted with its reason."""
         out = []
         host = host_view([pid for pid, _, _ in records])
@@ -105,10 +119,18 @@ class Processes(Family):
                 gpu.dropped(c.PROCESS_MEMORY, "not_running")
             else:
                 out.append(rec)
-        total = gpu.cache.get("memory_total")
+        total = self.memory.total(gpu) if self.memory is not None else None
         used = sum(u for _, u, _ in out if isinstance(u, int) and u not in COUNTER_SENTINELS)
         if total and used > total:  # the records cannot all be true: serve none of them
             for _ in out:
                 gpu.dropped(c.PROCESS_MEMORY, "out_of_range")
             return []
         return out
+
+
+def _name(gpu: GpuCtx, pid: int) -> str:
+    """The process's name ('' when NVML cannot tell)."""
+    try:  # NOT_FOUND: the process ended since the list was read, an answer, not an error
+        return str(gpu.session.call(N.nvmlSystemGetProcessName, pid, expected=(N.NVML_ERROR_NOT_FOUND,)))
+    except (N.NVMLError, UnicodeDecodeError):
+        return ""

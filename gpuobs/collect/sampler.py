@@ -1,5 +1,9 @@
 """The sampling loop: one pass over every GPU and family per interval, published as a Snapshot.
 
+Per GPU, a pass runs every family's probe() first when the GPU is new, after NVML re-initialised
+and every Session.reprobe_after seconds (one-off capability reads), then fields() (one batched
+nvmlDeviceGetFieldValues) and collect().
+
 GPUs are read by reader threads (`_Readers`) under the pass's deadline, so that a call hung on
 one GPU withholds only that GPU's series (gpu_up 0, gpuobs_gpu_unhealthy{reason="timeout"},
 a timeout counted) while the others are served. A pass never raises: a failing GPU, field or
@@ -19,7 +23,7 @@ from typing import Any, Callable
 import pynvml as N
 
 from .. import catalog as c
-from ..nvml import UNAVAILABLE, UNUSABLE, Session, code_name
+from ..nvml import UNUSABLE, Session
 from ..nvml.fields import FieldValues
 from .base import Family, FieldSpec, GpuCtx, GpuUnusable, LogLimiter, Sample, Snapshot
 
@@ -37,6 +41,14 @@ class _GpuRead:
     samples: list[Sample] = field(default_factory=list)
     reason: str | None = None  # None: healthy; else the gpuobs_gpu_unhealthy reason
     failed: list[str] = field(default_factory=list)  # families that raised
+
+
+@dataclass
+class _GpuState:
+    """What the sampler keeps of one GPU between passes (the families keep their own)."""
+    generation: int  # NVML generation it was made under: handles and answers of another are void
+    probed_at: float | None = None  # monotonic end of the last complete probe
+    batch: tuple | None = None  # (key, (specs, FieldValues) or None): the GPU's field batch
 
 
 class _Pass:
@@ -168,17 +180,19 @@ class _Readers:
 
 
 class Sampler:
-    """Samples every GPU with the given families every `interval` seconds in a daemon thread.
+    """Samples every GPU with the given families (in their order) every `interval` seconds in a
+    daemon thread.
 
     expected_gpus: how many GPUs the node should have (None: the most ever seen).
     deadline: seconds a pass's GPU reads may take (default 0.8 x interval): a GPU still reading (or
     not yet read) then is withheld from the pass. GPUs are read one after another on a reader
-    thread; a read stalled for `stall` seconds gets another reader going on with the next GPUs. Served values are thus at most about 1.8 intervals
-    old; the exporter withholds a snapshot older than 2 intervals.
+    thread; a read stalled for `stall` seconds gets another reader going on with the next GPUs.
+    Served values are thus at most about 1.8 intervals old; the exporter withholds a snapshot
+    older than 2 intervals.
     on_snapshot: called with each new Snapshot (the exporter renders it there, once).
     """
 
-    def __init__(self, session: Session, families: list[Family], interval: float = 5.0,
+    def __init__(self, session: Session, families: list[Family], interval: float,
                  expected_gpus: int | None = None, on_snapshot: Callable[[Snapshot], None] | None = None,
                  deadline: float | None = None):
         self.session = session
@@ -198,7 +212,7 @@ class Sampler:
         self._max_seen = 0
         self._known: dict[str, int] = {}  # uuid -> last index, for up=0 after loss
         self._index_uuid: dict[int, str] = {}  # index -> last UUID read there (for a GPU that stops answering)
-        self._caches: dict[str, dict] = {}  # uuid -> per-GPU cache kept across samples
+        self._gpus: dict[str, _GpuState] = {}  # uuid -> what the sampler keeps of the GPU
         self._generation = -1
         self._count: tuple[int, int] | None = None  # (NVML generation, GPUs the driver counts)
         self._handles: dict[int, tuple[Any, str]] = {}  # index -> (handle, uuid) of this generation
@@ -250,7 +264,7 @@ class Sampler:
         self._accounted = {}
         if self.session.ensure():
             if self.session.generation != self._generation:
-                self._reset_caches()
+                self._reset_gpus()
                 self._generation = self.session.generation
                 self.versions = self._versions()
             generation = self.session.generation
@@ -275,7 +289,7 @@ class Sampler:
                       interval=self.interval)
         # stamped with the pass's start: no value in it was read before then, so the snapshot's
         # age bounds the age of every value it holds
-        snap = Snapshot(wall, duration, tuple(out), self.session.up, present)
+        snap = Snapshot(wall, tuple(out))
         self.latest = snap
         self.last_pass_end = time.monotonic()
         if self.on_snapshot:
@@ -283,29 +297,44 @@ class Sampler:
         return snap
 
     def _versions(self) -> tuple[str, str, str]:
-        def safe(name, fn):
+        """(driver, NVML, CUDA driver) versions; '' for one NVML does not give."""
+        def safe(fn):
             try:
-                return str(self.session.call(name, fn))
+                return str(self.session.call(fn))
             except (N.NVMLError, UnicodeDecodeError):
                 return ""
-        cuda = safe("nvmlSystemGetCudaDriverVersion", N.nvmlSystemGetCudaDriverVersion)
+        cuda = safe(N.nvmlSystemGetCudaDriverVersion)
         cuda = f"{int(cuda) // 1000}.{int(cuda) % 1000 // 10}" if cuda.isdigit() else ""
-        return (safe("nvmlSystemGetDriverVersion", N.nvmlSystemGetDriverVersion),
-                safe("nvmlSystemGetNVMLVersion", N.nvmlSystemGetNVMLVersion), cuda)
+        return safe(N.nvmlSystemGetDriverVersion), safe(N.nvmlSystemGetNVMLVersion), cuda
 
-    def _reset_caches(self) -> None:
-        for uuid in list(self._caches):
-            if uuid not in self._reading:  # a hung read still uses its cache
-                self._release(self._caches.pop(uuid))
+    def _reset_gpus(self) -> None:
+        """NVML re-initialised: every GPU's state is void (a hung read's is released when its GPU
+        is next read, see _gpu_state)."""
+        for uuid in list(self._gpus):
+            if uuid not in self._reading:
+                self._release(uuid)
         self._handles.clear()
         self._count = None
 
-    def _release(self, cache: dict) -> None:
+    def _release(self, uuid: str) -> None:
+        """Drop what the sampler and every family keep of a GPU (Family.release)."""
+        self._gpus.pop(uuid, None)
         for fam in self.families:
             try:
-                fam.release(cache)
+                fam.release(uuid)
             except Exception:  # noqa: BLE001 - freeing must not stop sampling
                 self._log(("release", fam.name), "release failed", exc_info=True)
+
+    def _gpu_state(self, uuid: str) -> _GpuState:
+        """The sampler's state of a GPU being read, made anew for a new GPU and after NVML
+        re-initialised (a read that hung through the re-init kept its old one: released here)."""
+        st = self._gpus.get(uuid)
+        if st is not None and st.generation != self.session.generation:
+            self._release(uuid)
+            st = None
+        if st is None:
+            st = self._gpus[uuid] = _GpuState(self.session.generation)
+        return st
 
     # ---- GPUs -------------------------------------------------------------------------------
 
@@ -317,7 +346,7 @@ class Sampler:
         if self._count is not None and not slow and self._count[0] == self.session.generation:
             return self._count[1]
         try:
-            count = self.session.call("nvmlDeviceGetCount_v2", N.nvmlDeviceGetCount)
+            count = self.session.call(N.nvmlDeviceGetCount, name="nvmlDeviceGetCount_v2")
         except N.NVMLError:
             self._count = None
             return None
@@ -362,8 +391,8 @@ class Sampler:
         for uuid, index in list(self._known.items()):
             if uuid not in accounted:  # no longer counted by the driver: fell off the bus
                 self._down(out, index, uuid, "lost")
-        for uuid in set(self._caches) - set(accounted) - self._reading:
-            self._release(self._caches.pop(uuid))
+        for uuid in set(list(self._gpus)) - set(accounted) - self._reading:
+            self._release(uuid)
         self._accounted = accounted
         return count
 
@@ -400,8 +429,8 @@ class Sampler:
         """One GPU's pass, on its worker: look it up if needed, then every family."""
         if handle is None:
             try:
-                handle = self.session.call("nvmlDeviceGetHandleByIndex_v2", N.nvmlDeviceGetHandleByIndex, index)
-                uuid = self.session.call("nvmlDeviceGetUUID", N.nvmlDeviceGetUUID, handle)
+                handle = self.session.call(N.nvmlDeviceGetHandleByIndex, index, name="nvmlDeviceGetHandleByIndex_v2")
+                uuid = self.session.call(N.nvmlDeviceGetUUID, handle)
             except N.NVMLError as e:
                 return _GpuRead(index, self._index_uuid.get(index, ""), reason=UNUSABLE.get(e.value, "unreadable"))
             except UnicodeDecodeError:
@@ -419,55 +448,64 @@ class Sampler:
     def _read_families(self, index: int, handle: Any, uuid: str) -> _GpuRead:
         result = _GpuRead(index, uuid, handle)
         gpu = GpuCtx(self.session, handle, index, uuid, self.samples, result.samples, self._drop,
-                     cache=self._caches.setdefault(uuid, {}))
-        gpu.cache["versions"] = (self.versions[0], self.versions[2])
+                     versions=(self.versions[0], self.versions[2]))
+        state = self._gpu_state(uuid)
         try:
-            self._read_fields(gpu)
-            for fam in self.families:
-                try:
-                    fam.collect(gpu)
-                except GpuUnusable:
-                    raise
-                except Exception:  # noqa: BLE001 - one family failing never affects the others
-                    result.failed.append(fam.name)
-                    self._log(("family", fam.name), "collector failed", exc_info=True, collector=fam.name, uuid=uuid)
+            if state.probed_at is None or time.monotonic() - state.probed_at >= self.session.reprobe_after:
+                if self._each_family(gpu, "probe", result):
+                    state.probed_at = time.monotonic()  # else (one raised) the probes run again next pass
+            self._read_fields(gpu, state)
+            self._each_family(gpu, "collect", result)
         except GpuUnusable as e:
             self._log(("unusable", uuid, e.reason), "gpu unusable", uuid=uuid, index=index, reason=e.reason)
             return _GpuRead(index, uuid, handle, reason=e.reason, failed=result.failed)
-        if gpu.failed and not gpu.answered:  # every call failed: its cached values are not news of it
+        if gpu.failed and not gpu.answered:  # every call failed: its kept values are not news of it
             return _GpuRead(index, uuid, handle, reason="unreadable", failed=result.failed)
         return result
 
-    def _read_fields(self, gpu: GpuCtx) -> None:
-        batch = self._field_batch(gpu)
+    def _each_family(self, gpu: GpuCtx, step: str, result: _GpuRead) -> bool:
+        """Run one step (probe or collect) of every family on a GPU; a family that raises is
+        counted and logged, the others go on. True if none raised. Raises GpuUnusable."""
+        ok = True
+        for fam in self.families:
+            try:
+                getattr(fam, step)(gpu)
+            except GpuUnusable:
+                raise
+            except Exception:  # noqa: BLE001 - one family failing never affects the others
+                ok = False
+                if fam.name not in result.failed:  # one error per family, GPU and pass
+                    result.failed.append(fam.name)
+                self._log(("family", fam.name), "collector failed", exc_info=True, collector=fam.name,
+                          uuid=gpu.uuid, step=step)
+        return ok
+
+    def _read_fields(self, gpu: GpuCtx, state: _GpuState) -> None:
+        batch = self._field_batch(gpu, state)
         if batch is None:
             return
         specs, reader = batch
-        values = gpu.get("nvmlDeviceGetFieldValues", reader.read)
+        values = gpu.get(reader.read, name="nvmlDeviceGetFieldValues")
         if values is None:
             return
         for spec, (ret, raw) in zip(specs, values):
             if ret == N.NVML_SUCCESS:
                 gpu.fields[(spec.field_id, spec.scope)] = raw
                 if spec.metric is not None:
-                    gpu.emit(spec.metric, raw, *spec.extra, scale=spec.scale)
-            elif ret in UNAVAILABLE:
-                self.session.mark_unavailable((gpu.uuid, f"field:{spec.field_id}:{spec.scope}"),
-                                              f"nvmlDeviceGetFieldValues:{spec.field_id}", ret)
+                    gpu.emit(spec.metric, raw, *spec.extra, scale=spec.scale, per=spec.per)
             else:
-                self.session.count_error(f"nvmlDeviceGetFieldValues:{spec.field_id}", code_name(N.NVMLError(ret)))
+                self.session.field_answer(gpu.uuid, spec.field_id, spec.scope, ret)
 
-    def _field_batch(self, gpu: GpuCtx) -> tuple[list[FieldSpec], FieldValues] | None:
+    def _field_batch(self, gpu: GpuCtx, state: _GpuState) -> tuple[list[FieldSpec], FieldValues] | None:
         """The fields the families want from this GPU now, less those it does not give, and their
         reusable reader; rebuilt only when the wanted fields or the capability answers change."""
         wanted = tuple(s for fam in self.families for s in fam.fields(gpu))
         key = (wanted, self.session.capability_version)
-        cached = gpu.cache.get("field_batch")
-        if cached is not None and cached[0] == key:  # same FieldSpec objects: compared by identity, in C
-            return cached[1]
-        specs = [s for s in wanted if not self.session.is_unavailable((gpu.uuid, f"field:{s.field_id}:{s.scope}"))]
+        if state.batch is not None and state.batch[0] == key:  # same FieldSpec objects: compared by identity, in C
+            return state.batch[1]
+        specs = [s for s in wanted if not self.session.field_unavailable(gpu.uuid, s.field_id, s.scope)]
         batch = (specs, FieldValues([(s.field_id, s.scope) for s in specs])) if specs else None
-        gpu.cache["field_batch"] = ((wanted, self.session.capability_version), batch)
+        state.batch = ((wanted, self.session.capability_version), batch)  # after expired answers went
         return batch
 
     def _log(self, key: Any, msg: str, exc_info: bool = False, **extra: Any) -> None:

@@ -5,7 +5,10 @@ from __future__ import annotations
 import pynvml as N
 
 from .. import catalog as c
-from .base import Family, FieldSpec, GpuCtx
+from dataclasses import dataclass, field
+from typing import Any
+
+from .base import Family, FieldSpec, GpuCtx, register
 
 
 THRESHOLDS = [(c.SLOWDOWN_TEMPERATURE, N.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN, "slowdown"),
@@ -14,24 +17,34 @@ THRESHOLDS = [(c.SLOWDOWN_TEMPERATURE, N.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN, "s
               (c.MEMORY_MAX_TEMPERATURE, N.NVML_TEMPERATURE_THRESHOLD_MEM_MAX, "mem_max")]
 
 
+_UNREAD = object()  # fan speed not read yet for this GPU
+
+
+@dataclass
+class ThermalState:
+    thresholds: list[tuple[c.Metric, int | None]] = field(default_factory=list)  # probed: fixed per GPU
+    fan: Any = _UNREAD  # last fan speed read, percent (None: failed)
+
+
+@register("thermal")
 class Thermal(Family):
     """Absolute thresholds come from nvmlDeviceGetTemperatureThreshold: the *_TLIMIT fields are
     relative to T.Limit (nvidia-smi's "Slowdown T.Limit Temp: -2 C"), not temperatures."""
-    name = "thermal"
+    State = ThermalState
     FIELDS = [FieldSpec(N.NVML_FI_DEV_MEMORY_TEMP, c.MEMORY_TEMPERATURE)]
 
     def fields(self, gpu: GpuCtx) -> list[FieldSpec]:
         return self.FIELDS
 
+    def probe(self, gpu: GpuCtx) -> None:
+        self.state(gpu).thresholds = [(metric, gpu.get(N.nvmlDeviceGetTemperatureThreshold, kind, variant=label))
+                                      for metric, kind, label in THRESHOLDS]
+
     def collect(self, gpu: GpuCtx) -> None:
-        gpu.emit(c.TEMPERATURE, gpu.get("nvmlDeviceGetTemperature", N.nvmlDeviceGetTemperature,
-                                        N.NVML_TEMPERATURE_GPU))
-        if "thresholds" not in gpu.cache:  # fixed per GPU: read once
-            gpu.cache["thresholds"] = [(metric, gpu.get("nvmlDeviceGetTemperatureThreshold",
-                                                        N.nvmlDeviceGetTemperatureThreshold, kind, variant=label))
-                                       for metric, kind, label in THRESHOLDS]
-        if gpu.slow or "fan" not in gpu.cache:  # fans follow temperature slowly
-            gpu.cache["fan"] = gpu.get("nvmlDeviceGetFanSpeed", N.nvmlDeviceGetFanSpeed)
-        for metric, value in gpu.cache["thresholds"]:
+        st = self.state(gpu)
+        gpu.emit(c.TEMPERATURE, gpu.get(N.nvmlDeviceGetTemperature, N.NVML_TEMPERATURE_GPU))
+        if gpu.slow or st.fan is _UNREAD:  # fans follow temperature slowly
+            st.fan = gpu.get(N.nvmlDeviceGetFanSpeed)
+        for metric, value in st.thresholds:
             gpu.emit(metric, value)
-        gpu.emit(c.FAN_SPEED, gpu.cache["fan"], scale=0.01)
+        gpu.emit(c.FAN_SPEED, st.fan, scale=0.01)

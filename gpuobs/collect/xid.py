@@ -18,7 +18,7 @@ import pynvml as N
 
 from .. import catalog as c
 from ..nvml import Session, code_name
-from .base import Family, GpuCtx, LogLimiter, Sample
+from .base import Family, GpuCtx, LogLimiter, Needs, Sample, register
 
 log = logging.getLogger("gpuobs.xid")
 
@@ -181,7 +181,7 @@ class XidWatcher:
                 self._use_v1 = False  # probe the v2 call again
             if self._set is None:
                 try:
-                    self._set = self.session.call("nvmlEventSetCreate", N.nvmlEventSetCreate)
+                    self._set = self.session.call(N.nvmlEventSetCreate)
                 except N.NVMLError as e:
                     self._failed("cannot create the XID event set", e)
                     raise
@@ -206,8 +206,7 @@ class XidWatcher:
             self._registered.add(uuid)
             self._retry_at.pop(uuid, None)
             try:
-                self.session.call("nvmlDeviceRegisterEvents", N.nvmlDeviceRegisterEvents, handle,
-                                  N.nvmlEventTypeXidCriticalError, self._set)
+                self.session.call(N.nvmlDeviceRegisterEvents, handle, N.nvmlEventTypeXidCriticalError, self._set)
             except N.NVMLError as e:
                 self._watched.discard(uuid)
                 if e.value != N.NVML_ERROR_NOT_SUPPORTED:  # an answer: not retried in this set
@@ -276,7 +275,7 @@ class XidWatcher:
                 if e.value != N.NVML_ERROR_FUNCTION_NOT_FOUND:
                     raise
             self._use_v1 = True
-            self.session.mark_unavailable(("", "nvmlEventSetWait_v2"), "nvmlEventSetWait_v2",
+            self.session.mark_unavailable("", "nvmlEventSetWait_v2", "nvmlEventSetWait_v2",
                                           N.NVML_ERROR_FUNCTION_NOT_FOUND)  # exported as an unavailable call
             log.info("nvmlEventSetWait_v2 not available: using nvmlEventSetWait (XIDs without MIG instance ids)")
         return wait_v1(self._set, self.wait_ms)
@@ -312,7 +311,7 @@ class XidWatcher:
 
     def _record(self, event) -> None:
         try:
-            uuid = self.session.call("nvmlDeviceGetUUID", N.nvmlDeviceGetUUID, event.device)
+            uuid = self.session.call(N.nvmlDeviceGetUUID, event.device)
         except (N.NVMLError, UnicodeDecodeError):
             with self._lock:  # a lost GPU's handle may not answer: find it among ours
                 uuid = next((u for u, h in self._handles.items() if _addr(h) == _addr(event.device)), "")
@@ -329,14 +328,20 @@ class XidWatcher:
             log.error("xid error" + (f" ({suppressed} more left out)" if suppressed else ""), extra=extra)
 
 
+@register("xid", needs_watcher=True)
 class Xid(Family):
     """Registers each GPU with the watcher, and exports its counters for every GPU ever seen: an
     XID 79 arrives as its GPU falls off the bus, and must stay visible while the GPU is lost. Also
     the watcher's health, and restarts its thread if it died."""
-    name = "xid"
 
     def __init__(self, watcher: XidWatcher):
+        super().__init__()
         self.watcher = watcher
+
+    @classmethod
+    def build(cls, needs: Needs) -> "Xid | None":
+        """None without a watcher: the family is then left out."""
+        return cls(needs.watcher) if needs.watcher is not None else None
 
     def collect(self, gpu: GpuCtx) -> None:
         self.watcher.register(gpu.uuid, gpu.handle)

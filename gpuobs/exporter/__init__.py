@@ -17,14 +17,13 @@ import time
 from dataclasses import dataclass, field
 
 from .. import catalog
-from ..collect import Sampler, Session, XidWatcher, build_families
+from ..collect import Sampler, Session, XidWatcher, build_families, default_families, needs_watcher
 from ..collect.base import Sample, Snapshot
 from .render import Renderer
 from .server import HttpServer, WebConfig, make_app
 
 log = logging.getLogger("gpuobs.exporter")
 
-DEFAULT_PORT = 9445  # clear of dcgm-exporter (9400), nvidia_gpu_exporter (9835), node_exporter (9100)
 FRESH_INTERVALS = 2        # a snapshot older than this many intervals is stale: its values are withheld
 LIVENESS_INTERVALS = 6     # default liveness timeout: this many intervals without a completed pass,
 LIVENESS_MIN_S = 30.0      # and never less than this many seconds
@@ -39,16 +38,17 @@ def liveness_timeout(interval: float, configured: float | None = None) -> float:
     return max(LIVENESS_INTERVALS * interval, LIVENESS_MIN_S)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ExporterConfig:
-    """Exporter settings; each has a CLI flag and a GPUOBS_* environment variable."""
+    """Exporter settings, and the one home of their defaults (the CLI's come from here); each has
+    a CLI flag and a GPUOBS_* environment variable."""
     listen_address: str = "0.0.0.0"
-    port: int = DEFAULT_PORT
-    interval: float = 5.0
-    families: set[str] = field(default_factory=lambda: set(catalog.FAMILIES) - catalog.DEFAULT_OFF)
+    port: int = 9445  # clear of dcgm-exporter (9400), nvidia_gpu_exporter (9835), node_exporter (9100)
+    interval: float = 5.0  # seconds between sampling passes
+    families: set[str] = field(default_factory=default_families)  # names in gpuobs.collect.REGISTRY
     naming: str = "gpuobs"
     expected_gpus: int | None = None
-    process_cap: int = 32
+    process_cap: int = 32  # most processes per GPU (the largest memory users)
     web_config: str | None = None
     hostname: str | None = None
     otlp_endpoint: str | None = None
@@ -67,8 +67,8 @@ class Exporter:
         self.config = config
         self.web = WebConfig.load(config.web_config) if config.web_config else WebConfig()
         self.session = Session()
-        self.watcher = XidWatcher(self.session) if "xid" in config.families else None
-        families = build_families(config.families, self.watcher, config.process_cap)
+        self.watcher = XidWatcher(self.session) if needs_watcher(config.families) else None
+        families = build_families(config.families, watcher=self.watcher, process_cap=config.process_cap)
         self.attribution = []
         if config.kubelet_socket:
             from ..attribution import PodResourcesWatcher

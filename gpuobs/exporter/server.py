@@ -75,26 +75,36 @@ class WebConfig:
         tls = _mapping(doc.get("tls_server_config"), "tls_server_config")
         _known(tls, TLS_KEYS, "tls_server_config")
         users = _mapping(doc.get("basic_auth_users"), "basic_auth_users")
-        rel = (lambda p: None if not p else (path.parent / p if not Path(str(p)).is_absolute() else Path(p)))
-        cfg = cls(rel(tls.get("cert_file")), rel(tls.get("key_file")), rel(tls.get("client_ca_file")),
-                  str(tls.get("client_auth_type", "NoClientCert")), str(tls.get("min_version", "TLS12")),
-                  None if tls.get("max_version") is None else str(tls["max_version"]),
-                  {str(u): str(h).encode() for u, h in users.items()})
-        if bool(cfg.cert_file) != bool(cfg.key_file):
+
+        def rel(p) -> Path | None:
+            return None if not p else Path(p) if Path(str(p)).is_absolute() else path.parent / p
+
+        cfg = cls(cert_file=rel(tls.get("cert_file")), key_file=rel(tls.get("key_file")),
+                  client_ca_file=rel(tls.get("client_ca_file")),
+                  client_auth_type=str(tls.get("client_auth_type", "NoClientCert")),
+                  min_version=str(tls.get("min_version", "TLS12")),
+                  max_version=None if tls.get("max_version") is None else str(tls["max_version"]),
+                  users={str(u): str(h).encode() for u, h in users.items()})
+        cfg._check(has_tls=bool(tls))
+        return cfg
+
+    def _check(self, has_tls: bool) -> None:
+        """Raise WebConfigError for settings that do not go together (has_tls: the file has a
+        tls_server_config section)."""
+        if bool(self.cert_file) != bool(self.key_file):
             raise WebConfigError("tls_server_config needs both cert_file and key_file")
-        if tls and not cfg.cert_file:
+        if has_tls and not self.cert_file:
             raise WebConfigError("tls_server_config needs cert_file and key_file")
-        if cfg.client_auth_type not in CLIENT_AUTH:
+        if self.client_auth_type not in CLIENT_AUTH:
             raise WebConfigError(f"client_auth_type must be one of {', '.join(CLIENT_AUTH)}")
-        if cfg.client_auth_type != "NoClientCert" and not cfg.client_ca_file:  # Python verifies what it asks for
-            raise WebConfigError(f"client_auth_type {cfg.client_auth_type} needs client_ca_file")
-        for version in filter(None, (cfg.min_version, cfg.max_version)):
+        if self.client_auth_type != "NoClientCert" and not self.client_ca_file:  # Python verifies what it asks for
+            raise WebConfigError(f"client_auth_type {self.client_auth_type} needs client_ca_file")
+        for version in filter(None, (self.min_version, self.max_version)):
             if version not in TLS_VERSIONS:
                 raise WebConfigError(f"TLS versions are one of {', '.join(TLS_VERSIONS)}, got {version}")
-        for user, hashed in cfg.users.items():
+        for user, hashed in self.users.items():
             if not hashed.startswith((b"$2a$", b"$2b$", b"$2y$")):
                 raise WebConfigError(f"basic_auth_users.{user} must be a bcrypt hash")
-        return cfg
 
     def ssl_context(self) -> ssl.SSLContext | None:
         """Server TLS context, or None without TLS. Raises WebConfigError if files do not load."""

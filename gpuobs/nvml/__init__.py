@@ -32,6 +32,9 @@ ABI_CONSTANTS = {
     "NVML_FI_DEV_POWER_INSTANT": 186, "NVML_FI_DEV_POWER_MIN_LIMIT": 187, "NVML_FI_DEV_POWER_MAX_LIMIT": 188,
     "NVML_FI_DEV_POWER_DEFAULT_LIMIT": 189, "NVML_FI_DEV_POWER_CURRENT_LIMIT": 190,
     "NVML_FI_DEV_PCIE_COUNT_TX_BYTES": 197, "NVML_FI_DEV_PCIE_COUNT_RX_BYTES": 198,
+    "NVML_GPM_METRIC_GRAPHICS_UTIL": 1, "NVML_GPM_METRIC_SM_UTIL": 2, "NVML_GPM_METRIC_SM_OCCUPANCY": 3,
+    "NVML_GPM_METRIC_ANY_TENSOR_UTIL": 5, "NVML_GPM_METRIC_DRAM_BW_UTIL": 10, "NVML_GPM_METRIC_FP64_UTIL": 11,
+    "NVML_GPM_METRIC_FP32_UTIL": 12, "NVML_GPM_METRIC_FP16_UTIL": 13,
     "NVML_GPM_METRICS_GET_VERSION": 1, "NVML_VALUE_TYPE_SIGNED_INT": 5, "NVML_VALUE_TYPE_UNSIGNED_SHORT": 6,
     "NVML_ERROR_ARGUMENT_VERSION_MISMATCH": 25, "NVML_ERROR_DEPRECATED": 26, "NVML_ERROR_NOT_READY": 27,
     "NVML_ERROR_GPU_NOT_FOUND": 28, "NVML_ERROR_INVALID_STATE": 29,
@@ -83,6 +86,22 @@ UNAVAILABLE = {pynvml.NVML_ERROR_NOT_SUPPORTED: "not_supported", pynvml.NVML_ERR
 UNUSABLE = {pynvml.NVML_ERROR_GPU_IS_LOST: "lost", pynvml.NVML_ERROR_RESET_REQUIRED: "reset_required"}
 
 
+def call_name(fn: Callable[..., Any]) -> str:
+    """The name an NVML call is counted and remembered under: the function's __name__, which is the
+    NVML symbol for pynvml's functions (decorated ones keep it through functools.wraps) and for the
+    stubs backfilled above. Raises AttributeError for a callable without one (pass a name)."""
+    return fn.__name__
+
+
+def named(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: count a function that stands in for an NVML call under that call's name (its
+    __name__ becomes `name`), e.g. a wrapper that picks a structure version."""
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        fn.__name__ = name
+        return fn
+    return wrap
+
+
 def code_name(err: BaseException) -> str:
     """A short name for an error: the NVML code name (e.g. NOT_SUPPORTED) or the exception type."""
     if isinstance(err, pynvml.NVMLError):
@@ -122,11 +141,11 @@ class Session:
         self._driver_errors = 0
         self._retiring = -1  # generation being shut down after repeated driver-level errors
         self.reinits = 0
-        self.calls = 0
-        self.errors: collections.Counter[tuple[str, str]] = collections.Counter()
-        # (device key, call key) -> (call, reason, monotonic time of the answer)
-        self.unavailable: dict[tuple[str, str], tuple[str, str, float]] = {}
-        self.capability_version = 0  # changes whenever `unavailable` does (callers cache on it)
+        self._calls = 0
+        self._errors: collections.Counter[tuple[str, str]] = collections.Counter()
+        # (device, what: "call:variant" or "field:id:scope") -> (call, reason, monotonic time of the answer)
+        self._unavailable: dict[tuple[str, str], tuple[str, str, float]] = {}
+        self._capability_version = 0  # changes whenever _unavailable does (callers cache on it)
         self._announced: set[tuple[str, str]] = set()  # (call, reason) logged once per process
 
     def ensure(self) -> bool:
@@ -163,71 +182,105 @@ class Session:
                     pass
 
     # ---- capabilities ---------------------------------------------------------------------
+    # Keys are (device, what): what is "call:variant" for a call (GpuCtx.get) or "field:id:scope"
+    # for one value of nvmlDeviceGetFieldValues (Session.field_answer).
 
-    def is_unavailable(self, key: tuple[str, str]) -> bool:
-        """True if `key` (device, call) gave a capability answer less than reprobe_after ago."""
-        entry = self.unavailable.get(key)
+    @property
+    def capability_version(self) -> int:
+        """A number that changes whenever a capability answer is remembered or forgotten (callers
+        that cache what they derive from the answers compare it)."""
+        return self._capability_version
+
+    def is_unavailable(self, device: str, what: str) -> bool:
+        """True if (device, what) gave a capability answer less than reprobe_after ago."""
+        key = (device, what)
+        entry = self._unavailable.get(key)
         if entry is None:
             return False
         if self._clock() - entry[2] < self.reprobe_after:
             return True
         with self._count_lock:  # expired: the next call probes again
-            if self.unavailable.pop(key, None) is not None:
-                self.capability_version += 1
+            if self._unavailable.pop(key, None) is not None:
+                self._capability_version += 1
         return False
 
-    def mark_unavailable(self, key: tuple[str, str], call: str, code: int) -> None:
-        """Remember a capability answer (an UNAVAILABLE code) for key; log each (call, reason)
-        once per process -- a driver without a call answers so for every GPU on every pass."""
+    def mark_unavailable(self, device: str, what: str, call: str, code: int) -> None:
+        """Remember a capability answer (an UNAVAILABLE code) of `call` for (device, what); log each
+        (call, reason) once per process -- a driver without a call answers so for every GPU on
+        every pass."""
         reason = UNAVAILABLE.get(code, CODE_NAMES.get(code, str(code)).lower())
         with self._count_lock:
-            self.unavailable[key] = (call, reason, self._clock())
-            self.capability_version += 1
+            self._unavailable[(device, what)] = (call, reason, self._clock())
+            self._capability_version += 1
             first = (call, reason) not in self._announced
             self._announced.add((call, reason))
         if first:
             level = logging.WARNING if code == pynvml.NVML_ERROR_NO_PERMISSION else logging.INFO
-            log.log(level, "nvml call unavailable", extra={"call": call, "reason": reason, "device": key[0]})
+            log.log(level, "nvml call unavailable", extra={"call": call, "reason": reason, "device": device})
+
+    def field_answer(self, device: str, field_id: int, scope: int, code: int) -> None:
+        """Account one value of nvmlDeviceGetFieldValues that came back with `code` (not SUCCESS):
+        an UNAVAILABLE code is remembered for (device, field, scope) and the value is then left out
+        of the device's batch (see field_unavailable); any other is counted as an error of
+        "nvmlDeviceGetFieldValues:<field id>"."""
+        call = f"nvmlDeviceGetFieldValues:{field_id}"
+        if code in UNAVAILABLE:
+            self.mark_unavailable(device, f"field:{field_id}:{scope}", call, code)
+        else:
+            self.count_error(call, code_name(pynvml.NVMLError(code)))
+
+    def field_unavailable(self, device: str, field_id: int, scope: int) -> bool:
+        """True if the device answered for this field and scope that it does not give it."""
+        return self.is_unavailable(device, f"field:{field_id}:{scope}")
 
     def forget(self, device: str | None = None) -> None:
         """Drop remembered capability answers: of one device (its MIG mode changed), or all."""
         with self._count_lock:
             if device is None:
-                self.unavailable.clear()
+                self._unavailable.clear()
             else:
-                for key in [k for k in self.unavailable if k[0] == device]:
-                    del self.unavailable[key]
-            self.capability_version += 1
+                for key in [k for k in self._unavailable if k[0] == device]:
+                    del self._unavailable[key]
+            self._capability_version += 1
 
     def unavailable_counts(self) -> collections.Counter[tuple[str, str]]:
         """{(call, reason): devices} of the capability answers remembered now."""
         with self._count_lock:
-            return collections.Counter((call, reason) for call, reason, _ in self.unavailable.values())
+            return collections.Counter((call, reason) for call, reason, _ in self._unavailable.values())
 
     # ---- calls ------------------------------------------------------------------------------
 
-    def call(self, name: str, fn: Callable[..., Any], *args: Any, expected: tuple[int, ...] = ()) -> Any:
+    @property
+    def calls(self) -> int:
+        """NVML calls made through this session so far (all threads)."""
+        return self._calls
+
+    def call(self, fn: Callable[..., Any], *args: Any, name: str | None = None, expected: tuple[int, ...] = ()) -> Any:
         """Call one pynvml function; count it; count and re-raise its error. A `bytes` result is
         returned as `str` (UnicodeDecodeError, counted, when it is not UTF-8).
+
+        name: the call's name in error counts (gpuobs_exporter_nvml_errors_total{call}); default
+        call_name(fn), i.e. fn.__name__. Give it where fn is not the NVML function of that name (a
+        wrapper, a bound method, pynvml's unversioned alias of a versioned symbol).
 
         expected: return codes that are answers, not errors (e.g. NOT_FOUND past the last MIG
         device): re-raised but not counted; the UNAVAILABLE codes are always such answers.
         Repeated driver-level errors shut NVML down so that the next ensure() re-initialises it.
         """
         with self._count_lock:
-            self.calls += 1
+            self._calls += 1
         generation = self.generation
         try:
             result = text(fn(*args))
         except pynvml.NVMLError as e:
             if e.value in expected or e.value in UNAVAILABLE:
                 raise  # an answer (the GPU, driver or binding lacks it, or nothing is there), not an error
-            self.count_error(name, code_name(e))
+            self.count_error(name or call_name(fn), code_name(e))
             if e.value in DRIVER_LEVEL:
                 self._driver_error(generation)
             raise
         except (UnicodeDecodeError, ValueError, TypeError) as e:  # e.g. a name that is not UTF-8
-            self.count_error(name, code_name(e))
+            self.count_error(name or call_name(fn), code_name(e))
             raise
         self._driver_errors = 0
         return result
@@ -235,12 +288,12 @@ class Session:
     def count_error(self, name: str, code: str) -> None:
         """Count one error of `name` (a call, or a value inside one) with `code` (code_name)."""
         with self._count_lock:
-            self.errors[(name, code)] += 1
+            self._errors[(name, code)] += 1
 
     def error_counts(self) -> list[tuple[tuple[str, str], int]]:
         """[((call, code), errors)], sorted: a copy, safe while other threads count."""
         with self._count_lock:
-            return sorted(self.errors.items())
+            return sorted(self._errors.items())
 
     def _driver_error(self, generation: int) -> None:
         """Count one driver-level error of a call made under `generation`; re-initialise after
