@@ -56,103 +56,115 @@ def _finite(value: float, hint: str) -> float:
 
 
 def _families(value: str | None) -> set[str]:
-    from . import catalog
+    """The families named by --families (comma-separated), else the registry's default ones.
+    Raises BadParameter for an empty list or an unknown name."""
+    from .collect import REGISTRY, default_families
 
     if not value:
-        return set(catalog.FAMILIES) - catalog.DEFAULT_OFF
+        return default_families()
     names = {v.strip() for v in value.split(",") if v.strip()}
     if not names:
         raise click.BadParameter("name at least one family", param_hint="--families")
-    unknown = names - set(catalog.FAMILIES)
+    unknown = names - set(REGISTRY)
     if unknown:
-        raise click.BadParameter(f"unknown: {', '.join(sorted(unknown))}; known: {', '.join(catalog.FAMILIES)}",
+        raise click.BadParameter(f"unknown: {', '.join(sorted(unknown))}; known: {', '.join(REGISTRY)}",
                                  param_hint="--families")
     return names
 
 
-@main.command()
-@click.option("--listen-address", envvar="GPUOBS_LISTEN_ADDRESS", default="0.0.0.0", show_default=True)
-@click.option("--port", envvar="GPUOBS_PORT", type=click.IntRange(0, 65535), default=9445, show_default=True,
-              help="9445: clear of dcgm-exporter (9400) and nvidia_gpu_exporter (9835).")
-@click.option("--interval", envvar="GPUOBS_INTERVAL", type=click.FloatRange(0.1, 3600), default=5.0,
-              show_default=True, callback=lambda ctx, param, v: _finite(v, "--interval"),
-              help="Seconds between sampling passes (0.1 to 3600).")
-@click.option("--families", envvar="GPUOBS_FAMILIES",
-              help="Comma-separated metric families to collect (default: all but processes).")
-@click.option("--processes/--no-processes", envvar="GPUOBS_PROCESSES", default=False, show_default=True,
-              help="Also export per-process series.")
-@click.option("--process-cap", envvar="GPUOBS_PROCESS_CAP", type=click.IntRange(min=1), default=32, show_default=True,
-              help="Most processes exported per GPU (the largest memory users).")
-@click.option("--naming", envvar="GPUOBS_NAMING", type=click.Choice(["gpuobs", "dcgm"]), default="gpuobs",
-              show_default=True, help="dcgm: dcgm-exporter's DCGM_FI_* names and labels.")
-@click.option("--expected-gpus", envvar="GPUOBS_EXPECTED_GPUS", type=click.IntRange(min=0),
-              help="GPUs this node should have (default: the most seen since start).")
-@click.option("--web-config", envvar="GPUOBS_WEB_CONFIG", type=click.Path(exists=True, dir_okay=False),
-              help="Prometheus web-config file: TLS and bcrypt basic auth.")
-@click.option("--hostname", envvar=["GPUOBS_HOSTNAME", "NODE_NAME"], help="Hostname label for dcgm naming.")
-@click.option("--otlp-endpoint", envvar=["OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"],
-              help="Also push the metrics over OTLP (gRPC, or HTTP for .../v1/metrics URLs).")
-@click.option("--kubelet-socket", envvar="GPUOBS_KUBELET_SOCKET",
-              help="Kubelet PodResources socket for pod attribution (default: "
-                   "/var/lib/kubelet/pod-resources/kubelet.sock when it exists; '' turns it off).")
-@click.option("--slurm-job-dir", envvar="GPUOBS_SLURM_JOB_DIR",
-              help="Slurm job-mapping directory (one file per GPU index holding job ids) for job attribution.")
-@click.option("--simulate", "scenario_file", envvar="GPUOBS_SIMULATE",
-              help="Run on simulated GPUs from this scenario instead of the driver; 'auto': the driver if "
-                   "one answers, else the 8xH100 example scenario.")
-@click.option("--log-level", envvar="GPUOBS_LOG_LEVEL", default="info", show_default=True,
-              type=click.Choice(["debug", "info", "warning", "error"]))
-@click.option("--liveness-timeout", envvar="GPUOBS_LIVENESS_TIMEOUT", type=click.FloatRange(0, 86400, min_open=True),
-              callback=lambda ctx, param, v: v if v is None else _finite(v, "--liveness-timeout"),
-              help="Seconds without a completed sampling pass after which /healthz fails (503), so that "
-                   "the exporter is restarted (default: 6 intervals, at least 30 s; more than 2 intervals).")
-def exporter(listen_address, port, interval, families, processes, process_cap, naming, expected_gpus,
-             web_config, hostname, otlp_endpoint, kubelet_socket, slurm_job_dir, scenario_file, log_level,
-             liveness_timeout) -> None:
-    """Serve GPU metrics to Prometheus: /metrics, /healthz, /readyz."""
-    import logging
-    import os
-    import threading
+def _opt_in_families() -> list[str]:
+    """Families off by default; each has a flag --<name>/--no-<name> (GPUOBS_<NAME>), e.g. --processes."""
+    from .collect import REGISTRY
 
-    from . import logs
+    return [name for name, spec in REGISTRY.items() if not spec.default]
 
-    chosen = _families(families) | ({"processes"} if processes else set())  # usage errors first
-    if liveness_timeout is not None and liveness_timeout <= 2 * interval:
-        raise click.BadParameter(f"must be more than 2 intervals ({2 * interval:g} s): a healthy exporter "
-                                 "completes a pass every interval", param_hint="--liveness-timeout")
-    logs.setup(log_level)
-    log = logging.getLogger("gpuobs.exporter")
-    sim = None
+
+def _exporter_options(command):
+    """The exporter command's options: defaults from ExporterConfig, the families and their opt-in
+    flags from gpuobs.collect.REGISTRY."""
+    from .collect import REGISTRY
+    from .exporter import LIVENESS_INTERVALS, LIVENESS_MIN_S, ExporterConfig
+
+    d = ExporterConfig()
+    opt_in = [REGISTRY[name] for name in _opt_in_families()]
+    options = [
+        click.option("--listen-address", envvar="GPUOBS_LISTEN_ADDRESS", default=d.listen_address, show_default=True),
+        click.option("--port", envvar="GPUOBS_PORT", type=click.IntRange(0, 65535), default=d.port, show_default=True,
+                     help="9445: clear of dcgm-exporter (9400) and nvidia_gpu_exporter (9835)."),
+        click.option("--interval", envvar="GPUOBS_INTERVAL", type=click.FloatRange(0.1, 3600), default=d.interval,
+                     show_default=True, callback=lambda ctx, param, v: _finite(v, "--interval"),
+                     help="Seconds between sampling passes (0.1 to 3600)."),
+        click.option("--families", envvar="GPUOBS_FAMILIES",
+                     help=f"Comma-separated metric families to collect, of: {', '.join(REGISTRY)} (default: all but "
+                          f"{', '.join(spec.name for spec in opt_in)})."),
+        *[click.option(f"--{spec.name}/--no-{spec.name}", envvar=f"GPUOBS_{spec.name.upper()}", default=False,
+                       show_default=True, help=f"Also export {spec.summary} (the {spec.name} family).")
+          for spec in opt_in],
+        click.option("--process-cap", envvar="GPUOBS_PROCESS_CAP", type=click.IntRange(min=1), default=d.process_cap,
+                     show_default=True, help="Most processes exported per GPU (the largest memory users)."),
+        click.option("--naming", envvar="GPUOBS_NAMING", type=click.Choice(["gpuobs", "dcgm"]), default=d.naming,
+                     show_default=True, help="dcgm: dcgm-exporter's DCGM_FI_* names and labels."),
+        click.option("--expected-gpus", envvar="GPUOBS_EXPECTED_GPUS", type=click.IntRange(min=0),
+                     help="GPUs this node should have (default: the most seen since start)."),
+        click.option("--web-config", envvar="GPUOBS_WEB_CONFIG", type=click.Path(exists=True, dir_okay=False),
+                     help="Prometheus web-config file: TLS and bcrypt basic auth."),
+        click.option("--hostname", envvar=["GPUOBS_HOSTNAME", "NODE_NAME"], help="Hostname label for dcgm naming."),
+        click.option("--otlp-endpoint", envvar=["OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"],
+                     help="Also push the metrics over OTLP (gRPC, or HTTP for .../v1/metrics URLs)."),
+        click.option("--kubelet-socket", envvar="GPUOBS_KUBELET_SOCKET",
+                     help="Kubelet PodResources socket for pod attribution (default: "
+                          "/var/lib/kubelet/pod-resources/kubelet.sock when it exists; '' turns it off)."),
+        click.option("--slurm-job-dir", envvar="GPUOBS_SLURM_JOB_DIR",
+                     help="Slurm job-mapping directory (one file per GPU index holding job ids) for job attribution."),
+        click.option("--simulate", "scenario_file", envvar="GPUOBS_SIMULATE",
+                     help="Run on simulated GPUs from this scenario instead of the driver; 'auto': the driver if "
+                          "one answers, else the 8xH100 example scenario."),
+        click.option("--log-level", envvar="GPUOBS_LOG_LEVEL", default="info", show_default=True,
+                     type=click.Choice(["debug", "info", "warning", "error"])),
+        click.option("--liveness-timeout", envvar="GPUOBS_LIVENESS_TIMEOUT",
+                     type=click.FloatRange(0, 86400, min_open=True),
+                     callback=lambda ctx, param, v: v if v is None else _finite(v, "--liveness-timeout"),
+                     help="Seconds without a completed sampling pass after which /healthz fails (503), so that "
+                          f"the exporter is restarted (default: {LIVENESS_INTERVALS} intervals, at least "
+                          f"{LIVENESS_MIN_S:g} s; more than 2 intervals)."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def _simulator(scenario_file: str | None, log):
+    """The activated Simulator for --simulate (None: the real driver). Raises BadParameter for a
+    scenario file that does not exist."""
     if scenario_file == "auto":
         from . import smi as smi_mod
 
         scenario_file = None if smi_mod.driver_present() else str(smi_mod.DEFAULT_SCENARIO)
     elif scenario_file and not Path(scenario_file).is_file():
         raise click.BadParameter(f"no such scenario file: {scenario_file}", param_hint="--simulate")
-    if scenario_file:
-        from .sim import Simulator
+    if not scenario_file:
+        return None
+    from .sim import Simulator
 
-        log.warning("no NVIDIA driver in use: running on SIMULATED GPUs", extra={"scenario": scenario_file})
-        sim = Simulator.from_file(scenario_file).activate()
-    from .exporter import Exporter, ExporterConfig
-    from .exporter.server import WebConfigError
+    log.warning("no NVIDIA driver in use: running on SIMULATED GPUs", extra={"scenario": scenario_file})
+    return Simulator.from_file(scenario_file).activate()
 
-    if kubelet_socket is None:  # on a Kubernetes node by default, quietly off elsewhere
+
+def _kubelet_socket(value: str | None) -> str | None:
+    """--kubelet-socket: unset, the default socket on a Kubernetes node (quietly off elsewhere); '' is off."""
+    if value is None:
         from .attribution import DEFAULT_SOCKET
 
-        kubelet_socket = DEFAULT_SOCKET if Path(DEFAULT_SOCKET).exists() else None
-    config = ExporterConfig(listen_address, port, interval, chosen, naming, expected_gpus, process_cap,
-                            web_config, hostname, otlp_endpoint, kubelet_socket=kubelet_socket or None,
-                            slurm_job_dir=slurm_job_dir or None, liveness_timeout=liveness_timeout)
-    # The sampling pass is pure Python for tens of ms on a big node; a scrape needs the GIL a few
-    # times, and at the default 5 ms switch interval it waited up to ~60 ms behind a pass.
-    sys.setswitchinterval(0.0005)
-    try:
-        exp = Exporter(config).start()
-    except (WebConfigError, OSError) as e:
-        if sim:
-            sim.close()
-        raise click.ClickException(str(e)) from None
+        return DEFAULT_SOCKET if Path(DEFAULT_SOCKET).exists() else None
+    return value or None
+
+
+def _serve(exp, sim, log) -> None:
+    """Run until SIGTERM or SIGINT, then stop the exporter and the simulator within a bound."""
+    import logging
+    import os
+    import threading
+
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
@@ -173,6 +185,38 @@ def exporter(listen_address, port, interval, families, processes, process_cap, n
 
 
 @main.command()
+@_exporter_options
+def exporter(families, scenario_file, log_level, kubelet_socket, slurm_job_dir, **settings) -> None:
+    """Serve GPU metrics to Prometheus: /metrics, /healthz, /readyz."""
+    import logging
+
+    from . import logs
+    from .exporter import Exporter, ExporterConfig
+    from .exporter.server import WebConfigError
+
+    chosen = _families(families) | {name for name in _opt_in_families() if settings.pop(name)}  # usage errors first
+    interval, liveness = settings["interval"], settings["liveness_timeout"]
+    if liveness is not None and liveness <= 2 * interval:
+        raise click.BadParameter(f"must be more than 2 intervals ({2 * interval:g} s): a healthy exporter "
+                                 "completes a pass every interval", param_hint="--liveness-timeout")
+    logs.setup(log_level)
+    log = logging.getLogger("gpuobs.exporter")
+    sim = _simulator(scenario_file, log)
+    config = ExporterConfig(families=chosen, kubelet_socket=_kubelet_socket(kubelet_socket),
+                            slurm_job_dir=slurm_job_dir or None, **settings)
+    # The sampling pass is pure Python for tens of ms on a big node; a scrape needs the GIL a few
+    # times, and at the default 5 ms switch interval it waited up to ~60 ms behind a pass.
+    sys.setswitchinterval(0.0005)
+    try:
+        exp = Exporter(config).start()
+    except (WebConfigError, OSError) as e:
+        if sim:
+            sim.close()
+        raise click.ClickException(str(e)) from None
+    _serve(exp, sim, log)
+
+
+@main.command()
 @click.option("--duration", type=click.FloatRange(min=0), help="Exit after the scripted incident once this many "
               "seconds have passed (default: run until Ctrl-C).")
 @click.option("--keep-logs", is_flag=True, help="Keep the components' logs and data after a clean run.")
@@ -183,36 +227,42 @@ def demo(duration: float | None, keep_logs: bool) -> None:
     raise SystemExit(demo_mod.run(duration, keep_logs))
 
 
-def _report_generated(changed: list[Path], root: Path, check: bool) -> None:
-    """Print the generated files written (or, with check, differing); exit 1 on drift."""
-    for path in changed:
-        click.echo(f"{'differs' if check else 'wrote'}: {path.relative_to(root)}")
-    if check and changed:
-        raise SystemExit(1)
+def _runbook_base(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """Reject a runbook base that is not an absolute http(s) URL before anything is written."""
+    if value is not None:
+        from .alerts.rules import Thresholds
+
+        try:
+            Thresholds(runbook_base=value)
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--runbook-base-url / GPUOBS_RUNBOOK_BASE_URL") from None
+    return value
 
 
-@main.group()
-def alerts() -> None:
-    """Alert and recording rules, Alertmanager routing, Grafana alerting and runbooks."""
-
-
-@alerts.command("build")
-@click.option("--check", is_flag=True, help="Only report generated files that differ; exit 1 if any.")
-@click.option("--runbook-base-url", envvar="GPUOBS_RUNBOOK_BASE_URL", metavar="URL",
+@main.command()
+@click.option("--check", is_flag=True, help="Write nothing: list the generated files that differ or are missing, "
+              "and stale ones; exit 1 if any.")
+@click.option("--runbook-base-url", envvar="GPUOBS_RUNBOOK_BASE_URL", metavar="URL", callback=_runbook_base,
               help="Absolute http(s) URL the runbook_url annotations start with (<URL>/<Alert>.md), for "
                    "example where your copy of docs/runbooks is served. Default: the project's repository.")
 @click.option("--out", type=click.Path(file_okay=False), metavar="DIR",
-              help="Write under DIR (alerts/, exporters/kubernetes/, docs/runbooks/) instead of the repository.")
-def alerts_build(check: bool, runbook_base_url: str | None, out: str | None) -> None:
-    """Regenerate alerts/ and docs/runbooks/ from gpuobs/alerts."""
-    from .alerts.build import ROOT, build
+              help="Write under DIR (alerts/, dashboards/, docs/) instead of the repository.")
+def generate(check: bool, runbook_base_url: str | None, out: str | None) -> None:
+    """Regenerate every generated, committed file (alerts, dashboards, docs).
 
-    root = Path(out).resolve() if out else ROOT
-    try:
-        changed = build(root, check=check, runbook_base=runbook_base_url)
-    except ValueError as e:
-        raise click.BadParameter(str(e), param_hint="--runbook-base-url / GPUOBS_RUNBOOK_BASE_URL") from None
-    _report_generated(changed, root, check)
+    alerts/ and docs/runbooks/ come from gpuobs/alerts, dashboards/ from gpuobs/dashboards,
+    docs/metrics.md and docs/cardinality.md from gpuobs/docs.py. Exits 1 when, with --check, a file differs, or when a stale file (one no generator makes any
+    more) is left in alerts/, dashboards/ or docs/runbooks/."""
+    from . import generated
+
+    root = Path(out).resolve() if out else generated.ROOT
+    changed, stale = generated.generate(root, check=check, runbook_base=runbook_base_url)
+    for path in changed:
+        click.echo(f"{'differs' if check else 'wrote'}: {path.relative_to(root)}")
+    for path in stale:
+        click.echo(f"stale: {path.relative_to(root)} (no generator makes it; delete it)")
+    if stale or (check and changed):
+        raise SystemExit(1)
 
 
 @main.group()
@@ -324,20 +374,6 @@ def sim_calls(state_file: str, reset: bool) -> None:
         click.echo(f"{n:10d}  {name}")
     if reset:
         st.reset_calls()
-
-
-@main.group()
-def dashboards() -> None:
-    """Grafana dashboards (grafanalib) and their provisioning files."""
-
-
-@dashboards.command("build")
-@click.option("--check", is_flag=True, help="Only report generated files that differ; exit 1 if any.")
-def dashboards_build(check: bool) -> None:
-    """Regenerate dashboards/ from gpuobs/dashboards."""
-    from .dashboards.build import ROOT, build
-
-    _report_generated(build(check=check), ROOT, check)
 
 
 if __name__ == "__main__":

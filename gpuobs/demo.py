@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,7 +21,8 @@ from pathlib import Path
 
 import yaml
 
-from .alerts.build import alertmanager_config
+from .alerts.build import alertmanager_config, write_fast_rules
+from .ports import free_port, free_port_run
 from .sim import Simulator
 from .sim.state import set_val
 
@@ -34,12 +34,6 @@ EXPECTED = ("GpuHwThermalSlowdown", "GpuAllocatedIdle", "GpuXidRebootRequired", 
 
 class DemoError(RuntimeError):
     """A component is missing or did not start; the message says what to do."""
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _say(text: str) -> None:
@@ -129,8 +123,8 @@ class Demo:
 
     def start(self) -> dict[str, str]:
         prometheus, alertmanager = self._need("prometheus"), self._need("prometheus-alertmanager")
-        ports = {name: _port() for name in ("exporter", "prometheus", "alertmanager")}
-        train_base = _port()
+        ports = {name: free_port() for name in ("exporter", "prometheus", "alertmanager")}
+        train_base = free_port_run(2)  # the two ranks serve on base + local rank
         self.on_call = OnCall()
         self.sim = Simulator(NODE, directory=self.workdir / "node")
         for i in range(4):  # a busy node: every GPU computing and holding memory
@@ -155,7 +149,7 @@ class Demo:
         prom_config = self.workdir / "prometheus.yml"
         prom_config.write_text(yaml.safe_dump({
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "external_labels": {"cluster": "demo"}},
-            "rule_files": [str(REPO / "alerts" / "gpuobs-fast.rules.yml")],
+            "rule_files": [str(write_fast_rules(self.workdir))],  # built here: not committed
             "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{ports['alertmanager']}"]}]}]},
             "scrape_configs": [{"job_name": "gpuobs", "static_configs": [
                 {"targets": targets[:1], "labels": {"node": "demo-node"}}]},

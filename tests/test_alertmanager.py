@@ -1,5 +1,5 @@
 """The generated Alertmanager configuration: amtool accepts it and routes each severity to its
-receiver; generated alerting files equal what the code generates."""
+receiver; the generated alerting files carry the pack (their drift: tests/test_generate.py)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,8 @@ import pytest
 import yaml
 
 from conftest import REPO, require_tool
-from gpuobs.alerts.build import ROOT, alertmanager_config, build, outputs
-from gpuobs.alerts.rules import DEFAULT, DEFAULT_RUNBOOK_BASE, SEVERITIES, Thresholds, alerts
-
-
-def test_generated_files_are_up_to_date():
-    assert ROOT == REPO
-    stale = build(check=True)
-    assert not stale, f"run `gpuobs alerts build`: {[str(p.relative_to(REPO)) for p in stale]}"
+from gpuobs.alerts.build import alertmanager_config, outputs, write_fast_rules
+from gpuobs.alerts.rules import DEFAULT, DEFAULT_RUNBOOK_BASE, FAST, SEVERITIES, Thresholds, alerts
 
 
 def test_every_alert_follows_the_conventions():
@@ -72,13 +66,15 @@ def test_prometheus_rule_and_grafana_alerting_carry_the_same_pack():
             assert r["annotations"]["runbook_url"].startswith(DEFAULT_RUNBOOK_BASE)
 
 
-def test_runbook_urls_are_absolute_and_name_their_runbook():
+def test_runbook_urls_are_absolute_and_name_their_runbook(tmp_path):
     """On-call clicks runbook_url in Alertmanager and chat: an absolute http(s) URL, the base, then
-    docs/runbooks' file of the alert, in every generated rule file."""
+    docs/runbooks' file of the alert, in every generated rule file (the fast one, built, too)."""
     assert urlsplit(DEFAULT_RUNBOOK_BASE).scheme == "https" and urlsplit(DEFAULT_RUNBOOK_BASE).netloc
     assert DEFAULT_RUNBOOK_BASE.endswith("/docs/runbooks")
-    for name in ("gpuobs.rules.yml", "gpuobs-fast.rules.yml", "prometheusrule.yaml"):
-        doc = yaml.safe_load((REPO / "alerts" / name).read_text())
+    committed = REPO / "alerts"
+    for path in (committed / "gpuobs.rules.yml", write_fast_rules(tmp_path), committed / "prometheusrule.yaml"):
+        name = path.name
+        doc = yaml.safe_load(path.read_text())
         for g in doc.get("spec", doc)["groups"]:
             for r in g["rules"]:
                 if "alert" in r:
@@ -95,38 +91,24 @@ def test_runbook_base_must_be_an_absolute_http_url(base):
         Thresholds(runbook_base=base)
 
 
-def test_runbook_base_from_the_command_line_and_the_environment(tmp_path):
-    from click.testing import CliRunner
-
-    from gpuobs.cli import main
-
-    assert Thresholds(runbook_base="http://wiki.example.com/gpu/").runbook_url("GpuLost") == \
-        "http://wiki.example.com/gpu/GpuLost.md"
-    runner = CliRunner()
-    out = runner.invoke(main, ["alerts", "build", "--out", str(tmp_path / "a"), "--runbook-base-url",
-                               "https://wiki.example.com/gpu-runbooks/"])
-    assert out.exit_code == 0, out.output
-    rules = (tmp_path / "a" / "alerts" / "gpuobs.rules.yml").read_text()
-    assert "runbook_url: https://wiki.example.com/gpu-runbooks/GpuLost.md" in rules
-    assert DEFAULT_RUNBOOK_BASE not in rules and (tmp_path / "a" / "docs" / "runbooks" / "GpuLost.md").exists()
-    assert "https://wiki.example.com/gpu-runbooks/GpuLost.md" in \
-        (tmp_path / "a" / "alerts" / "grafana-alerting.json").read_text()
-    out = runner.invoke(main, ["alerts", "build", "--out", str(tmp_path / "b")],
-                        env={"GPUOBS_RUNBOOK_BASE_URL": "https://runbooks.example.org"})
-    assert out.exit_code == 0, out.output
-    fast = (tmp_path / "b" / "alerts" / "gpuobs-fast.rules.yml").read_text()
-    assert "https://runbooks.example.org/GpuLost.md" in fast
-    out = runner.invoke(main, ["alerts", "build", "--out", str(tmp_path / "c"), "--runbook-base-url", "docs/runbooks"])
-    assert out.exit_code == 2 and "absolute http(s) URL" in out.output
-    assert not (tmp_path / "c").exists()
-
-
-@pytest.mark.parametrize("profile", ["gpuobs.rules.yml", "gpuobs-fast.rules.yml"])
-def test_promtool_checks_each_rule_file(profile):
+@pytest.mark.parametrize("profile", ["default", "fast"])
+def test_promtool_checks_each_rule_file(profile, tmp_path):
+    """The committed default profile, and the fast one as the demo and the tests build it."""
     promtool = require_tool("promtool")
-    out = subprocess.run([promtool, "check", "rules", str(REPO / "alerts" / profile)], capture_output=True,
-                         text=True, timeout=60)
+    path = REPO / "alerts" / "gpuobs.rules.yml" if profile == "default" else write_fast_rules(tmp_path)
+    out = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "SUCCESS" in out.stdout, out.stdout + out.stderr
+    assert f"(profile {profile})" in path.read_text().splitlines()[0]
+
+
+def test_fast_rules_are_built_where_used_with_the_fast_thresholds(tmp_path):
+    path = write_fast_rules(tmp_path)
+    assert path == tmp_path / "gpuobs-fast.rules.yml" and not (REPO / "alerts" / path.name).exists()
+    rules = {r["alert"]: r for g in yaml.safe_load(path.read_text())["groups"] for r in g["rules"] if "alert" in r}
+    fast, default = {a.name: a for a in alerts(FAST)}, {a.name: a for a in alerts(DEFAULT)}
+    assert rules.keys() == fast.keys() == default.keys()
+    assert all(rules[n]["for"] == fast[n].for_ for n in rules)
+    assert any(fast[n].for_ != default[n].for_ for n in rules)  # seconds where the default waits minutes
 
 
 def test_an_unusable_gpu_pages_once():

@@ -10,8 +10,8 @@ import time
 import pytest
 import yaml
 
-from conftest import REPO, free_port, require_tool, stop
-from gpuobs.alerts.build import alertmanager_config
+from conftest import free_port, require_tool, stop
+from gpuobs.alerts.build import alertmanager_config, write_fast_rules
 from gpuobs.demo import OnCall
 from gpuobs.sim.state import set_val
 
@@ -44,7 +44,7 @@ def wait_until(predicate, timeout: float, what: str):
     pytest.fail(f"timed out after {timeout}s waiting for: {what}")
 
 
-def test_faults_page_the_right_alerts_and_resolve(exporter, prometheus, alertmanager):
+def test_faults_page_the_right_alerts_and_resolve(exporter, prometheus, alertmanager, tmp_path):
     am, hook = alertmanager
     run = exporter(NODE, interval=0.5)
     st = run.sim.state
@@ -52,7 +52,7 @@ def test_faults_page_the_right_alerts_and_resolve(exporter, prometheus, alertman
     for i in range(4):  # a busy node: every GPU computing and holding memory
         set_val(st.gpu(i).util_gpu, 90)
         set_val(st.gpu(i).mem_used, 40 * GIB)
-    query = prometheus([f"127.0.0.1:{run.exp.http.port}"], rule_files=(str(REPO / "alerts" / "gpuobs-fast.rules.yml"),),
+    query = prometheus([f"127.0.0.1:{run.exp.http.port}"], rule_files=(str(write_fast_rules(tmp_path)),),
                        alertmanager=am)
     wait_until(lambda: hook.first("Watchdog") is not None, 30, "the Watchdog notification")
     run.next_snapshot(3)  # the exporter has seen all four GPUs: expected = 4

@@ -76,8 +76,9 @@ LAYERS = {
     "records": 2, "sim": 2, "logs": 2,
     "collect": 3, "instrument": 3,
     "exporter": 4, "alerts": 4, "dashboards": 4,
-    "docs": 5, "smi": 5, "demo": 5, "generated": 5,
-    "cli": 6,
+    "docs": 5, "smi": 5, "demo": 5,
+    "generated": 6,  # `gpuobs generate` runs the alerts, dashboards and docs generators
+    "cli": 7,
 }
 FORBIDDEN = {("dashboards", "alerts"), ("logs", "instrument")}
 

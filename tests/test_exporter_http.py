@@ -26,7 +26,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import REPO, OTLPReceiver
+from conftest import REPO, OTLPReceiver, free_port
 from gpuobs import catalog as c
 from gpuobs.collect import REGISTRY
 from gpuobs.exporter import Exporter, ExporterConfig
@@ -41,12 +41,6 @@ TWO = {"gpus": [{"profile": "h100-sxm-80gb", "count": 2}]}
 MIB = 1024 * 1024
 SELF_HEALTH = {m.exposed_name for m in c.ALL if m.family in SELF_FAMILIES}
 BY_EXPOSED = {m.exposed_name: m for m in c.ALL}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def parse(text: str) -> list[tuple[str, dict, float]]:

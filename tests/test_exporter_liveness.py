@@ -9,19 +9,17 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import REPO, OTLPReceiver
+from conftest import REPO, OTLPReceiver, free_port
 from gpuobs import catalog as c
 from gpuobs.exporter import LIVENESS_MIN_S, STOP_TIMEOUT_S, liveness_timeout
 from gpuobs.exporter.render import SELF_FAMILIES
@@ -172,12 +170,6 @@ def test_otlp_sends_no_gpu_values_while_the_snapshot_is_stale(otlp_receiver, mak
 
 
 # ------------------------------------------------------------------------------------ shutdown
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_sigterm_ends_the_exporter_in_bounded_time_with_nvml_wedged(make_sim, tmp_path):

@@ -22,7 +22,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from conftest import OTLPReceiver
+from conftest import OTLPReceiver, free_port
 from gpuobs import catalog as c
 from gpuobs import instrument
 from gpuobs.instrument import inference, telemetry, train
@@ -766,12 +766,6 @@ PROMETHEUS_SCRIPT = textwrap.dedent('''
 ''')
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_prometheus_names_match_the_catalog():
     """configure(prometheus_port=...) in a subprocess (prometheus_client's global registry and
     HTTP server): every training and inference metric of the catalog appears under its
@@ -780,7 +774,7 @@ def test_prometheus_names_match_the_catalog():
 
     env = {k: v for k, v in os.environ.items() if k not in RUN_ENV_VARS}
     env.update(RANK="1", WORLD_SIZE="2", GPUOBS_JOB_ID="job-prom", PYTHONPATH=str(REPO))
-    proc = subprocess.run([sys.executable, "-c", PROMETHEUS_SCRIPT, str(_free_port())], cwd=REPO, env=env,
+    proc = subprocess.run([sys.executable, "-c", PROMETHEUS_SCRIPT, str(free_port())], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-3000:]
     scrapes = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 
 SCRIPT = textwrap.dedent('''
@@ -61,12 +63,6 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class BlackHole:
     """Accepts connections and never reads from them."""
 
@@ -95,7 +91,7 @@ class BlackHole:
 @pytest.fixture(params=["refused", "never_read"])
 def endpoint(request):
     if request.param == "refused":
-        yield f"http://127.0.0.1:{_closed_port()}", None
+        yield f"http://127.0.0.1:{free_port()}", None
         return
     hole = BlackHole()
     yield f"http://127.0.0.1:{hole.port}", hole

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from conftest import REPO, free_port, require_tool, stop
+from gpuobs.alerts.build import write_fast_rules
 
 pytest.importorskip("torch")  # CI installs the CPU build; without torch these real jobs cannot run
 
@@ -83,9 +84,59 @@ def write_targets(path, jobs: list[Job], removed: dict[str, int]) -> None:
     tmp.replace(path)  # atomic: Prometheus never reads half a file
 
 
+def start_prometheus(tmp_path, sd):
+    """A real Prometheus scraping the targets in sd every second and evaluating the fast rule profile,
+    built here (it is not committed). Returns (its process, query(promql) -> result vector)."""
+    rules = write_fast_rules(tmp_path)
+    port = free_port()
+    (tmp_path / "prometheus.yml").write_text(
+        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+        f"rule_files: ['{rules}']\n"
+        "scrape_configs:\n"
+        f"  - job_name: training\n    file_sd_configs: [{{files: ['{sd}'], refresh_interval: 1s}}]\n")
+    prom = subprocess.Popen([require_tool("prometheus"), f"--config.file={tmp_path / 'prometheus.yml'}",
+                             f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def query(promql: str) -> list[dict]:
+        url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return json.load(r)["data"]["result"]
+
+    return prom, query
+
+
+def watch(query, sd) -> tuple[set[tuple[str, str, str]], dict[tuple[str, str], list[float]]]:
+    """Poll the firing training alerts and the straggler ratios until every expected alert fired
+    (and the loader alert resolved) or the jobs' time is up; takes the crashed rank of dead-removed
+    out of service discovery once it exits. Returns (alertname, job_id, rank) fired, ratios by rank."""
+    fired: set[tuple[str, str, str]] = set()
+    ratios: dict[tuple[str, str], list[float]] = {}
+    removed = False
+    start = time.monotonic()
+    while time.monotonic() - start < SECONDS + 15:
+        time.sleep(2)
+        try:
+            alerts = query('ALERTS{alertstate="firing", alertname=~"Training.*"}')
+            for r in query("job_id_rank:gpuobs_training_compute_seconds:ratio_to_others"):
+                key = (r["metric"]["job_id"], r["metric"]["rank"])
+                ratios.setdefault(key, []).append(float(r["value"][1]))
+        except OSError:
+            continue  # Prometheus still starting
+        fired |= {(a["metric"]["alertname"], a["metric"].get("job_id", ""), a["metric"].get("rank", ""))
+                  for a in alerts}
+        dead = [j for j in JOBS if j.job_id == "dead-removed"][0]
+        if not removed and dead.procs[1].poll() is not None:  # the crashed rank's pod is deleted
+            write_targets(sd, JOBS, {"dead-removed": 1})
+            removed = True
+        loader_firing = any(a["metric"]["alertname"] == "TrainingDataLoaderBound" for a in alerts)
+        if time.monotonic() - start > 80 and not loader_firing and _all_expected(fired):
+            break
+    return fired, ratios
+
+
 def test_training_alerts_fire_on_real_faults_and_stay_quiet_otherwise(tmp_path):
-    prometheus_bin = require_tool("prometheus")
-    rules = REPO / "alerts" / "gpuobs-fast.rules.yml"
+    require_tool("prometheus")
     sd = tmp_path / "targets.json"
     logs = open(tmp_path / "jobs.log", "w")
     prom = None
@@ -93,43 +144,8 @@ def test_training_alerts_fire_on_real_faults_and_stay_quiet_otherwise(tmp_path):
         for job in JOBS:
             job.start(logs)
         write_targets(sd, JOBS, {})
-        port = free_port()
-        (tmp_path / "prometheus.yml").write_text(
-            "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
-            f"rule_files: ['{rules}']\n"
-            "scrape_configs:\n"
-            f"  - job_name: training\n    file_sd_configs: [{{files: ['{sd}'], refresh_interval: 1s}}]\n")
-        prom = subprocess.Popen([prometheus_bin, f"--config.file={tmp_path / 'prometheus.yml'}",
-                                 f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-        def query(promql: str) -> list[dict]:
-            url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
-            with urllib.request.urlopen(url, timeout=5) as r:
-                return json.load(r)["data"]["result"]
-
-        fired: set[tuple[str, str, str]] = set()
-        ratios: dict[tuple[str, str], list[float]] = {}
-        removed = False
-        start = time.monotonic()
-        while time.monotonic() - start < SECONDS + 15:
-            time.sleep(2)
-            try:
-                alerts = query('ALERTS{alertstate="firing", alertname=~"Training.*"}')
-                for r in query("job_id_rank:gpuobs_training_compute_seconds:ratio_to_others"):
-                    key = (r["metric"]["job_id"], r["metric"]["rank"])
-                    ratios.setdefault(key, []).append(float(r["value"][1]))
-            except OSError:
-                continue  # Prometheus still starting
-            fired |= {(a["metric"]["alertname"], a["metric"].get("job_id", ""), a["metric"].get("rank", ""))
-                      for a in alerts}
-            dead = [j for j in JOBS if j.job_id == "dead-removed"][0]
-            if not removed and dead.procs[1].poll() is not None:  # the crashed rank's pod is deleted
-                write_targets(sd, JOBS, {"dead-removed": 1})
-                removed = True
-            loader_firing = any(a["metric"]["alertname"] == "TrainingDataLoaderBound" for a in alerts)
-            if time.monotonic() - start > 80 and not loader_firing and _all_expected(fired):
-                break
+        prom, query = start_prometheus(tmp_path, sd)
+        fired, ratios = watch(query, sd)
         loader_at_end = {a["metric"].get("job_id") for a in query(
             'ALERTS{alertstate="firing", alertname="TrainingDataLoaderBound"}')}
     finally:
