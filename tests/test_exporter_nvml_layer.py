@@ -94,10 +94,16 @@ def _calls(sim, name: str) -> int:
     return sim.state.calls().get(name, 0)
 
 
+def _every_family():
+    """A session, every family but xid (no watcher) and a sampler over them, on the current simulator."""
+    session = Session()
+    families = build_families(set(REGISTRY) - {"xid"}, process_cap=4)
+    return session, families, Sampler(session, families, interval=1)
+
+
 def test_probe_runs_for_new_gpus_after_reinit_and_on_the_reprobe_cadence(make_sim):
     sim = make_sim({"gpus": [{"profile": "h100-sxm-80gb", "count": 2}]}, init=False)
-    session = Session()
-    sampler = Sampler(session, build_families(set(REGISTRY) - {"xid"}, process_cap=4), interval=1)
+    session, _, sampler = _every_family()
     sampler.sample_once()
     assert _calls(sim, "nvmlGpmQueryDeviceSupport") == 2  # one probe per new GPU
     links = _calls(sim, "nvmlDeviceGetFieldValues")
@@ -117,9 +123,7 @@ def test_probe_runs_for_new_gpus_after_reinit_and_on_the_reprobe_cadence(make_si
 
 def test_fields_do_no_io(make_sim):
     sim = make_sim({"gpus": [{"profile": "h100-sxm-80gb", "count": 1}]}, init=False)
-    session = Session()
-    families = build_families(set(REGISTRY) - {"xid"}, process_cap=4)
-    sampler = Sampler(session, families, interval=1)
+    session, families, sampler = _every_family()
     sampler.sample_once()
     nvlink = next(f for f in families if f.name == "nvlink")
     uuid = next(iter(sampler._known))
@@ -133,9 +137,7 @@ def test_fields_do_no_io(make_sim):
 
 def test_family_state_released_when_a_gpu_goes_and_on_reinit(make_sim):
     sim = make_sim({"gpus": [{"profile": "h100-sxm-80gb", "count": 2}]}, init=False)
-    session = Session()
-    families = build_families(set(REGISTRY) - {"xid"}, process_cap=4)
-    sampler = Sampler(session, families, interval=1)
+    session, families, sampler = _every_family()
     sampler.sample_once()
     sampler.sample_once()  # GPM: two samples, buffers allocated
     gpm = next(f for f in families if f.name == "gpm")

@@ -19,6 +19,7 @@ from .xid import XidWatcher
 __all__ = ["REGISTRY", "Family", "FamilySpec", "Sample", "Sampler", "Session", "Snapshot", "XidWatcher",
            "build_families", "default_families", "needs_watcher"]
 
+
 def default_families() -> set[str]:
     """The families collected when the operator names none (FamilySpec.default)."""
     return {name for name, spec in REGISTRY.items() if spec.default}
