@@ -153,11 +153,6 @@ class _Readers:
                 self._all.append(reader)
         reader.give(p)
 
-    @property
-    def threads(self) -> int:
-        """Reader threads started so far (hung reads keep theirs)."""
-        return len(self._all)
-
     def run(self, p: _Pass, deadline: float, stall: float) -> dict[int, _GpuRead | None]:
         """Read the pass until every GPU is done or `deadline` (monotonic); the results by index."""
         if p.total:
