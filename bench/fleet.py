@@ -49,7 +49,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.common import Running, cpu_seconds, free_port, version  # noqa: E402
+from gpuobs import catalog as c  # noqa: E402
 from gpuobs.alerts.rules import DEFAULT, _seconds  # noqa: E402
+from gpuobs.nvml import pynvml as N  # noqa: E402
 from gpuobs.dashboards.common import interpolate  # noqa: E402
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -181,7 +183,7 @@ def node_template(workdir: Path) -> str:
                                  "--port", str(port), "--interval", "1", "--kubelet-socket", ""],
                     env=sim.env())
         url = f"http://127.0.0.1:{port}/metrics"
-        wait_until("the template exporter", lambda: b"gpuobs_gpu_utilization_ratio" in get(url), 60, procs, 0.2)
+        wait_until("the template exporter", lambda: c.UTILIZATION.name.encode() in get(url), 60, procs, 0.2)
         time.sleep(2.5)  # a couple of sampling passes, so counters and rates have moved
         return get(url).decode()
     finally:
@@ -207,26 +209,29 @@ def parse_template(text: str) -> tuple[list[Series], dict[str, tuple[str, str]]]
         for s in fam.samples:
             series.append(Series(fam.name, fam.type, s.name, dict(s.labels), s.value))
     # XIDs exist only once a GPU has reported one; the steady template has none, the fleet has some
-    fams["gpuobs_gpu_xid_errors"] = ("counter", "XID errors reported by the driver, per XID code.")
-    fams["gpuobs_gpu_xid_last_seen_timestamp_seconds"] = ("gauge", "Unix time the XID code was last reported.")
+    fams[c.XID_ERRORS.name] = ("counter", "XID errors reported by the driver, per XID code.")
+    fams[c.XID_LAST_SEEN.name] = ("gauge", "Unix time the XID code was last reported.")
     return series, fams
+
+
+def _gpm(metric_id: str) -> str:
+    """The catalog name of a GPM ratio, by its NVML_GPM_METRIC_* suffix."""
+    return c.GPM_METRICS[getattr(N, f"NVML_GPM_METRIC_{metric_id}")].name
 
 
 # Gauges that follow the GPU's utilization wave: name -> (base, amplitude) at utilization 0..1.
 FOLLOW = {
-    "gpuobs_gpu_utilization_ratio": (0, 1.0), "gpuobs_gpu_sm_active_ratio": (0, 0.85),
-    "gpuobs_gpu_sm_occupancy_ratio": (0, 0.5), "gpuobs_gpu_tensor_active_ratio": (0, 0.6),
-    "gpuobs_gpu_dram_active_ratio": (0, 0.5), "gpuobs_gpu_fp16_active_ratio": (0, 0.5),
-    "gpuobs_gpu_fp32_active_ratio": (0, 0.2), "gpuobs_gpu_fp64_active_ratio": (0, 0.02),
-    "gpuobs_gpu_graphics_active_ratio": (0, 0.9), "gpuobs_gpu_memory_utilization_ratio": (0, 0.6),
-    "gpuobs_gpu_power_usage_watts": (70, 600), "gpuobs_gpu_temperature_celsius": (30, 45),
-    "gpuobs_gpu_memory_temperature_celsius": (35, 45),
+    c.UTILIZATION.name: (0, 1.0), _gpm("SM_UTIL"): (0, 0.85), _gpm("SM_OCCUPANCY"): (0, 0.5),
+    _gpm("ANY_TENSOR_UTIL"): (0, 0.6), _gpm("DRAM_BW_UTIL"): (0, 0.5), _gpm("FP16_UTIL"): (0, 0.5),
+    _gpm("FP32_UTIL"): (0, 0.2), _gpm("FP64_UTIL"): (0, 0.02), _gpm("GRAPHICS_UTIL"): (0, 0.9),
+    c.MEMORY_UTILIZATION.name: (0, 0.6), c.POWER_USAGE.name: (70, 600), c.TEMPERATURE.name: (30, 45),
+    c.MEMORY_TEMPERATURE.name: (35, 45),
 }
 # Counters with a steady rate per second (bytes, joules, passes).
 RATE = {
-    "gpuobs_gpu_energy_consumption_joules_total": 400.0, "gpuobs_gpu_pcie_transmit_bytes_total": 2e9,
-    "gpuobs_gpu_pcie_receive_bytes_total": 2e9, "gpuobs_gpu_nvlink_transmit_bytes_total": 5e8,
-    "gpuobs_gpu_nvlink_receive_bytes_total": 5e8, "gpuobs_exporter_samples_total": 0.2,
+    c.ENERGY.exposed_name: 400.0, c.PCIE_TX.exposed_name: 2e9,
+    c.PCIE_RX.exposed_name: 2e9, c.NVLINK_TX.exposed_name: 5e8,
+    c.NVLINK_RX.exposed_name: 5e8, c.SAMPLES.exposed_name: 0.2,
 }
 ROLES = ("busy", "idle", "allocated_idle", "throttled", "xid", "lost")
 ROLE_P = (0.92, 0.03, 0.02, 0.02, 0.008, 0.002)
@@ -260,31 +265,31 @@ class Node:
             elif s.name in RATE:
                 rate = RATE[s.name]
                 base = s.value
-            elif s.name == "gpuobs_exporter_last_success_timestamp_seconds":
+            elif s.name == c.LAST_SUCCESS.name:
                 base, rate = T0, 1.0
-            elif s.name == "gpuobs_gpu_memory_used_bytes":
+            elif s.name == c.MEMORY_USED.name:
                 base = {"busy": 6.0e10, "allocated_idle": 4.0e10, "idle": 5.0e8}.get(role, 6.0e10)
-            elif s.name == "gpuobs_gpu_up":
+            elif s.name == c.GPU_UP.name:
                 base = 0.0 if role == "lost" else 1.0
-            elif s.name == "gpuobs_gpus_present":
+            elif s.name == c.GPUS_PRESENT.name:
                 base = GPUS - self.roles.count("lost")
-            elif s.name == "gpuobs_gpu_clock_event_reason_active":
+            elif s.name == c.CLOCK_EVENT_ACTIVE.name:
                 r = labels.get("reason")
                 base = float((r == "gpu_idle" and role in ("idle", "allocated_idle"))
                              or (r == "sw_power_cap" and role == "throttled" and s.gpu % 2 == 0)
                              or (r == "hw_thermal_slowdown" and role == "throttled" and s.gpu % 2 == 1))
-            elif s.name == "gpuobs_gpu_clock_event_duration_seconds_total":
+            elif s.name == c.CLOCK_EVENT_DURATION.exposed_name:
                 if role == "throttled" and labels.get("reason") in ("sw_power_cap", "hw_thermal_slowdown"):
                     rate = 0.5
             rows.append((s.family, s.name, labels, s.gpu, base, amp, rate, step))
         for g, role in enumerate(self.roles):
             if role == "xid":
                 lab = {"gpu": str(g), "uuid": uuids[g], "xid": "79"}
-                if keep is None or "gpuobs_gpu_xid_errors_total" in keep:
-                    rows.append(("gpuobs_gpu_xid_errors", "gpuobs_gpu_xid_errors_total", lab, g, 1.0, 0, 0, 1.0))
-                if keep is None or "gpuobs_gpu_xid_last_seen_timestamp_seconds" in keep:
-                    rows.append(("gpuobs_gpu_xid_last_seen_timestamp_seconds",
-                                 "gpuobs_gpu_xid_last_seen_timestamp_seconds", dict(lab), g, T0, 0, 0, 0))
+                if keep is None or c.XID_ERRORS.exposed_name in keep:
+                    rows.append((c.XID_ERRORS.name, c.XID_ERRORS.exposed_name, lab, g, 1.0, 0, 0, 1.0))
+                if keep is None or c.XID_LAST_SEEN.name in keep:
+                    rows.append((c.XID_LAST_SEEN.name,
+                                 c.XID_LAST_SEEN.name, dict(lab), g, T0, 0, 0, 0))
         if target_labels:
             # what Prometheus adds on a scrape; present in the history, absent from a served body
             rows.append(("up", "up", {}, -1, 1.0, 0, 0, 0))

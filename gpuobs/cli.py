@@ -88,7 +88,8 @@ def _exporter_options(command):
     d = ExporterConfig()
     opt_in = [REGISTRY[name] for name in _opt_in_families()]
     options = [
-        click.option("--listen-address", envvar="GPUOBS_LISTEN_ADDRESS", default=d.listen_address, show_default=True),
+        click.option("--listen-address", envvar="GPUOBS_LISTEN_ADDRESS", default=d.listen_address, show_default=True,
+                     help="Address to serve on (127.0.0.1 for loopback only)."),
         click.option("--port", envvar="GPUOBS_PORT", type=click.IntRange(0, 65535), default=d.port, show_default=True,
                      help="9445: clear of dcgm-exporter (9400) and nvidia_gpu_exporter (9835)."),
         click.option("--interval", envvar="GPUOBS_INTERVAL", type=click.FloatRange(0.1, 3600), default=d.interval,

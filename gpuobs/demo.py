@@ -162,7 +162,7 @@ class Demo:
                 "Alertmanager": f"http://127.0.0.1:{ports['alertmanager']}",
                 "exporter": f"http://127.0.0.1:{ports['exporter']}/metrics",
                 "trainer (rank 0)": f"http://127.0.0.1:{train_base}/metrics",
-                "logs": str(self.workdir)}
+                "logs": f"{self.workdir} (removed on a clean exit; --keep-logs keeps it)"}
 
     def _wait(self, predicate, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -182,6 +182,8 @@ class Demo:
         if not self._wait(lambda: "Watchdog" in on_call.status, 60):
             raise DemoError(f"no Watchdog notification: the alert pipeline is not up (see {self.workdir})")
         _say("pipeline up (Watchdog received); letting the exporter learn the node for a few seconds")
+        _say("rank 1 of the trainer computes 45 ms per step against rank 0's 20 ms, on purpose: "
+             "TrainingStragglerRank arrives as a ticket and stays while the demo runs")
         time.sleep(5)
         _say("INCIDENT: GPU 0 overheats (HW thermal slowdown), GPU 2 sits idle while allocated, "
              "GPU 1 reports XID 79 and falls off the bus")
@@ -199,7 +201,8 @@ class Demo:
         st.lose_gpu(1, False)
         set_val(st.gpu(2).util_gpu, 80)
         resolved = self._wait(lambda: all(on_call.status.get(n) == "resolved" for n in EXPECTED), 90)
-        _say("all alerts resolved" if resolved else "not every alert resolved in 90 s")
+        _say("all incident alerts resolved (TrainingStragglerRank stays: rank 1 is slow on purpose)" if resolved
+             else "not every incident alert resolved in 90 s")
         return fired and resolved
 
     def stop(self) -> None:
@@ -225,12 +228,14 @@ class Demo:
 def run(duration: float | None = None, keep_logs: bool = False) -> int:
     """Run the demo. duration: exit once the incident is over and this many seconds have passed,
     instead of waiting for Ctrl-C. Returns 0 when the incident's alerts fired and resolved, 1 when
-    some did not, 2 when a component is missing or failed."""
+    some did not, 2 when a component is missing or failed, 130 when Ctrl-C ends it before the
+    incident is over (the logs are kept unless that exit was clean)."""
     workdir = Path(tempfile.mkdtemp(prefix="gpuobs-demo-"))
     demo = Demo(workdir)
     interrupted = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda *_: interrupted.set())
     code = 0
+    ok: bool | None = None  # the incident's outcome, once it is over
     started = time.monotonic()
     try:
         urls = demo.start()
@@ -245,7 +250,8 @@ def run(duration: float | None = None, keep_logs: bool = False) -> int:
         else:
             interrupted.wait(max(0.0, duration - (time.monotonic() - started)))
     except KeyboardInterrupt:
-        pass
+        if ok is None:  # before the incident was over: not a run that showed anything
+            code = 130
     except DemoError as e:
         _say(f"error: {e}")
         code = 2

@@ -3,8 +3,12 @@ the command exits 0, and no process it started is left behind."""
 
 from __future__ import annotations
 
+import re
+import shutil
+import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import psutil
 
@@ -44,3 +48,25 @@ def leftovers() -> list[dict]:
                 or "gpuobs-demo-" in env.get("GPUOBS_SIM_STATE", "") or env.get("GPUOBS_JOB_ID") == "demo-job"):
             found.append(p.info)
     return found
+
+
+def test_ctrl_c_before_the_incident_is_over_exits_130_and_keeps_the_logs():
+    require_tool("prometheus")
+    require_tool("prometheus-alertmanager")
+    proc = subprocess.Popen([sys.executable, "-m", "gpuobs.cli", "demo"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    logs = None
+    try:
+        for line in proc.stdout:
+            if found := re.search(r"\blogs\s+(/\S+)", line):
+                logs = found[1]
+            if "pipeline up" in line:  # the stack runs; the incident has not been played
+                proc.send_signal(signal.SIGINT)
+                break
+        rest = proc.communicate(timeout=60)[0]
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, rest[-2000:]
+    assert logs and Path(logs).is_dir(), f"logs of an interrupted run removed: {logs}"
+    shutil.rmtree(logs)
+    assert not leftovers(), leftovers()
