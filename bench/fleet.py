@@ -555,7 +555,9 @@ def expand(expr: str, pairs: list[tuple[str, str]]) -> str:
                 for matcher in filter(None, (m.group(1) or "{}")[1:-1].split(",")):
                     if not re.fullmatch(r'\s*\w+\s*=~\s*"\.\*"\s*', matcher):
                         raise ValueError(f"matcher {matcher} on recorded name {name} cannot be expanded")
-                return f"({body})"
+                # right after group_left/group_right a "(" opens their label list: give them an empty one
+                grouping = re.search(r"\bgroup_(left|right)\s*$", m.string[:m.start()])
+                return f"{'() ' if grouping else ''}({body})"
 
             new = pat.sub(one, expr)
             hit |= new != expr

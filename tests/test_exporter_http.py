@@ -243,7 +243,8 @@ def test_dcgm_naming_matches_native_values_and_labels(exporter):
         for uuid, (labels, value) in series.items():
             gi = info[uuid]
             assert labels == {"gpu": gi["gpu"], "UUID": uuid, "device": f"nvidia{gi['gpu']}",
-                              "modelName": gi["name"], "Hostname": "node-a", "pci_bus_id": gi["pci_bus_id"]}
+                              "modelName": gi["name"], "Hostname": "node-a", "hostname": "node-a",
+                              "pci_bus_id": gi["pci_bus_id"], "DCGM_FI_DRIVER_VERSION": gi["driver_version"]}
             assert labels["modelName"] and labels["pci_bus_id"]
             assert value == pytest.approx(want[uuid][field]), (field, uuid)
             [nv] = [v for n, l, v in native if n == name and l["uuid"] == uuid
@@ -411,14 +412,15 @@ def clean_env(**extra) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def cli_exporter(tmp_path, args=(), env=None, port=None):
-    """`python -m gpuobs.cli exporter ARGS` until ready: yields (process, base url, stderr path)."""
+def cli_exporter(tmp_path, args=(), env=None, port=None, url=None):
+    """`python -m gpuobs.cli exporter ARGS` until ready: yields (process, base url, stderr path);
+    the base url is `url`, else http://127.0.0.1:<port>."""
     port = port or free_port()
     err = tmp_path / f"stderr-{port}.log"
     with open(err, "w") as err_f:
         proc = subprocess.Popen([sys.executable, "-m", "gpuobs.cli", "exporter", *args], cwd=REPO,
                                 env=env or clean_env(), stdout=subprocess.DEVNULL, stderr=err_f)
-    url = f"http://127.0.0.1:{port}"
+    url = url or f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 20
         while True:
@@ -449,7 +451,7 @@ def test_cli_help_lists_the_flags():
     assert r.returncode == 0
     for flag in ("--listen-address", "--port", "--interval", "--families", "--processes", "--process-cap",
                  "--naming", "--expected-gpus", "--web-config", "--hostname", "--otlp-endpoint", "--simulate",
-                 "--log-level"):
+                 "--log-level", "--web.listen-address", "--web.telemetry-path", "--web.config.file"):
         assert flag in r.stdout, flag
 
 

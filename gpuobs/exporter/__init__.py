@@ -1,11 +1,12 @@
 """The exporter: NVML session -> sampler thread -> rendered snapshot -> HTTP (and optional OTLP).
 
-`Exporter(config).start()` runs everything in daemon threads; `/metrics` serves the bytes of the
-latest snapshot and never waits on NVML. A snapshot older than two intervals is not served as
-fresh: only self-health metrics are, with gpuobs_exporter_snapshot_stale 1, and /readyz fails
-(the OTLP push withholds the same values). /healthz fails once no sampling pass has completed for
-the liveness timeout, so that an orchestrator restarts an exporter that NVML has wedged, and
-`stop()` returns within a bound whatever NVML does.
+`Exporter(config).start()` runs everything in daemon threads; `/metrics` (or the configured
+telemetry path) serves the bytes of the latest snapshot and never waits on NVML. A snapshot older
+than two intervals is not served as fresh: only self-health metrics are, with
+gpuobs_exporter_snapshot_stale 1, and /readyz fails (the OTLP push withholds the same values).
+/healthz fails once no sampling pass has completed for the liveness timeout, so that an
+orchestrator restarts an exporter that NVML has wedged, and `stop()` returns within a bound
+whatever NVML does.
 """
 
 from __future__ import annotations
@@ -42,8 +43,9 @@ def liveness_timeout(interval: float, configured: float | None = None) -> float:
 class ExporterConfig:
     """Exporter settings, and the one home of their defaults (the CLI's come from here); each has
     a CLI flag and a GPUOBS_* environment variable."""
-    listen_address: str = "0.0.0.0"
+    listen_address: str = "0.0.0.0"  # "": every address, IPv6 and IPv4; an IPv6 address binds IPv6
     port: int = 9445  # clear of dcgm-exporter (9400), nvidia_gpu_exporter (9835), node_exporter (9100)
+    telemetry_path: str = "/metrics"  # where the metrics are served; /healthz and /readyz stay
     interval: float = 5.0  # seconds between sampling passes
     families: set[str] = field(default_factory=default_families)  # names in gpuobs.collect.REGISTRY
     naming: str = "gpuobs"
@@ -83,7 +85,8 @@ class Exporter:
         self.sampler = Sampler(self.session, families, config.interval, config.expected_gpus,
                                on_snapshot=self._on_snapshot)
         self.liveness_timeout = liveness_timeout(config.interval, config.liveness_timeout)
-        self.http = HttpServer(make_app(self.metrics, self.ready, self.web.users, alive=self.alive),
+        self.http = HttpServer(make_app(self.metrics, self.ready, self.web.users, alive=self.alive,
+                                        telemetry_path=config.telemetry_path),
                                config.listen_address, config.port, self.web.ssl_context())
         self.otlp = None
         if config.otlp_endpoint:
@@ -135,7 +138,8 @@ class Exporter:
         self.http.start()
         if self.otlp:
             self.otlp.start()
-        log.info("exporter listening", extra={"address": self.config.listen_address, "port": self.http.port,
+        log.info("exporter listening", extra={"address": self.http.address, "port": self.http.port,
+                                              "path": self.config.telemetry_path,
                                               "tls": self.web.cert_file is not None, "naming": self.config.naming})
         return self
 

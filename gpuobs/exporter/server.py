@@ -1,12 +1,16 @@
-"""HTTP for the exporter: /metrics, /healthz, /readyz, with TLS and basic auth from a Prometheus
-web-config file (as exporter-toolkit exporters read it). Built on the standard library's WSGI
-server in prometheus_client's threading variant; the handlers only hand out prepared bytes."""
+"""HTTP for the exporter: the metrics (at /metrics or another telemetry path), /healthz, /readyz,
+with TLS and basic auth from a Prometheus web-config file (as exporter-toolkit exporters read it).
+Built on the standard library's WSGI server in prometheus_client's threading variant, on IPv4 or
+IPv6; the handlers only hand out prepared bytes."""
 
 from __future__ import annotations
 
 import base64
+import contextlib
+import errno
 import functools
 import logging
+import socket
 import ssl
 import threading
 from dataclasses import dataclass, field
@@ -170,24 +174,43 @@ def _alive() -> tuple[bool, str]:
     return True, "ok"
 
 
+PROBE_PATHS = ("/healthz", "/readyz")  # fixed: probes in deployments name them
+
+
+def check_telemetry_path(path: str) -> str:
+    """`path` if it can serve the metrics: an absolute URL path ("/metrics", "/custom", "/") that
+    is neither probe's. Raises ValueError saying why not."""
+    if not path.startswith("/") or any(c in "?#" or c.isspace() for c in path):
+        raise ValueError(f"must be an absolute URL path such as /metrics (no query, fragment or spaces), "
+                         f"got {path!r}")
+    if path in PROBE_PATHS:
+        raise ValueError(f"{path} is a probe's path ({' and '.join(PROBE_PATHS)} stay where they are)")
+    return path
+
+
 def make_app(metrics: Callable[[], bytes], ready: Callable[[], tuple[bool, str]],
-             users: dict[str, bytes], alive: Callable[[], tuple[bool, str]] = _alive):
-    """The WSGI application. /healthz (liveness: `alive`) and /readyz (readiness: `ready`) answer
-    200 or 503 with the reason, and skip auth so that probes need no secret."""
+             users: dict[str, bytes], alive: Callable[[], tuple[bool, str]] = _alive,
+             telemetry_path: str = "/metrics"):
+    """The WSGI application. `telemetry_path` serves `metrics()` (behind basic auth when `users`
+    is not empty); /healthz (liveness: `alive`) and /readyz (readiness: `ready`) answer 200 or 503
+    with the reason, and skip auth so that probes need no secret; every other path is 404 (but "/",
+    an index). Raises ValueError for a telemetry path check_telemetry_path refuses."""
+    check_telemetry_path(telemetry_path)
+    index = f"gpuobs exporter: {telemetry_path} {' '.join(PROBE_PATHS)}\n".encode()
 
     def app(environ, start_response):
         path = environ.get("PATH_INFO", "/")
-        if path in ("/healthz", "/readyz"):
+        if path in PROBE_PATHS:
             ok, reason = (alive if path == "/healthz" else ready)()
             return _reply(start_response, "200 OK" if ok else "503 Service Unavailable", reason.encode() + b"\n")
         if not authorized(users, environ.get("HTTP_AUTHORIZATION")):
             return _reply(start_response, "401 Unauthorized", b"unauthorized\n",
                           [("WWW-Authenticate", 'Basic realm="gpuobs"')])
-        if path == "/metrics":
+        if path == telemetry_path:
             # text format 0.0.4: what generate_latest writes (1.0.0 also needs an escaping= parameter)
             return _reply(start_response, "200 OK", metrics(), [("Content-Type", CONTENT_TYPE_PLAIN_0_0_4)])
         if path == "/":
-            return _reply(start_response, "200 OK", b"gpuobs exporter: /metrics /healthz /readyz\n")
+            return _reply(start_response, "200 OK", index)
         return _reply(start_response, "404 Not Found", b"not found\n")
 
     return app
@@ -203,18 +226,54 @@ class _Server(ThreadingWSGIServer):
     request_queue_size = 128  # the default 5 overflows under scrape storms (SYN retries of 1-3 s)
 
 
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+class _DualStackServer(_Server6):
+    """Every address, IPv6 and IPv4 (as mapped addresses), on one socket."""
+
+    def server_bind(self) -> None:
+        with contextlib.suppress(OSError, AttributeError):  # already dual-stack where it cannot be set
+            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        super().server_bind()
+
+
+def host_port(addr: str, port: int) -> str:
+    """addr:port as a listen address is written, IPv6 in brackets ("[::1]:9445", ":9445" for every
+    address)."""
+    return f"[{addr}]:{port}" if ":" in addr else f"{addr}:{port}"
+
+
+def _bind(app, addr: str, port: int):
+    """The WSGI server bound to addr:port: "" is every address (IPv6 and IPv4 where the host has
+    IPv6, else IPv4), an IPv6 address or a name that resolves to one binds IPv6. Raises OSError."""
+    if addr == "":
+        try:
+            return make_server("::", port, app, _DualStackServer, handler_class=_QuietHandler)
+        except OSError as e:
+            if e.errno not in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):  # IPv6 off on this host
+                raise
+        return make_server("0.0.0.0", port, app, _Server, handler_class=_QuietHandler)
+    family = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+    return make_server(addr, port, app, _Server6 if family == socket.AF_INET6 else _Server,
+                       handler_class=_QuietHandler)
+
+
 class HttpServer:
-    """Serves the app on addr:port in a daemon thread; `port` holds the bound port (0 picks one)."""
+    """Serves the app on addr:port in a daemon thread ("" for every address; an IPv4 or IPv6
+    address or a host name); `port` holds the bound port (0 picks one), `address` the bound
+    address. Raises OSError (saying which address) when it cannot listen."""
 
     def __init__(self, app, addr: str, port: int, tls: ssl.SSLContext | None = None):
         try:
-            self.httpd = make_server(addr, port, app, _Server, handler_class=_QuietHandler)
-        except OSError as e:
-            raise OSError(e.errno, f"cannot listen on {addr}:{port}: {e.strerror}") from None
+            self.httpd = _bind(app, addr, port)
+        except OSError as e:  # gaierror too: a host name that does not resolve
+            raise OSError(e.errno, f"cannot listen on {host_port(addr, port)}: {e.strerror}") from None
         if tls is not None:
             self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True,
                                                  do_handshake_on_connect=False)
-        self.port = self.httpd.server_address[1]
+        self.address, self.port = self.httpd.server_address[:2]
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="gpuobs-http", daemon=True)
 
     def start(self) -> "HttpServer":
