@@ -90,6 +90,13 @@ GPU_UNHEALTHY = _m("gpu_unhealthy", "gauge", "", "1 with the reason while the GP
                    "unreadable (its handle or UUID cannot be read). Absent while the GPU is healthy.", "identity",
                    "NVML return codes of the GPU's calls; the sampler's pass deadline",
                    labels=GPU_LABELS + ("reason",))
+PERSISTENCE_MODE = _m("gpu_persistence_mode_enabled", "gauge", "", "1 if persistence mode is enabled (the driver "
+                      "stays loaded without clients), else 0.", "identity", "nvmlDeviceGetPersistenceMode",
+                      dcgm={(): "DCGM_FI_DEV_PERSISTENCE_MODE"}, max_value=1)
+COMPUTE_MODES = ("default", "exclusive_thread", "prohibited", "exclusive_process")  # nvmlComputeMode_t order
+COMPUTE_MODE = _m("gpu_compute_mode", "gauge", "", "1 for the compute mode the GPU is in, 0 for each other mode "
+                  "(default, exclusive_thread, prohibited, exclusive_process), one series per mode.", "identity",
+                  "nvmlDeviceGetComputeMode", labels=GPU_LABELS + ("mode",), max_value=1)
 # ------------------------------------------------------------------------------------- utilization
 UTILIZATION = _m("gpu_utilization_ratio", "gauge", "ratio", "Fraction of the sample period a kernel ran on the GPU.",
                  "utilization", "nvmlDeviceGetUtilizationRates .gpu (percent) / 100",
@@ -104,6 +111,20 @@ ENCODER_UTILIZATION = _m("gpu_encoder_utilization_ratio", "gauge", "ratio", "Vid
 DECODER_UTILIZATION = _m("gpu_decoder_utilization_ratio", "gauge", "ratio", "Video decoder utilization.",
                          "utilization", "nvmlDeviceGetDecoderUtilization (percent) / 100",
                          dcgm={(): "DCGM_FI_DEV_DEC_UTIL"}, dcgm_scale=100, max_value=1.0)
+ENCODER_SESSIONS = _m("gpu_encoder_sessions", "gauge", "", "Video encoder (NVENC) sessions active now.",
+                      "utilization", "nvmlDeviceGetEncoderStats sessionCount")
+ENCODER_FPS = _m("gpu_encoder_frames_per_second", "gauge", "", "Average frames per second over the active "
+                 "encoder sessions (0 without sessions).", "utilization", "nvmlDeviceGetEncoderStats averageFps")
+ENCODER_LATENCY = _m("gpu_encoder_average_latency_seconds", "gauge", "seconds", "Average encode latency over the "
+                     "active encoder sessions (0 without sessions).", "utilization",
+                     "nvmlDeviceGetEncoderStats averageLatency (microseconds) / 1e6")
+FBC_SESSIONS = _m("gpu_fbc_sessions", "gauge", "", "Frame buffer capture (NVFBC) sessions active now.",
+                  "utilization", "nvmlDeviceGetFBCStats .sessionsCount")
+FBC_FPS = _m("gpu_fbc_frames_per_second", "gauge", "", "Average frames per second over the active frame buffer "
+             "capture sessions.", "utilization", "nvmlDeviceGetFBCStats .averageFPS")
+FBC_LATENCY = _m("gpu_fbc_average_latency_seconds", "gauge", "seconds", "Average capture latency over the active "
+                 "frame buffer capture sessions.", "utilization",
+                 "nvmlDeviceGetFBCStats .averageLatency (microseconds) / 1e6")
 # ------------------------------------------------------------------------- profiling (GPM, Hopper+)
 # (metric, nvmlGpmMetricId_t, DCGM profiling field); gpuobs.nvml backfills the ids older pynvml lacks
 _GPM = [("sm_active", N.NVML_GPM_METRIC_SM_UTIL, "DCGM_FI_PROF_SM_ACTIVE", "Fraction of SMs busy."),
@@ -163,6 +184,16 @@ POWER_MAX_LIMIT = _m("gpu_power_max_limit_watts", "gauge", "watts", "Highest set
 ENERGY = _m("gpu_energy_consumption_joules", "counter", "joules", "Energy used since the driver was loaded.",
             "power", "NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION (millijoules) / 1000",
             dcgm={(): "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"}, dcgm_scale=1000)
+POWER_AVERAGE = _m("gpu_power_average_watts", "gauge", "watts", "Power draw of the GPU averaged over one second "
+                   "(Ampere and newer, GA100 excepted).", "power",
+                   "NVML_FI_DEV_POWER_AVERAGE, scope NVML_POWER_SCOPE_GPU (milliwatts) / 1000")
+MEMORY_POWER = _m("gpu_memory_power_average_watts", "gauge", "watts", "Power draw of the GPU's memory averaged over "
+                  "one second (nvidia-smi's GPU Memory Power Readings).", "power",
+                  "NVML_FI_DEV_POWER_AVERAGE, scope NVML_POWER_SCOPE_MEMORY (milliwatts) / 1000")
+POWER_REQUESTED_LIMIT = _m("gpu_power_requested_limit_watts", "gauge", "watts", "Power limit requested (set with "
+                           "nvidia-smi -pl or the default); the enforced limit may be lower.", "power",
+                           "NVML_FI_DEV_POWER_REQUESTED_LIMIT (milliwatts) / 1000",
+                           dcgm={(): "DCGM_FI_DEV_POWER_MGMT_LIMIT"})
 # ----------------------------------------------------------------------------------------- thermal
 TEMPERATURE = _m("gpu_temperature_celsius", "gauge", "celsius", "GPU core temperature.", "thermal",
                  "nvmlDeviceGetTemperature(NVML_TEMPERATURE_GPU)", dcgm={(): "DCGM_FI_DEV_GPU_TEMP"},
@@ -208,6 +239,14 @@ CLOCK_EVENT_ACTIVE = _m("gpu_clock_event_reason_active", "gauge", "",
                         "1 while this reason holds clocks down (throttling), else 0.", "clock_events",
                         "nvmlDeviceGetCurrentClocksEventReasons, one series per bit",
                         labels=GPU_LABELS + ("reason",))
+CLOCK_EVENT_REASONS_MASK = _m("gpu_clock_event_reasons", "gauge", "",
+                              "Bitmask of the reasons holding clocks down now (nvmlClocksEventReason* bits, "
+                              "0: none); gpuobs_gpu_clock_event_reason_active has one series per bit.", "clock_events",
+                              "nvmlDeviceGetCurrentClocksEventReasons (else ...ClocksThrottleReasons)",
+                              dcgm={(): "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"})
+# DCGM field names that name the same field as another (DCGM renamed throttle reasons to clock
+# events, as NVML did in R535, and kept the old name): dcgm naming serves the series under each name.
+DCGM_ALIASES: dict[str, tuple[str, ...]] = {"DCGM_FI_DEV_CLOCKS_EVENT_REASONS": ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",)}
 # Clock-event reason counters, batched as field values (nanoseconds): field id -> reason label.
 CLOCK_EVENT_COUNTER_FIELDS = {74: "sw_power_cap", 76: "sync_boost", 269: "sw_thermal_slowdown",
                               270: "hw_thermal_slowdown", 271: "hw_power_brake_slowdown"}
@@ -241,6 +280,25 @@ REMAP_PENDING = _m("gpu_row_remap_pending", "gauge", "", "1 if a row remap waits
                    "NVML_FI_DEV_REMAPPED_PENDING", dcgm={(): "DCGM_FI_DEV_ROW_REMAP_PENDING"})
 REMAP_FAILURE = _m("gpu_row_remap_failure", "gauge", "", "1 if a row remap failed (the GPU needs service).", "ecc",
                    "NVML_FI_DEV_REMAPPED_FAILURE", dcgm={(): "DCGM_FI_DEV_ROW_REMAP_FAILURE"})
+ECC_PENDING = _m("gpu_ecc_pending_enabled", "gauge", "", "1 if ECC will be enabled after the next reboot "
+                 "(differs from gpuobs_gpu_ecc_enabled while a change waits).", "ecc",
+                 "nvmlDeviceGetEccMode pending", dcgm={(): "DCGM_FI_DEV_ECC_PENDING"}, max_value=1)
+ECC_LOCATIONS = ("sram", "dram")  # NVML_MEMORY_LOCATION_SRAM, NVML_MEMORY_LOCATION_DRAM
+ECC_LOCATION_ERRORS = _m("gpu_ecc_location_errors", "counter", "", "ECC errors by memory location: on-chip SRAM "
+                         "(caches, register files) or DRAM (device memory); refreshed every few passes.", "ecc",
+                         "nvmlDeviceGetMemoryErrorCounter(NVML_MEMORY_ERROR_TYPE_{CORRECTED,UNCORRECTED}, "
+                         "NVML_{VOLATILE,AGGREGATE}_ECC, NVML_MEMORY_LOCATION_{SRAM,DRAM})",
+                         labels=GPU_LABELS + ("location", "error_type", "counter_type"),
+                         dcgm={(loc, kind, counter): f"DCGM_FI_DEV_ECC_{bit}_{cnt}_{dcgm_loc}"
+                               for loc, dcgm_loc in (("sram", "SRM"), ("dram", "DEV"))
+                               for kind, bit in (("corrected", "SBE"), ("uncorrected", "DBE"))
+                               for counter, cnt in (("volatile", "VOL"), ("aggregate", "AGG"))})
+REMAP_AVAILABILITY = ("max", "high", "partial", "low", "none")  # nvmlRowRemapperHistogramValues_t fields
+REMAP_BANKS = _m("gpu_row_remap_banks", "gauge", "", "Memory banks by how many spare rows they have left for "
+                 "remapping: max, high, partial, low, none (banks with none cannot remap another row).", "ecc",
+                 "nvmlDeviceGetRowRemapperHistogram .max/.high/.partial/.low/.none",
+                 labels=GPU_LABELS + ("availability",),
+                 dcgm={(a,): f"DCGM_FI_DEV_BANKS_REMAP_ROWS_AVAIL_{a.upper()}" for a in REMAP_AVAILABILITY})
 # -------------------------------------------------------------------------------------------- PCIe
 PCIE_GENERATION = _m("gpu_pcie_link_generation", "gauge", "", "PCIe link generation in use now.", "pcie",
                      "nvmlDeviceGetCurrPcieLinkGeneration", dcgm={(): "DCGM_FI_DEV_PCIE_LINK_GEN"})
@@ -254,6 +312,11 @@ PCIE_TX = _m("gpu_pcie_transmit_bytes", "counter", "bytes", "Bytes the GPU sent 
              "NVML_FI_DEV_PCIE_COUNT_TX_BYTES")
 PCIE_RX = _m("gpu_pcie_receive_bytes", "counter", "bytes", "Bytes the GPU received over PCIe.", "pcie",
              "NVML_FI_DEV_PCIE_COUNT_RX_BYTES")
+PCIE_THROUGHPUT = _m("gpu_pcie_throughput_bytes_per_second", "gauge", "bytes_per_second",
+                     "PCIe bytes per second between the last two passes, by direction (transmit, receive).",
+                     "pcie", "NVML_FI_DEV_PCIE_COUNT_{TX,RX}_BYTES: increase between passes / time between them",
+                     labels=GPU_LABELS + ("direction",),
+                     dcgm={("transmit",): "DCGM_FI_PROF_PCIE_TX_BYTES", ("receive",): "DCGM_FI_PROF_PCIE_RX_BYTES"})
 PCIE_REPLAYS = _m("gpu_pcie_replays", "counter", "", "PCIe replays (link-level retransmissions).", "pcie",
                   "NVML_FI_DEV_PCIE_REPLAY_COUNTER", dcgm={(): "DCGM_FI_DEV_PCIE_REPLAY_COUNTER"})
 # ------------------------------------------------------------------------------------------ NVLink
@@ -266,6 +329,30 @@ NVLINK_RX = _m("gpu_nvlink_receive_bytes", "counter", "bytes", "Data bytes recei
 NVLINK_ERRORS = _m("gpu_nvlink_errors", "counter", "", "NVLink data-link errors per link.", "nvlink",
                    "NVML_FI_DEV_NVLINK_ERROR_DL_{CRC,REPLAY,RECOVERY}, scope = link",
                    labels=GPU_LABELS + ("link", "error_type"))
+NVLINK_THROUGHPUT = _m("gpu_nvlink_throughput_bytes_per_second", "gauge", "bytes_per_second",
+                       "NVLink data bytes sent plus received per second over all links, between the last two "
+                       "passes.", "nvlink", "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_{TX,RX} (KiB) * 1024 summed over "
+                       "links: increase between passes / time between them",
+                       dcgm={(): "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"}, dcgm_scale=1e-6)
+# ------------------------------------------------------------------------------------------ fabric
+FABRIC_STATES = ("not_supported", "not_started", "in_progress", "completed")  # nvmlGpuFabricState_t order
+FABRIC_STATE = _m("gpu_fabric_state", "gauge", "", "1 for the NVSwitch fabric registration state the GPU is in "
+                  "(not_supported, not_started, in_progress, completed), 0 for the others.", "fabric",
+                  "nvmlDeviceGetGpuFabricInfoV (else nvmlDeviceGetGpuFabricInfo) .state",
+                  labels=GPU_LABELS + ("state",), max_value=1)
+FABRIC_STATUS = _m("gpu_fabric_status", "gauge", "", "NVML return code of the fabric registration (0: success); "
+                   "set once the state is completed.", "fabric",
+                   "nvmlDeviceGetGpuFabricInfoV (else nvmlDeviceGetGpuFabricInfo) .status",
+                   dcgm={(): "DCGM_FI_DEV_FABRIC_MANAGER_ERROR_CODE"})
+FABRIC_CLIQUE = _m("gpu_fabric_clique_id", "gauge", "", "Fabric clique the GPU belongs to (GPUs of one clique "
+                   "reach each other over NVLink); set once the state is completed.", "fabric",
+                   "nvmlDeviceGetGpuFabricInfoV (else nvmlDeviceGetGpuFabricInfo) .cliqueId",
+                   dcgm={(): "DCGM_FI_DEV_FABRIC_CLIQUE_ID"})
+FABRIC_HEALTH = _m("gpu_fabric_health_mask", "gauge", "", "Fabric health bitmask (NVML_GPU_FABRIC_HEALTH_MASK_*: "
+                   "degraded bandwidth, route recovery, route unhealthy, access timeout recovery, incorrect "
+                   "configuration, ...); absent where the driver does not report it.", "fabric",
+                   "nvmlDeviceGetGpuFabricInfoV .healthMask (nvmlGpuFabricInfo_v2)",
+                   dcgm={(): "DCGM_FI_DEV_FABRIC_HEALTH_MASK"})
 # --------------------------------------------------------------------------------------------- MIG
 MIG_MODE = _m("gpu_mig_enabled", "gauge", "", "1 if MIG mode is enabled now.", "mig", "nvmlDeviceGetMigMode current")
 MIG_INFO = _m("mig", "info", "", "One MIG device (GPU instance and compute instance) of a GPU.", "mig",
@@ -277,12 +364,23 @@ MIG_MEMORY_TOTAL = _m("mig_memory_total_bytes", "gauge", "bytes", "Memory of the
 MIG_MEMORY_USED = _m("mig_memory_used_bytes", "gauge", "bytes", "Memory used on the MIG device.", "mig",
                      "nvmlDeviceGetMemoryInfo_v2(MIG handle) .used", labels=MIG_LABELS,
                      dcgm={(): "DCGM_FI_DEV_FB_USED"}, dcgm_scale=MIB)
+MIG_PENDING = _m("gpu_mig_pending_enabled", "gauge", "", "1 if MIG mode will be enabled after the next GPU reset "
+                 "(differs from gpuobs_gpu_mig_enabled while a change waits).", "mig", "nvmlDeviceGetMigMode pending",
+                 max_value=1)
+MIG_BAR1_TOTAL = _m("mig_bar1_total_bytes", "gauge", "bytes", "BAR1 aperture of the MIG device.", "mig",
+                    "nvmlDeviceGetBAR1MemoryInfo(MIG handle) .bar1Total", labels=MIG_LABELS)
+MIG_BAR1_USED = _m("mig_bar1_used_bytes", "gauge", "bytes", "BAR1 aperture in use on the MIG device.", "mig",
+                   "nvmlDeviceGetBAR1MemoryInfo(MIG handle) .bar1Used", labels=MIG_LABELS)
+MIG_SMS = _m("mig_multiprocessors", "gauge", "", "Streaming multiprocessors (SMs) of the MIG device.", "mig",
+             "nvmlDeviceGetAttributes_v2(MIG handle) .multiprocessorCount", labels=MIG_LABELS)
 # --------------------------------------------------------------------------------------- processes
 PROCESS_MEMORY = _m("gpu_process_memory_used_bytes", "gauge", "bytes", "Device memory used by one process "
-                    "(in MIG mode, on one MIG device: gpu_instance_id/compute_instance_id set).",
+                    "(in MIG mode, on one MIG device: gpu_instance_id/compute_instance_id set); process_type: "
+                    "compute, graphics or compute_graphics (nvidia-smi's C, G, C+G).",
                     "processes", "nvmlDeviceGetComputeRunningProcesses_v3/GetGraphicsRunningProcesses_v3 .usedGpuMemory "
-                    "(else _v2), per MIG device handle in MIG mode",
-                    labels=GPU_LABELS + ("pid", "process_name", "gpu_instance_id", "compute_instance_id"))
+                    "(else _v2), per MIG device handle in MIG mode; the list a pid is in gives its type",
+                    labels=GPU_LABELS + ("pid", "process_name", "gpu_instance_id", "compute_instance_id",
+                                         "process_type"))
 PROCESS_SM = _m("gpu_process_sm_utilization_ratio", "gauge", "ratio", "SM utilization of one process.",
                 "processes", "nvmlDeviceGetProcessUtilization .smUtil (percent) / 100",
                 labels=GPU_LABELS + ("pid",), max_value=1.0)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import ipaddress
 import math
+import re
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
 from . import __version__
 
@@ -32,13 +35,11 @@ def smi(scenario_file: str | None) -> None:
     sim = None
     if scenario_file is None and not smi_mod.driver_present():
         scenario_file = str(smi_mod.DEFAULT_SCENARIO)
+        sim = _load_simulation(scenario_file)
         click.echo(f"no NVIDIA driver found: using simulated GPUs from {scenario_file}")
     elif scenario_file:
+        sim = _load_simulation(scenario_file)  # before any output: a bad file gives one line
         click.echo(f"using simulated GPUs from {scenario_file}")
-    if scenario_file:
-        from .sim import Simulator
-
-        sim = Simulator.from_file(scenario_file).activate()
     try:
         for line in smi_mod.rows():
             click.echo(line)
@@ -47,6 +48,23 @@ def smi(scenario_file: str | None) -> None:
     finally:
         if sim:
             sim.close()
+
+
+class SimulationLoadError(click.ClickException):
+    """A --simulate scenario or capture that cannot be loaded: one line on stderr, exit status 2."""
+    exit_code = 2
+
+
+def _load_simulation(path: str):
+    """The activated Simulator of a scenario (or nvidia-smi capture) file. Raises SimulationLoadError
+    naming the file and what is wrong with it, never a traceback."""
+    from .sim import BuildError, Simulator
+    from .sim.scenario import ScenarioError
+
+    try:
+        return Simulator.from_file(path).activate()
+    except (ScenarioError, BuildError, OSError) as e:
+        raise SimulationLoadError(f"cannot load --simulate {path}: {' '.join(str(e).split())}") from None
 
 
 def _finite(value: float, hint: str) -> float:
@@ -79,64 +97,156 @@ def _opt_in_families() -> list[str]:
     return [name for name, spec in REGISTRY.items() if not spec.default]
 
 
-def _exporter_options(command):
-    """The exporter command's options: defaults from ExporterConfig, the families and their opt-in
-    flags from gpuobs.collect.REGISTRY."""
+def _option(*decls: str, envvar: str | list[str], **kw):
+    """click.option that shows its environment variable(s) in --help: every exporter flag has one."""
+    return click.option(*decls, envvar=envvar, show_envvar=True, **kw)
+
+
+# host:port, :port (host "": every address) or [IPv6]:port, as exporter-toolkit's --web.listen-address
+_HOST_PORT = re.compile(r"(?:\[(?P<ipv6>[^\[\]]+)\]|(?P<host>[^:\[\]/@\s]*)):(?P<port>[0-9]{1,5})")
+
+
+def _split_listen_address(value: str) -> tuple[str, int]:
+    """--web.listen-address "host:port", ":port" (every address: host "") or "[IPv6]:port" ->
+    (host, port). Raises BadParameter for any other form or a port over 65535."""
+    m = _HOST_PORT.fullmatch(value)
+    if m and m["ipv6"] is not None:
+        try:
+            ipaddress.IPv6Address(m["ipv6"])
+        except ValueError:
+            m = None
+    if not m or int(m["port"]) > 65535:
+        raise click.BadParameter(f"expected host:port, :port (every address) or [IPv6]:port, with a port of 0 to "
+                                 f"65535; got {value!r}", param_hint="--web.listen-address")
+    return (m["host"] if m["ipv6"] is None else m["ipv6"]), int(m["port"])
+
+
+def _check_listen_address(ctx, param, value: str | None) -> str | None:
+    if value is not None:
+        _split_listen_address(value)  # a malformed address is a usage error before anything starts
+    return value
+
+
+def _check_telemetry_path(ctx, param, value: str) -> str:
+    from .exporter.server import check_telemetry_path
+
+    try:
+        return check_telemetry_path(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+def _origin(ctx: click.Context, name: str) -> str:
+    """How the exporter option `name` was given: its flag, or its environment variable."""
+    param = next(p for p in ctx.command.params if p.name == name)
+    if ctx.get_parameter_source(name) is ParameterSource.ENVIRONMENT:
+        return param.envvar if isinstance(param.envvar, str) else "/".join(param.envvar)
+    return param.opts[0]
+
+
+def _listen_on(ctx: click.Context, web_listen_address: str | None, address: str, port: int) -> tuple[str, int]:
+    """(address, port) to serve on: --web.listen-address's when it is given, else --listen-address
+    and --port. Raises UsageError when --web.listen-address disagrees with a --listen-address or
+    --port also given (on the command line or in the environment); defaulted ones give way."""
+    if web_listen_address is None:
+        return address, port
+    host, web_port = _split_listen_address(web_listen_address)
+    for name, given, wanted in (("listen_address", address, host), ("port", port, web_port)):
+        explicit = ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+        if explicit and given != wanted:
+            raise click.UsageError(f"{_origin(ctx, 'web_listen_address')}={web_listen_address} disagrees with "
+                                   f"{_origin(ctx, name)}={given}: give one of them, or the same address and port")
+    return host, web_port
+
+
+def _web_options(d) -> list:
+    """Where and how the metrics are served (`d`: the ExporterConfig defaults)."""
+    return [
+        _option("--web.listen-address", "web_listen_address", envvar="GPUOBS_WEB_LISTEN_ADDRESS",
+                metavar="HOST:PORT", callback=_check_listen_address,
+                help="Address and port to serve on, as node_exporter takes them: host:port, :port (every address, "
+                     "IPv6 and IPv4) or [IPv6]:port. Instead of --listen-address and --port (default: "
+                     f"{d.listen_address}:{d.port}); an error if they are given too and disagree."),
+        _option("--listen-address", envvar="GPUOBS_LISTEN_ADDRESS", default=d.listen_address, show_default=True,
+                help="Address to serve on (127.0.0.1 for loopback only; '' for every address, IPv6 and IPv4)."),
+        _option("--port", envvar="GPUOBS_PORT", type=click.IntRange(0, 65535), default=d.port, show_default=True,
+                help="9445: clear of dcgm-exporter (9400) and nvidia_gpu_exporter (9835)."),
+        _option("--web.telemetry-path", "telemetry_path", envvar="GPUOBS_WEB_TELEMETRY_PATH",
+                default=d.telemetry_path, show_default=True, callback=_check_telemetry_path,
+                help="Path to serve the metrics on; /healthz and /readyz stay where they are."),
+        _option("--web-config", "--web.config.file", "web_config", envvar="GPUOBS_WEB_CONFIG",
+                type=click.Path(exists=True, dir_okay=False),
+                help="Prometheus web-config file: TLS and bcrypt basic auth."),
+    ]
+
+
+def _collection_options(d, opt_in: list) -> list:
+    """What is read from the GPUs and how it is named (`d`: the ExporterConfig defaults; `opt_in`:
+    the registry's families that are off by default)."""
     from .collect import REGISTRY
-    from .exporter import LIVENESS_INTERVALS, LIVENESS_MIN_S, ExporterConfig
+
+    return [
+        _option("--interval", envvar="GPUOBS_INTERVAL", type=click.FloatRange(0.1, 3600), default=d.interval,
+                show_default=True, callback=lambda ctx, param, v: _finite(v, "--interval"),
+                help="Seconds between sampling passes (0.1 to 3600)."),
+        _option("--families", envvar="GPUOBS_FAMILIES",
+                help=f"Comma-separated metric families to collect, of: {', '.join(REGISTRY)} (default: all but "
+                     f"{', '.join(spec.name for spec in opt_in)})."),
+        *[_option(f"--{spec.name}/--no-{spec.name}", envvar=f"GPUOBS_{spec.name.upper()}", default=False,
+                  show_default=True, help=f"Also export {spec.summary} (the {spec.name} family).")
+          for spec in opt_in],
+        _option("--process-cap", envvar="GPUOBS_PROCESS_CAP", type=click.IntRange(min=1), default=d.process_cap,
+                show_default=True, help="Most processes exported per GPU (the largest memory users)."),
+        _option("--naming", envvar="GPUOBS_NAMING", type=click.Choice(["gpuobs", "dcgm"]), default=d.naming,
+                show_default=True, help="dcgm: dcgm-exporter's DCGM_FI_* names and labels."),
+        _option("--expected-gpus", envvar="GPUOBS_EXPECTED_GPUS", type=click.IntRange(min=0),
+                help="GPUs this node should have (default: the most seen since start)."),
+        _option("--hostname", envvar=["GPUOBS_HOSTNAME", "NODE_NAME"], help="Hostname label for dcgm naming."),
+    ]
+
+
+def _run_options() -> list:
+    """Attribution, OTLP, the simulator, logging and liveness."""
+    from .exporter import LIVENESS_INTERVALS, LIVENESS_MIN_S
+
+    return [
+        _option("--otlp-endpoint", envvar=["GPUOBS_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+                                           "OTEL_EXPORTER_OTLP_ENDPOINT"],
+                help="Also push the metrics over OTLP (gRPC, or HTTP for .../v1/metrics URLs)."),
+        _option("--kubelet-socket", envvar="GPUOBS_KUBELET_SOCKET",
+                help="Kubelet PodResources socket for pod attribution (default: "
+                     "/var/lib/kubelet/pod-resources/kubelet.sock when it exists; '' turns it off)."),
+        _option("--slurm-job-dir", envvar="GPUOBS_SLURM_JOB_DIR",
+                help="Slurm job-mapping directory (one file per GPU index holding job ids) for job attribution."),
+        _option("--simulate", "scenario_file", envvar="GPUOBS_SIMULATE",
+                help="Run on simulated GPUs from this scenario instead of the driver; 'auto': the driver if "
+                     "one answers, else the 8xH100 example scenario."),
+        _option("--log-level", envvar="GPUOBS_LOG_LEVEL", default="info", show_default=True,
+                type=click.Choice(["debug", "info", "warning", "error"]), help="Least level logged (JSON on stderr)."),
+        _option("--liveness-timeout", envvar="GPUOBS_LIVENESS_TIMEOUT", type=click.FloatRange(0, 86400, min_open=True),
+                callback=lambda ctx, param, v: v if v is None else _finite(v, "--liveness-timeout"),
+                help="Seconds without a completed sampling pass after which /healthz fails (503), so that "
+                     f"the exporter is restarted (default: {LIVENESS_INTERVALS} intervals, at least "
+                     f"{LIVENESS_MIN_S:g} s; more than 2 intervals)."),
+    ]
+
+
+def _exporter_options(command):
+    """The exporter command's options, each with a GPUOBS_* environment variable (shown in --help):
+    defaults from ExporterConfig, the families and their opt-in flags from gpuobs.collect.REGISTRY."""
+    from .collect import REGISTRY
+    from .exporter import ExporterConfig
 
     d = ExporterConfig()
     opt_in = [REGISTRY[name] for name in _opt_in_families()]
-    options = [
-        click.option("--listen-address", envvar="GPUOBS_LISTEN_ADDRESS", default=d.listen_address, show_default=True,
-                     help="Address to serve on (127.0.0.1 for loopback only)."),
-        click.option("--port", envvar="GPUOBS_PORT", type=click.IntRange(0, 65535), default=d.port, show_default=True,
-                     help="9445: clear of dcgm-exporter (9400) and nvidia_gpu_exporter (9835)."),
-        click.option("--interval", envvar="GPUOBS_INTERVAL", type=click.FloatRange(0.1, 3600), default=d.interval,
-                     show_default=True, callback=lambda ctx, param, v: _finite(v, "--interval"),
-                     help="Seconds between sampling passes (0.1 to 3600)."),
-        click.option("--families", envvar="GPUOBS_FAMILIES",
-                     help=f"Comma-separated metric families to collect, of: {', '.join(REGISTRY)} (default: all but "
-                          f"{', '.join(spec.name for spec in opt_in)})."),
-        *[click.option(f"--{spec.name}/--no-{spec.name}", envvar=f"GPUOBS_{spec.name.upper()}", default=False,
-                       show_default=True, help=f"Also export {spec.summary} (the {spec.name} family).")
-          for spec in opt_in],
-        click.option("--process-cap", envvar="GPUOBS_PROCESS_CAP", type=click.IntRange(min=1), default=d.process_cap,
-                     show_default=True, help="Most processes exported per GPU (the largest memory users)."),
-        click.option("--naming", envvar="GPUOBS_NAMING", type=click.Choice(["gpuobs", "dcgm"]), default=d.naming,
-                     show_default=True, help="dcgm: dcgm-exporter's DCGM_FI_* names and labels."),
-        click.option("--expected-gpus", envvar="GPUOBS_EXPECTED_GPUS", type=click.IntRange(min=0),
-                     help="GPUs this node should have (default: the most seen since start)."),
-        click.option("--web-config", envvar="GPUOBS_WEB_CONFIG", type=click.Path(exists=True, dir_okay=False),
-                     help="Prometheus web-config file: TLS and bcrypt basic auth."),
-        click.option("--hostname", envvar=["GPUOBS_HOSTNAME", "NODE_NAME"], help="Hostname label for dcgm naming."),
-        click.option("--otlp-endpoint", envvar=["OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"],
-                     help="Also push the metrics over OTLP (gRPC, or HTTP for .../v1/metrics URLs)."),
-        click.option("--kubelet-socket", envvar="GPUOBS_KUBELET_SOCKET",
-                     help="Kubelet PodResources socket for pod attribution (default: "
-                          "/var/lib/kubelet/pod-resources/kubelet.sock when it exists; '' turns it off)."),
-        click.option("--slurm-job-dir", envvar="GPUOBS_SLURM_JOB_DIR",
-                     help="Slurm job-mapping directory (one file per GPU index holding job ids) for job attribution."),
-        click.option("--simulate", "scenario_file", envvar="GPUOBS_SIMULATE",
-                     help="Run on simulated GPUs from this scenario instead of the driver; 'auto': the driver if "
-                          "one answers, else the 8xH100 example scenario."),
-        click.option("--log-level", envvar="GPUOBS_LOG_LEVEL", default="info", show_default=True,
-                     type=click.Choice(["debug", "info", "warning", "error"])),
-        click.option("--liveness-timeout", envvar="GPUOBS_LIVENESS_TIMEOUT",
-                     type=click.FloatRange(0, 86400, min_open=True),
-                     callback=lambda ctx, param, v: v if v is None else _finite(v, "--liveness-timeout"),
-                     help="Seconds without a completed sampling pass after which /healthz fails (503), so that "
-                          f"the exporter is restarted (default: {LIVENESS_INTERVALS} intervals, at least "
-                          f"{LIVENESS_MIN_S:g} s; more than 2 intervals)."),
-    ]
-    for option in reversed(options):
+    for option in reversed([*_web_options(d), *_collection_options(d, opt_in), *_run_options()]):
         command = option(command)
     return command
 
 
 def _simulator(scenario_file: str | None, log):
     """The activated Simulator for --simulate (None: the real driver). Raises BadParameter for a
-    scenario file that does not exist."""
+    scenario file that does not exist, SimulationLoadError for one that cannot be loaded."""
     if scenario_file == "auto":
         from . import smi as smi_mod
 
@@ -145,10 +255,9 @@ def _simulator(scenario_file: str | None, log):
         raise click.BadParameter(f"no such scenario file: {scenario_file}", param_hint="--simulate")
     if not scenario_file:
         return None
-    from .sim import Simulator
-
+    sim = _load_simulation(scenario_file)
     log.warning("no NVIDIA driver in use: running on SIMULATED GPUs", extra={"scenario": scenario_file})
-    return Simulator.from_file(scenario_file).activate()
+    return sim
 
 
 def _kubelet_socket(value: str | None) -> str | None:
@@ -187,8 +296,12 @@ def _serve(exp, sim, log) -> None:
 
 @main.command()
 @_exporter_options
-def exporter(families, scenario_file, log_level, kubelet_socket, slurm_job_dir, **settings) -> None:
-    """Serve GPU metrics to Prometheus: /metrics, /healthz, /readyz."""
+@click.pass_context
+def exporter(ctx, families, scenario_file, log_level, kubelet_socket, slurm_job_dir, web_listen_address,
+             **settings) -> None:
+    """Serve GPU metrics to Prometheus: /metrics (--web.telemetry-path), /healthz, /readyz.
+
+    Every option can be set by the environment variable shown with it."""
     import logging
 
     from . import logs
@@ -196,6 +309,8 @@ def exporter(families, scenario_file, log_level, kubelet_socket, slurm_job_dir, 
     from .exporter.server import WebConfigError
 
     chosen = _families(families) | {name for name in _opt_in_families() if settings.pop(name)}  # usage errors first
+    settings["listen_address"], settings["port"] = _listen_on(ctx, web_listen_address, settings["listen_address"],
+                                                              settings["port"])
     interval, liveness = settings["interval"], settings["liveness_timeout"]
     if liveness is not None and liveness <= 2 * interval:
         raise click.BadParameter(f"must be more than 2 intervals ({2 * interval:g} s): a healthy exporter "
@@ -375,6 +490,33 @@ def sim_calls(state_file: str, reset: bool) -> None:
         click.echo(f"{n:10d}  {name}")
     if reset:
         st.reset_calls()
+
+
+@sim.command("check-capture")
+@click.argument("capture_file", metavar="FILE", type=click.Path(exists=True, dir_okay=False))
+@click.option("--phase", type=click.Choice(["idle", "load"]), default="load", show_default=True,
+              help="Which of the capture's nvidia-smi -q sections to check.")
+@click.option("--failures-only", is_flag=True, help="Print only mismatched and unknown fields (and the summary).")
+def sim_check_capture(capture_file: str, phase: str, failures_only: bool) -> None:
+    """Check that the exporter, on a GPU seeded from an nvidia-smi capture, reports what it says.
+
+    Prints field, capture value, exported value and verdict for every line of the capture's -q
+    section (and per-process pmon utilization); exits 1 on a mismatch or a field that is neither
+    exported nor listed as not exported (gpuobs.sim.fidelity), 2 when the capture cannot be loaded."""
+    from .sim import BuildError, fidelity
+    from .sim.scenario import ScenarioError
+    from .smi import exported_samples
+
+    try:
+        rows = fidelity.check(capture_file, phase, exported_samples)
+    except (ScenarioError, BuildError, ValueError, OSError, RuntimeError) as e:
+        raise SimulationLoadError(f"cannot check {capture_file}: {' '.join(str(e).split())}") from None
+    lines = fidelity.report(rows)
+    shown = [lines[0], *(line for row, line in zip(rows, lines[1:]) if row.failed or not failures_only), lines[-1]]
+    for line in shown:
+        click.echo(line)
+    if any(row.failed for row in rows):
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

@@ -126,7 +126,9 @@ def measure_cardinality() -> dict:
     return {"cases": cases, "links": links, "process_cap": ExporterConfig().process_cap,
             "per_process": busy["processes"] / MULTIPLIER_PROCESSES,
             "per_xid": busy["xid"] / len(MULTIPLIER_XIDS),
-            "per_link": h100["nvlink"] / links,
+            # less the NVLink series a GPU has once, whatever its links (no `link` label)
+            "per_link": (h100["nvlink"] - sum(m.family == "nvlink" and "link" not in m.labels
+                                              for m in c.EXPORTED)) / links,
             "per_mig": (mig["mig"] - h100["mig"]) / len(CARDINALITY_CASES[1][2])}
 
 

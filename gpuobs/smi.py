@@ -1,13 +1,15 @@
 """`gpuobs smi`: one line per GPU read through NVML, on the real driver or the simulator.
 
 It is the smallest end-to-end use of the stack: pynvml -> libnvidia-ml.so.1 (driver or
-simulator) -> values, and shows which of the two answered.
+simulator) -> values, and shows which of the two answered. `exported_samples` runs the whole
+exporter on a simulated node, for the capture-fidelity report (gpuobs.sim.fidelity).
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 DEFAULT_SCENARIO = Path(__file__).resolve().parents[1] / "examples" / "scenarios" / "8xh100.yaml"
@@ -57,3 +59,41 @@ def rows() -> list[str]:
         return out
     finally:
         N.nvmlShutdown()
+
+
+def exported_samples(spec: dict, wait_s: float = 10.0) -> list[tuple[str, dict[str, str], float]]:
+    """[(sample name, labels, value)] of the /metrics body the real exporter serves on a simulated node
+    seeded from `spec` (a scenario mapping), with every collector family on, after two sampling passes.
+
+    Runs in this process: the simulator is activated (this process's pynvml answers from it) and
+    NVML is shut down again before returning. The simulated processes' PIDs (a capture's) are not
+    this host's, so the processes family's host-PID check is off meanwhile: otherwise a PID that
+    happens to exist here makes it drop the others as ended. Raises ScenarioError for a spec it
+    cannot apply, RuntimeError when the exporter takes no snapshot within `wait_s`."""
+    from unittest import mock
+
+    import pynvml
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from .collect import REGISTRY, processes
+    from .exporter import Exporter, ExporterConfig
+    from .sim import Simulator
+
+    with Simulator(spec), mock.patch.object(processes, "host_view", lambda pids: False):
+        exp = Exporter(ExporterConfig(listen_address="127.0.0.1", port=0, interval=0.1, families=set(REGISTRY),
+                                      kubelet_socket=None)).start()
+        try:
+            deadline = time.monotonic() + wait_s
+            while exp.sampler.samples < 2 or exp.renderer.snapshot is None:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the exporter took no snapshot of the simulated GPU")
+                time.sleep(0.02)
+            body = exp.metrics().decode()
+        finally:
+            exp.stop()
+            while True:  # drop this process's NVML references, so a later simulator maps its own state
+                try:
+                    pynvml.nvmlShutdown()
+                except pynvml.NVMLError:
+                    break
+    return [(s.name, s.labels, s.value) for fam in text_string_to_metric_families(body) for s in fam.samples]

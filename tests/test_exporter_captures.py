@@ -70,6 +70,7 @@ def test_exported_values_equal_the_capture(exporter, path):
     info = [l for n, l, _ in run.scrape() if n == "gpuobs_gpu_info"]
     assert info[0]["name"] == grab(text, r"Product Name\s+: (.+)", str.strip)
     assert info[0]["driver_version"] == grab(text, r"Driver Version\s+: (\S+)", str)
+    assert info[0]["pci_bus_id"] == grab(text, r"\n        Bus Id\s+: (\S+)", str)  # the capture's, not generated
 
 
 def test_mig_instances_report_the_capture_memory(exporter):

@@ -41,9 +41,10 @@ def test_every_family_present_for_every_gpu(exporter):
     expected = [m for m in c.ALL if m.identity == c.GPU_LABELS and m.family != "xid"
                 and m is not c.GPU_UNHEALTHY]
     missing = {m.exposed_name for m in expected if per_gpu.get(m.exposed_name) != uuids}
-    # not in this scenario: no MIG devices, no retired pages on Hopper, no fan on SXM boards
+    # not in this scenario: no MIG devices, no retired pages on Hopper, no fan on SXM boards, no fabric
+    # health from the captured driver
     assert missing == {"gpuobs_gpu_retired_pages_total", "gpuobs_gpu_retired_pages_pending",
-                       "gpuobs_gpu_fan_speed_ratio"}
+                       "gpuobs_gpu_fan_speed_ratio", "gpuobs_gpu_fabric_health_mask"}
     assert run.values("gpuobs_nvml_up") == {"": 1.0}
     assert run.values("gpuobs_gpus_present") == {"": 8.0}
 
@@ -80,7 +81,7 @@ def test_registry_order_defaults_and_uses():
     from gpuobs.collect import default_families, needs_watcher
 
     assert list(REGISTRY) == ["identity", "utilization", "gpm", "memory", "power", "thermal", "clocks",
-                              "clock_events", "ecc", "pcie", "nvlink", "mig", "processes", "xid"]
+                              "clock_events", "ecc", "pcie", "nvlink", "fabric", "mig", "processes", "xid"]
     assert set(REGISTRY) - default_families() == {"processes"}
     assert REGISTRY["mig"].uses == ("gpm",) and set(REGISTRY["processes"].uses) == {"memory", "mig"}
     for spec in REGISTRY.values():  # a family runs after those whose state it reads
@@ -131,7 +132,7 @@ def test_cli_flags_and_defaults_come_from_the_registry_and_the_config():
     for name in ("listen_address", "port", "interval", "process_cap", "naming"):
         assert params[name].default == getattr(config, name), name
     assert {f.name for f in dataclasses.fields(ExporterConfig)} >= set(params) - {
-        "families", "processes", "scenario_file", "log_level"}
+        "families", "processes", "scenario_file", "log_level", "web_listen_address"}
     flag = params["processes"]  # one opt-in flag per family off by default
     assert flag.opts == ["--processes"] and flag.secondary_opts == ["--no-processes"]
     assert flag.envvar == "GPUOBS_PROCESSES" and flag.default is False

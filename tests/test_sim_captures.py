@@ -81,6 +81,7 @@ CHECKS = [  # (what, regex on the -q text, converter, pynvml read of GPU 0)
     ("vbios", r"VBIOS Version\s+: (\S+)", str, lambda h: N.nvmlDeviceGetVbiosVersion(h)),
     ("name", r"Product Name\s+: (.+)", str.strip, lambda h: N.nvmlDeviceGetName(h)),
     ("fan", r"Fan Speed\s+: (\S+)", int, lambda h: N.nvmlDeviceGetFanSpeed(h)),
+    ("bus id", r"\n        Bus Id\s+: (\S+)", str, lambda h: N.nvmlDeviceGetPciInfo(h).busId),  # the capture's
 ]
 
 

@@ -56,8 +56,9 @@ def test_state_change_seen_by_other_process_within_one_call(tmp_path):
     child = subprocess.Popen([sys.executable, "-c", CHILD], env=sim.env(), stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True)
     try:
-        assert child.stdout.readline().split() == ["ready", "72600"]
-        set_val(sim.state.gpu(0).power_mw, 123456)
+        # nvmlDeviceGetPowerUsage on Hopper: the 1 s average (power_avg_mw), not the instant draw
+        assert child.stdout.readline().split() == ["ready", "71300"]
+        set_val(sim.state.gpu(0).power_avg_mw, 123456)
         child.stdin.write("\n")
         child.stdin.flush()
         assert child.stdout.readline().strip() == "123456"

@@ -16,7 +16,7 @@ def handle(i=0):
 
 # (description, how to configure GPU slot 0, how to read it through pynvml, expected)
 CASES = [
-    ("power usage mW", lambda g: set_val(g.power_mw, 456789), lambda h: N.nvmlDeviceGetPowerUsage(h), 456789),
+    ("power usage mW", lambda g: set_val(g.power_avg_mw, 456789), lambda h: N.nvmlDeviceGetPowerUsage(h), 456789),  # Hopper: 1 s average
     ("power limit", lambda g: set_val(g.power_limit_mw, 650000), lambda h: N.nvmlDeviceGetPowerManagementLimit(h), 650000),
     ("enforced limit", lambda g: set_val(g.enforced_limit_mw, 640000), lambda h: N.nvmlDeviceGetEnforcedPowerLimit(h), 640000),
     ("default limit", lambda g: set_val(g.default_limit_mw, 700001), lambda h: N.nvmlDeviceGetPowerManagementDefaultLimit(h), 700001),
@@ -81,6 +81,19 @@ CASES = [
      lambda h: N.nvmlDeviceGetNvLinkRemotePciInfo(h, 3).busId, "00000000:C5:00.0"),
     ("pcie throughput KB/s", lambda g: set_val(g.pcie_tx_bytes, 0, "counter", amp=2_000_000), lambda h: N.nvmlDeviceGetPcieThroughput(h, 0), 2000),
     ("mig mode", lambda g: (set_val(g.mig_current, 0), set_val(g.mig_pending, 1)), lambda h: N.nvmlDeviceGetMigMode(h), [0, 1]),
+    ("encoder stats", lambda g: (set_val(g.enc_sessions, 3), set_val(g.enc_fps, 59), set_val(g.enc_latency_us, 1234)),
+     lambda h: N.nvmlDeviceGetEncoderStats(h), (3, 59, 1234)),
+    ("fbc stats", lambda g: (set_val(g.fbc_sessions, 2), set_val(g.fbc_fps, 30), set_val(g.fbc_latency_us, 800)),
+     lambda h: (lambda f: (f.sessionsCount, f.averageFPS, f.averageLatency))(N.nvmlDeviceGetFBCStats(h)), (2, 30, 800)),
+    ("sram uncorrected aggregate", lambda g: set_val(g.ecc_location[0 * 4 + 1 * 2 + 1], 5),
+     lambda h: N.nvmlDeviceGetMemoryErrorCounter(h, N.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, N.NVML_AGGREGATE_ECC,
+                                                 N.NVML_MEMORY_LOCATION_SRAM), 5),
+    ("dram corrected volatile", lambda g: set_val(g.ecc_location[1 * 4 + 0 * 2 + 0], 6),
+     lambda h: N.nvmlDeviceGetMemoryErrorCounter(h, N.NVML_MEMORY_ERROR_TYPE_CORRECTED, N.NVML_VOLATILE_ECC,
+                                                 N.NVML_MEMORY_LOCATION_DRAM), 6),
+    ("remap histogram", lambda g: [set_val(g.remap_histogram[i], v) for i, v in enumerate((2550, 6, 3, 1, 0))],
+     lambda h: (lambda r: (r.max, r.high, r.partial, r.low, r.none))(N.nvmlDeviceGetRowRemapperHistogram(h)),
+     (2550, 6, 3, 1, 0)),
 ]
 
 
@@ -261,3 +274,56 @@ def test_field_values_reader_decodes_as_pynvml_does(h100x2):
         assert got == expected
         assert got[0] == (N.NVML_SUCCESS, 61 + round_) and got[2] == (N.NVML_SUCCESS, 777)
         assert got[-1][0] != N.NVML_SUCCESS and got[-1][1] is None
+
+
+def _fabric(h, cls, fn):
+    info = cls()
+    fn(h, N.byref(info))
+    return info
+
+
+def test_fabric_info_v1_and_versioned(h100x2):
+    g = h100x2.state.gpu(0)
+    set_val(g.fabric_state, N.NVML_GPU_FABRIC_STATE_COMPLETED)
+    set_val(g.fabric_status, 0)
+    set_val(g.fabric_clique, 32766)
+    v1 = _fabric(handle(0), N.c_nvmlGpuFabricInfo_t, N.nvmlDeviceGetGpuFabricInfo)
+    assert (v1.state, v1.status, v1.cliqueId) == (3, 0, 32766)
+    with pytest.raises(N.NVMLError_NotSupported):  # the profile's driver reports no health: V unsupported
+        _fabric(handle(0), N.c_nvmlGpuFabricInfo_v2_t, N.nvmlDeviceGetGpuFabricInfoV)
+    set_val(g.fabric_health, 0x2 | (0x2 << 2))
+    for cls in (N.c_nvmlGpuFabricInfo_v2_t, N.c_nvmlGpuFabricInfo_v3_t):
+        v = _fabric(handle(0), cls, N.nvmlDeviceGetGpuFabricInfoV)
+        assert (v.state, v.status, v.cliqueId, v.healthMask) == (3, 0, 32766, 0xA)
+    bad = N.c_nvmlGpuFabricInfo_v2_t()
+    bad.version = 0x01000020
+    with pytest.raises(N.NVMLError_ArgumentVersionMismatch):
+        N.nvmlDeviceGetGpuFabricInfoV(handle(0), N.byref(bad))
+    set_val(g.fabric_state, None)
+    with pytest.raises(N.NVMLError_NotSupported):
+        _fabric(handle(0), N.c_nvmlGpuFabricInfo_t, N.nvmlDeviceGetGpuFabricInfo)
+
+
+def test_power_fields_by_scope(h100x2):
+    """NVML_FI_DEV_POWER_AVERAGE's scopeId is the power scope: GPU (0) or its memory (2); the requested
+    limit is the power management limit."""
+    g = h100x2.state.gpu(0)
+    set_val(g.power_avg_mw, 71_300)
+    set_val(g.power_mem_mw, 43_190)
+    set_val(g.power_limit_mw, 650_000)
+    fv = N.nvmlDeviceGetFieldValues(handle(0), [(N.NVML_FI_DEV_POWER_AVERAGE, 0), (N.NVML_FI_DEV_POWER_AVERAGE, 2),
+                                                (N.NVML_FI_DEV_POWER_INSTANT, 2), (N.NVML_FI_DEV_POWER_AVERAGE, 1),
+                                                N.NVML_FI_DEV_POWER_REQUESTED_LIMIT])
+    assert [f.nvmlReturn for f in fv] == [0, 0, N.NVML_ERROR_NOT_SUPPORTED, N.NVML_ERROR_NOT_SUPPORTED, 0]
+    assert [fv[i].value.uiVal for i in (0, 1, 4)] == [71_300, 43_190, 650_000]
+
+
+def test_memory_error_counter_other_locations_and_unsupported(h100x2):
+    with pytest.raises(N.NVMLError_NotSupported):
+        N.nvmlDeviceGetMemoryErrorCounter(handle(0), 0, 0, N.NVML_MEMORY_LOCATION_L1_CACHE)
+    set_val(h100x2.state.gpu(0).ecc_location[4], None)
+    with pytest.raises(N.NVMLError_NotSupported):
+        N.nvmlDeviceGetMemoryErrorCounter(handle(0), 0, 0, N.NVML_MEMORY_LOCATION_DRAM)
+    set_val(h100x2.state.gpu(0).enc_sessions, None)
+    with pytest.raises(N.NVMLError_NotSupported):
+        N.nvmlDeviceGetEncoderStats(handle(0))

@@ -285,3 +285,19 @@ class GpuCtx:
             return
         reason = "sentinel" if sentinel else "not_finite" if not math.isfinite(value) else "out_of_range"
         self.dropped(metric, reason)
+
+
+@dataclass
+class Rate:
+    """Per-second increase of a counter between two reads, for a gauge of the rate itself (what
+    dcgm-exporter's throughput fields report). update() gives None on the first read, after a
+    missing or sentinel value, when the counter went down (reset, wrap) or when no time passed."""
+    last: tuple[float, float] | None = None  # (value, monotonic seconds) of the previous read
+
+    def update(self, value: float | None, now: float) -> float | None:
+        """Record `value` (counter units) read at `now` (monotonic seconds); the rate in units/s."""
+        usable = value is not None and value not in COUNTER_SENTINELS
+        prev, self.last = self.last, ((value, now) if usable else None)
+        if prev is None or not usable or value < prev[0] or now <= prev[1]:
+            return None
+        return (value - prev[0]) / (now - prev[1])

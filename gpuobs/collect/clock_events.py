@@ -1,5 +1,5 @@
-"""Clock-event (throttle) reasons: one 0/1 series per reason, unknown bits as bit_N, and how long
-each reason has held clocks down (counters)."""
+"""Clock-event (throttle) reasons: the bitmask, one 0/1 series per reason (unknown bits as bit_N),
+and how long each reason has held clocks down (counters)."""
 
 from __future__ import annotations
 
@@ -33,5 +33,6 @@ class ClockEvents(Family):
         # R535 renamed throttle reasons to clock events; older drivers and bindings have the old call
         mask = gpu.first(N.nvmlDeviceGetCurrentClocksEventReasons, N.nvmlDeviceGetCurrentClocksThrottleReasons)
         if mask is not None and mask != 0xFFFFFFFFFFFFFFFF:
+            gpu.emit(c.CLOCK_EVENT_REASONS_MASK, mask)
             for reason, active in reason_names(mask).items():
                 gpu.emit(c.CLOCK_EVENT_ACTIVE, active, reason)

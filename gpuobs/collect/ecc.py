@@ -1,21 +1,31 @@
-"""ECC: mode, error counters (corrected/uncorrected x volatile/aggregate), retired pages and
-remapped rows, all counters from one batched field-values call."""
+"""ECC: mode (current and pending), error counters (corrected/uncorrected x volatile/aggregate),
+retired pages and remapped rows, all from one batched field-values call; on slow samples, the
+errors per memory location (SRAM, DRAM) and the remapped-row bank histogram."""
 
 from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
 
 import pynvml as N
 
 from .. import catalog as c
-from dataclasses import dataclass
-from typing import Any
-
 from .base import Family, FieldSpec, GpuCtx, register
+
+
+# nvmlDeviceGetMemoryErrorCounter arguments per label: location, error type, counter type
+LOCATIONS = {"sram": N.NVML_MEMORY_LOCATION_SRAM, "dram": N.NVML_MEMORY_LOCATION_DRAM}
+ERROR_TYPES = {"corrected": N.NVML_MEMORY_ERROR_TYPE_CORRECTED, "uncorrected": N.NVML_MEMORY_ERROR_TYPE_UNCORRECTED}
+COUNTERS = {"volatile": N.NVML_VOLATILE_ECC, "aggregate": N.NVML_AGGREGATE_ECC}
 
 
 @dataclass
 class EccState:
     mode: Any = None  # last nvmlDeviceGetEccMode answer: (current, pending), None when failed
-    read: bool = False  # mode read at least once
+    read: bool = False  # mode, location counters and bank histogram read at least once
+    locations: dict[tuple[str, str, str], int | None] = field(default_factory=dict)  # labels -> last count
+    banks: Any = None  # last nvmlDeviceGetRowRemapperHistogram answer, None when failed
 
 
 @register("ecc")
@@ -38,6 +48,20 @@ class Ecc(Family):
 
     def collect(self, gpu: GpuCtx) -> None:
         st = self.state(gpu)
-        if gpu.slow or not st.read:  # the mode changes only with a reboot after nvidia-smi -e
+        # The mode changes only with a reboot after nvidia-smi -e; the per-location counters and the bank
+        # histogram are a breakdown of the batched totals, so refreshing them on slow samples is enough.
+        if gpu.slow or not st.read:
             st.mode, st.read = gpu.get(N.nvmlDeviceGetEccMode), True
+            # named per location: a GPU may count DRAM errors but not SRAM ones (answered once, remembered)
+            st.locations = {labels: gpu.get(N.nvmlDeviceGetMemoryErrorCounter, ERROR_TYPES[labels[1]],
+                                            COUNTERS[labels[2]], LOCATIONS[labels[0]],
+                                            name=f"nvmlDeviceGetMemoryErrorCounter:{labels[0]}")
+                            for labels in itertools.product(LOCATIONS, ERROR_TYPES, COUNTERS)}
+            st.banks = gpu.get(N.nvmlDeviceGetRowRemapperHistogram)
         gpu.emit(c.ECC_MODE, st.mode[0] if st.mode else None)
+        gpu.emit(c.ECC_PENDING, st.mode[1] if st.mode else None)
+        for labels, count in st.locations.items():
+            gpu.emit(c.ECC_LOCATION_ERRORS, count, *labels)
+        if st.banks is not None:
+            for availability in c.REMAP_AVAILABILITY:
+                gpu.emit(c.REMAP_BANKS, getattr(st.banks, availability), availability)

@@ -1,4 +1,5 @@
-"""Identity: one `gpuobs_gpu_info` series per GPU with name, PCI bus id, serial and versions."""
+"""Identity: one `gpuobs_gpu_info` series per GPU with name, PCI bus id, serial and versions, and the
+operator-set modes (persistence, compute mode)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ def _text(value) -> str:
 @dataclass
 class IdentityState:
     info: tuple[str, ...] | None = None  # GPU_INFO's label values after the GPU's own labels
+    modes: tuple[int | None, int | None] | None = None  # (persistence, compute mode) as last read; None: unread
 
 
 @register("identity")
@@ -41,9 +43,16 @@ class Identity(Family):
             _text(ARCHITECTURES.get(gpu.get(N.nvmlDeviceGetArchitecture))))
 
     def collect(self, gpu: GpuCtx) -> None:
-        info = self.state(gpu).info
-        if info is not None:
-            gpu.emit(c.GPU_INFO, 1, *info)
+        st = self.state(gpu)
+        if st.info is not None:
+            gpu.emit(c.GPU_INFO, 1, *st.info)
+        if st.modes is None or gpu.slow:  # set by an operator (nvidia-smi -pm / -c): read on slow samples
+            st.modes = (gpu.get(N.nvmlDeviceGetPersistenceMode), gpu.get(N.nvmlDeviceGetComputeMode))
+        persistence, compute = st.modes
+        gpu.emit(c.PERSISTENCE_MODE, persistence)
+        if compute is not None:  # one series per mode, 1 for the current one (a mode NVML adds later: none is 1)
+            for i, mode in enumerate(c.COMPUTE_MODES):
+                gpu.emit(c.COMPUTE_MODE, int(compute == i), mode)
 
 
 BRANDS = {v: k.removeprefix("NVML_BRAND_").lower() for k, v in vars(N).items()

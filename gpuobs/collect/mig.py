@@ -1,4 +1,5 @@
-"""MIG: mode, and per MIG device its GPU/compute instance ids, profile, memory and GPM activity.
+"""MIG: mode (current and pending), and per MIG device its GPU/compute instance ids, profile, memory,
+BAR1, SM count and GPM activity.
 Device-level values stay on the physical GPU's series only."""
 
 from __future__ import annotations
@@ -44,7 +45,21 @@ _UNREAD = object()  # MIG mode not read yet for this GPU
 @dataclass
 class MigState:
     mode: object = _UNREAD  # 1: MIG on, 0: off, None: the GPU did not answer
+    pending: int | None = None  # the mode after the next GPU reset
     devices: list[MigDevice] = field(default_factory=list)  # enumerated when the mode is read
+    # per device (by its instance ids), read with the enumeration: BAR1 info and attributes (or None)
+    extras: dict[tuple[str, str], tuple] = field(default_factory=dict)
+
+
+def _extras(gpu: GpuCtx, devices: list[MigDevice]) -> dict[tuple[str, str], tuple]:
+    """(nvmlBAR1Memory_t, SM count) per MIG device, each None where the device does not answer; read
+    on slow samples only (the SM count is fixed by the profile, BAR1 use moves slowly)."""
+    out = {}
+    for handle, ids, _, _ in devices:
+        attrs = gpu.get(N.nvmlDeviceGetAttributes_v2, handle=handle, variant="mig")
+        out[ids] = (gpu.get(N.nvmlDeviceGetBAR1MemoryInfo, handle=handle, variant="mig"),
+                    None if attrs is None else attrs.multiprocessorCount)
+    return out
 
 
 @register("mig", uses=("gpm",))
@@ -69,14 +84,16 @@ class Mig(Family):
     def collect(self, gpu: GpuCtx) -> None:
         st = self.state(gpu)
         if gpu.slow or st.mode is _UNREAD:
-            mode = gpu.get(N.nvmlDeviceGetMigMode)
-            mode = None if mode is None else mode[0]
+            modes = gpu.get(N.nvmlDeviceGetMigMode)
+            mode = None if modes is None else modes[0]
             if st.mode is not _UNREAD and mode != st.mode:
                 # MIG toggled: what the GPU answered before (NOT_SUPPORTED in one mode) may differ now
                 gpu.session.forget(gpu.uuid)
-            st.mode = mode
+            st.mode, st.pending = mode, None if modes is None else modes[1]
             st.devices = _enumerate(gpu) if mode == 1 else []
+            st.extras = _extras(gpu, st.devices)
         gpu.emit(c.MIG_MODE, st.mode)
+        gpu.emit(c.MIG_PENDING, st.pending)
         gpm = self.gpm if self.gpm is not None and self.gpm.supported(gpu) else None
         for handle, ids, mig_uuid, profile in st.devices:
             labels = gpu.labels + ids  # this sample's index, not the one seen at enumeration
@@ -85,5 +102,10 @@ class Mig(Family):
             if mem is not None:
                 gpu.emit(c.MIG_MEMORY_TOTAL, mem.total, labels=labels)
                 gpu.emit(c.MIG_MEMORY_USED, mem.used, labels=labels)
+            bar1, sms = st.extras.get(ids, (None, None))
+            if bar1 is not None:
+                gpu.emit(c.MIG_BAR1_TOTAL, bar1.bar1Total, labels=labels)
+                gpu.emit(c.MIG_BAR1_USED, bar1.bar1Used, labels=labels)
+            gpu.emit(c.MIG_SMS, sms, labels=labels)
             if gpm is not None:
                 gpm.sample(gpu, int(labels[2]), c.MIG_GPM_METRICS, labels)

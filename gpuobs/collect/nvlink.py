@@ -1,14 +1,15 @@
 """NVLink per link: state, data bytes sent/received and data-link errors, batched in the
-field-values call with the link as scope."""
+field-values call with the link as scope; and the GPU's bytes per second over all its links."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import pynvml as N
 
 from .. import catalog as c
-from .base import Family, FieldSpec, GpuCtx, register
+from .base import COUNTER_SENTINELS, Family, FieldSpec, GpuCtx, Rate, register
 
 KIB = 1024
 PER_LINK = [(N.NVML_FI_DEV_NVLINK_GET_STATE, c.NVLINK_UP, 1, ()),
@@ -18,11 +19,14 @@ PER_LINK = [(N.NVML_FI_DEV_NVLINK_GET_STATE, c.NVLINK_UP, 1, ()),
             (N.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY, c.NVLINK_ERRORS, 1, ("replay",)),
             (N.NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY, c.NVLINK_ERRORS, 1, ("recovery",))]
 
+DATA = (N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX)
+
 
 @dataclass
 class NvlinkState:
     links: int = 0  # links the GPU reported at the last probe
     fields: list[FieldSpec] = field(default_factory=list)  # built per link count: the sampler reuses its batch
+    rate: Rate = field(default_factory=Rate)  # of the data bytes sent and received over all links
 
 
 @register("nvlink")
@@ -43,3 +47,11 @@ class Nvlink(Family):
 
     def fields(self, gpu: GpuCtx) -> list[FieldSpec]:
         return self.state(gpu).fields
+
+    def collect(self, gpu: GpuCtx) -> None:
+        st = self.state(gpu)
+        if not st.links:
+            return
+        raw = [gpu.fields.get((fid, link)) for link in range(st.links) for fid in DATA]
+        total = None if any(v is None or v in COUNTER_SENTINELS for v in raw) else sum(raw) * KIB
+        gpu.emit(c.NVLINK_THROUGHPUT, st.rate.update(total, time.monotonic()))

@@ -1,24 +1,28 @@
-"""PCIe: link generation and width (current vs max), byte counters and replays. Bytes come from
-counter fields, never from the blocking 20 ms nvmlDeviceGetPcieThroughput."""
+"""PCIe: link generation and width (current vs max), byte counters, their rate between passes and
+replays. Bytes come from counter fields, never from the blocking 20 ms nvmlDeviceGetPcieThroughput."""
 
 from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
 
 import pynvml as N
 
 from .. import catalog as c
-from dataclasses import dataclass, field
-
-from .base import Family, FieldSpec, GpuCtx, register
+from .base import Family, FieldSpec, GpuCtx, Rate, register
 
 LINK = [(c.PCIE_GENERATION, N.nvmlDeviceGetCurrPcieLinkGeneration),
         (c.PCIE_MAX_GENERATION, N.nvmlDeviceGetMaxPcieLinkGeneration),
         (c.PCIE_WIDTH, N.nvmlDeviceGetCurrPcieLinkWidth),
         (c.PCIE_MAX_WIDTH, N.nvmlDeviceGetMaxPcieLinkWidth)]
 
+DIRECTIONS = {"transmit": N.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, "receive": N.NVML_FI_DEV_PCIE_COUNT_RX_BYTES}
+
 
 @dataclass
 class PcieState:
     link: list[tuple[c.Metric, int | None]] = field(default_factory=list)  # last link state read
+    rates: dict[str, Rate] = field(default_factory=lambda: {d: Rate() for d in DIRECTIONS})
 
 
 @register("pcie")
@@ -37,3 +41,6 @@ class Pcie(Family):
             st.link = [(metric, gpu.get(fn)) for metric, fn in LINK]
         for metric, value in st.link:
             gpu.emit(metric, value)
+        now = time.monotonic()  # the counters were read just before, in this pass's field-values call
+        for direction, fid in DIRECTIONS.items():
+            gpu.emit(c.PCIE_THROUGHPUT, st.rates[direction].update(gpu.fields.get((fid, 0)), now), direction)

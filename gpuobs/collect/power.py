@@ -1,4 +1,5 @@
-"""Power: draw, limits and total energy, all from one batched field-values call."""
+"""Power: draw (instant, averaged, memory's), limits (enforced, requested, default, range) and total
+energy, all from one batched field-values call."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from .. import catalog as c
 from .base import Family, FieldSpec, GpuCtx, register
 
 MILLI = 1000  # NVML reports mW and mJ: divided (72600 mW is 72.6 W; times 0.001 it was 72.60000000000001)
+SCOPE_GPU, SCOPE_MEMORY = 0, 2  # nvmlPowerScopeType_t (NVML_POWER_SCOPE_GPU, _MEMORY): literal, older pynvml lacks them
 POWER_SANITY = 2.0  # a draw above twice the enforced limit is a bad reading, not a real one
 
 
@@ -18,7 +20,11 @@ class Power(Family):
               FieldSpec(N.NVML_FI_DEV_POWER_DEFAULT_LIMIT, c.POWER_DEFAULT_LIMIT, per=MILLI),
               FieldSpec(N.NVML_FI_DEV_POWER_MIN_LIMIT, c.POWER_MIN_LIMIT, per=MILLI),
               FieldSpec(N.NVML_FI_DEV_POWER_MAX_LIMIT, c.POWER_MAX_LIMIT, per=MILLI),
-              FieldSpec(N.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, c.ENERGY, per=MILLI)]
+              FieldSpec(N.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, c.ENERGY, per=MILLI),
+              FieldSpec(N.NVML_FI_DEV_POWER_REQUESTED_LIMIT, c.POWER_REQUESTED_LIMIT, per=MILLI),
+              FieldSpec(N.NVML_FI_DEV_POWER_AVERAGE, c.POWER_AVERAGE, per=MILLI, scope=SCOPE_GPU),
+              # the scope of a power field is an nvmlPowerScopeType_t: the memory's own draw
+              FieldSpec(N.NVML_FI_DEV_POWER_AVERAGE, c.MEMORY_POWER, per=MILLI, scope=SCOPE_MEMORY)]
     DRAW = FieldSpec(N.NVML_FI_DEV_POWER_INSTANT, None)  # read here, emitted by collect
 
     def fields(self, gpu: GpuCtx) -> list[FieldSpec]:

@@ -27,8 +27,8 @@ GRAPHICS = (N.nvmlDeviceGetGraphicsRunningProcesses_v3, N.nvmlDeviceGetGraphicsR
 NO_MIG = ("", "")  # the (GPU instance, compute instance) labels of a process outside MIG
 UTILIZATION_WINDOW_S = 10  # per-process SM utilization: samples of the last this many seconds
 
-# (pid, used bytes or None, (GPU instance id, compute instance id))
-Record = tuple[int, "int | None", tuple[str, str]]
+# (pid, used bytes or None, (GPU instance id, compute instance id), process type)
+Record = tuple[int, "int | None", tuple[str, str], str]
 
 
 def _running(pid: int) -> bool:
@@ -42,10 +42,12 @@ def host_view(pids: list[int]) -> bool:
     return any(_running(pid) for pid in pids if pid > 0)
 
 
-def _read(gpu: GpuCtx, mig: tuple | None) -> dict[int, int | None]:
-    """{pid: used bytes or None} of compute and graphics processes on the GPU or one MIG device."""
+def _read(gpu: GpuCtx, mig: tuple | None) -> dict[int, tuple[int | None, str]]:
+    """{pid: (used bytes or None, type)} of compute and graphics processes on the GPU or one MIG device;
+    the type names the lists the pid is in: compute, graphics or compute_graphics."""
     procs: dict[int, int | None] = {}
-    for calls in (COMPUTE, GRAPHICS):
+    kinds: dict[int, list[str]] = {}
+    for kind, calls in (("compute", COMPUTE), ("graphics", GRAPHICS)):
         # a MIG device's handle gives per-instance records (the parent GPU's may lack memory)
         found = gpu.first(*calls) if mig is None else gpu.first(*calls, handle=mig[0], variant="mig")
         for p in found or []:
@@ -53,7 +55,9 @@ def _read(gpu: GpuCtx, mig: tuple | None) -> dict[int, int | None]:
             # None is NVML's "not available" (pynvml maps the sentinel to None)
             known = procs.get(p.pid)
             procs[p.pid] = p.usedGpuMemory if known is None else max(known, p.usedGpuMemory or 0)
-    return procs
+            if kind not in kinds.setdefault(p.pid, []):
+                kinds[p.pid].append(kind)
+    return {pid: (used, "_".join(kinds[pid])) for pid, used in procs.items()}
 
 
 @dataclass
@@ -79,23 +83,23 @@ class Processes(Family):
     def collect(self, gpu: GpuCtx) -> None:
         migs = self.mig.devices(gpu) if self.mig is not None else None
         if migs:
-            records = [(pid, used, mig[1]) for mig in migs for pid, used in _read(gpu, mig).items()]
+            records = [(pid, used, mig[1], kind) for mig in migs for pid, (used, kind) in _read(gpu, mig).items()]
         else:
-            records = [(pid, used, NO_MIG) for pid, used in _read(gpu, None).items()]
+            records = [(pid, used, NO_MIG, kind) for pid, (used, kind) in _read(gpu, None).items()]
         records = self._valid(gpu, records)
         names = self.state(gpu).names
-        live = {pid for pid, _, _ in records}
+        live = {rec[0] for rec in records}
         for pid in [pid for pid in names if pid not in live]:
             del names[pid]  # forget ended processes
         top = sorted(records, key=lambda r: -(r[1] or 0))[: self.cap]  # the biggest users over the cap
-        for pid, used, ids in top:
+        for pid, used, ids, kind in top:
             if pid not in names:
                 names[pid] = _name(gpu, pid)
             if used is None:
                 gpu.dropped(c.PROCESS_MEMORY, "not_available")
-            gpu.emit(c.PROCESS_MEMORY, used, str(pid), names[pid][:128], *ids)
+            gpu.emit(c.PROCESS_MEMORY, used, str(pid), names[pid][:128], *ids, kind)
         if top and not migs:  # per-process utilization is not available in MIG mode
-            self._utilization(gpu, {pid for pid, _, _ in top})
+            self._utilization(gpu, {rec[0] for rec in top})
 
     @staticmethod
     def _utilization(gpu: GpuCtx, pids: set[int]) -> None:
@@ -110,7 +114,7 @@ class Processes(Family):
     def _valid(self, gpu: GpuCtx, records: list[Record]) -> list[Record]:
         """The records that can be true; each one dropped is counted with its reason."""
         out = []
-        host = host_view([pid for pid, _, _ in records])
+        host = host_view([rec[0] for rec in records])
         for rec in records:
             pid = rec[0]
             if pid <= 0:
@@ -120,7 +124,7 @@ class Processes(Family):
             else:
                 out.append(rec)
         total = self.memory.total(gpu) if self.memory is not None else None
-        used = sum(u for _, u, _ in out if isinstance(u, int) and u not in COUNTER_SENTINELS)
+        used = sum(rec[1] for rec in out if isinstance(rec[1], int) and rec[1] not in COUNTER_SENTINELS)
         if total and used > total:  # the records cannot all be true: serve none of them
             for _ in out:
                 gpu.dropped(c.PROCESS_MEMORY, "out_of_range")

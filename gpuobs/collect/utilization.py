@@ -1,4 +1,5 @@
-"""Utilization: GPU and memory (one call), encoder and decoder (re-read on slow samples while idle)."""
+"""Utilization: GPU and memory (one call), encoder and decoder, and encoder and frame buffer capture
+session stats (each re-read on slow samples while idle)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,29 @@ VIDEO = ((c.ENCODER_UTILIZATION, N.nvmlDeviceGetEncoderUtilization),
          (c.DECODER_UTILIZATION, N.nvmlDeviceGetDecoderUtilization))
 
 
+MICRO = 1_000_000  # NVML reports session latencies in microseconds
+
+
+def _encoder_stats(gpu: GpuCtx) -> tuple[int, int, int] | None:
+    """(sessions, average FPS, average latency in µs) of the encoder, or None."""
+    return gpu.get(N.nvmlDeviceGetEncoderStats)
+
+
+def _fbc_stats(gpu: GpuCtx) -> tuple[int, int, int] | None:
+    """(sessions, average FPS, average latency in µs) of frame buffer capture, or None."""
+    st = gpu.get(N.nvmlDeviceGetFBCStats)
+    return None if st is None else (st.sessionsCount, st.averageFPS, st.averageLatency)
+
+
+# (read, (sessions, fps, latency) metrics)
+SESSIONS = ((_encoder_stats, (c.ENCODER_SESSIONS, c.ENCODER_FPS, c.ENCODER_LATENCY)),
+            (_fbc_stats, (c.FBC_SESSIONS, c.FBC_FPS, c.FBC_LATENCY)))
+
+
 @dataclass
 class UtilizationState:
     video: dict[c.Metric, int | None] = field(default_factory=dict)  # last encoder/decoder percent read (None: failed)
+    sessions: dict[c.Metric, tuple | None] = field(default_factory=dict)  # last session stats, by sessions metric
 
 
 @register("utilization")
@@ -34,3 +55,17 @@ class Utilization(Family):
             if metric not in video or video[metric] or gpu.slow:
                 video[metric] = (gpu.get(fn) or (None,))[0]
             gpu.emit(metric, video[metric], scale=0.01)
+        self._sessions(gpu)
+
+    def _sessions(self, gpu: GpuCtx) -> None:
+        """Encoder and frame buffer capture session stats: read every sample while sessions run, else
+        on slow samples (as the video engines); absent where the GPU or driver does not answer."""
+        last = self.state(gpu).sessions
+        for read, (sessions, fps, latency) in SESSIONS:
+            if sessions not in last or (last[sessions] or (0,))[0] or gpu.slow:
+                last[sessions] = read(gpu)
+            stats = last[sessions]
+            if stats is not None:
+                gpu.emit(sessions, stats[0])
+                gpu.emit(fps, stats[1])
+                gpu.emit(latency, stats[2], per=MICRO)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 from collections import defaultdict
+from itertools import chain
 from typing import Callable, Iterable, Sequence
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -63,27 +64,96 @@ def native_families(samples: Iterable[Sample], extra: Extra | None = None) -> li
     return out
 
 
-def dcgm_families(samples: Iterable[Sample], hostname: str, extra: Extra | None = None) -> list[PromMetric]:
-    """dcgm-exporter names and labels (gpu, UUID, pci_bus_id, device, modelName, Hostname, and
-    GPU_I_ID/GPU_I_PROFILE on MIG series) for every catalog metric that has a DCGM field."""
-    samples = list(samples)
-    info = {s.labels[1]: dict(zip(c.GPU_INFO.labels, s.labels)) for s in samples if s.metric is c.GPU_INFO}
-    profiles = {(s.labels[1], s.labels[2]): s.labels[5] for s in samples if s.metric is c.MIG_INFO}
-    fams: dict[str, PromMetric] = {}
-    seen: set[tuple] = set()
+# Fields dcgm-exporter's default-counters.csv types `counter` that gpuobs reads as a gauge: DCGM
+# reports NVLink bandwidth as a rate, yet dcgm-exporter declares it a counter; served as declared.
+DCGM_COUNTERS = frozenset({"DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"})
+XID_FIELD = "DCGM_FI_DEV_XID_ERRORS"
+XID_HELP = ("Value of the last XID error the driver reported for the GPU, 0 before any (derived from "
+            f"{c.XID_LAST_SEEN.name}).")
+# err_msg of DCGM_FI_DEV_XID_ERRORS: the titles of common XIDs in NVIDIA's XID catalog; others are
+# "Unknown Error". Alert on err_code: the titles may differ in wording from dcgm-exporter's.
+XID_MESSAGES = {0: "No Error", 13: "Graphics Engine Exception", 31: "GPU memory page fault",
+                43: "GPU stopped processing", 45: "Preemptive cleanup, due to previous errors",
+                48: "Double Bit ECC Error", 61: "Internal micro-controller breakpoint/warning",
+                62: "Internal micro-controller halt", 63: "ECC page retirement or row remapping recording event",
+                64: "ECC page retirement or row remapper recording failure", 74: "NVLink Error",
+                79: "GPU has fallen off the bus", 92: "High single-bit ECC error rate", 94: "Contained ECC error",
+                95: "Uncontained ECC error", 119: "GSP RPC Timeout", 120: "GSP Error"}
+
+
+class DcgmIdentity:
+    """dcgm-exporter's labels of one GPU's (or MIG GPU instance's) series, from the snapshot's
+    gpuobs_gpu_info and gpuobs_mig_info samples: gpu, UUID (the physical GPU's), pci_bus_id, device,
+    modelName, GPU_I_PROFILE/GPU_I_ID on MIG series, hostname (dcgm-exporter since its rename) and
+    Hostname (every release up to 4.8.2), and the DCGM_FI_DRIVER_VERSION label field."""
+
+    def __init__(self, samples: list[Sample], hostname: str):
+        self.info = {s.labels[1]: dict(zip(c.GPU_INFO.labels, s.labels)) for s in samples if s.metric is c.GPU_INFO}
+        self.profiles = {(s.labels[1], s.labels[2]): s.labels[5] for s in samples if s.metric is c.MIG_INFO}
+        self.hostname = hostname
+        # node-wide: also labels the series of a GPU that is gone (its XIDs)
+        self.driver = next((i["driver_version"] for i in self.info.values() if i["driver_version"]), "")
+
+    def labels(self, gpu: str, uuid: str, gpu_instance: str | None = None) -> dict[str, str]:
+        """The labels (prometheus_client writes them sorted); gpu_instance: the MIG GPU instance id, if any."""
+        ident = self.info.get(uuid, {})
+        labels = {"gpu": gpu, "UUID": uuid, "pci_bus_id": ident.get("pci_bus_id", ""), "device": f"nvidia{gpu}",
+                  "modelName": ident.get("name", "")}
+        if gpu_instance is not None:
+            labels["GPU_I_PROFILE"] = self.profiles.get((uuid, gpu_instance), "")
+            labels["GPU_I_ID"] = gpu_instance
+        labels["hostname"] = labels["Hostname"] = self.hostname
+        labels["DCGM_FI_DRIVER_VERSION"] = self.driver
+        return labels
+
+
+DcgmSeries = tuple[str, str, Sample, "dict[str, str]", float]  # field, help, source sample, labels, value
+
+
+def _field_series(samples: list[Sample], ident: DcgmIdentity) -> Iterable[DcgmSeries]:
+    """Every sample of a catalog metric with a DCGM field, under that field and its aliases."""
     for s in samples:
         m = s.metric
         n_id = len(m.identity)
         field = m.dcgm.get(tuple(s.labels[n_id:]))
         if not field or not n_id:
             continue
-        gpu, uuid = s.labels[0], s.labels[1]
-        ident = info.get(uuid, {})
-        labels = {"gpu": gpu, "UUID": uuid, "pci_bus_id": ident.get("pci_bus_id", ""),
-                  "device": f"nvidia{gpu}", "modelName": ident.get("name", ""), "Hostname": hostname}
-        if m.identity == c.MIG_LABELS:
-            labels["GPU_I_ID"] = s.labels[2]
-            labels["GPU_I_PROFILE"] = profiles.get((uuid, s.labels[2]), "")
+        gpu_instance = s.labels[2] if m.identity == c.MIG_LABELS else None
+        for name in (field, *c.DCGM_ALIASES.get(field, ())):
+            yield name, f"{m.help} ({m.name})", s, ident.labels(s.labels[0], s.labels[1], gpu_instance), \
+                s.value * m.dcgm_scale
+
+
+def _xid_series(samples: list[Sample], ident: DcgmIdentity, watched: bool) -> Iterable[DcgmSeries]:
+    """DCGM_FI_DEV_XID_ERRORS per GPU: the XID last reported (by gpuobs_gpu_xid_last_seen_timestamp_seconds,
+    whatever MIG instance it named), with err_code and err_msg; while the watcher runs, 0 ("No Error")
+    for a GPU that reported none, as dcgm-exporter shows before any XID."""
+    last: dict[str, Sample] = {}
+    for s in samples:
+        if s.metric is c.XID_LAST_SEEN and (s.labels[1] not in last or s.value >= last[s.labels[1]].value):
+            last[s.labels[1]] = s
+    if watched:
+        for uuid, info in ident.info.items():
+            last.setdefault(uuid, Sample(c.XID_LAST_SEEN, (info["gpu"], uuid, "0", "", ""), 0.0))
+    for uuid, s in sorted(last.items(), key=lambda kv: kv[1].labels[0]):
+        code = int(s.labels[2])
+        labels = ident.labels(s.labels[0], uuid)
+        labels.update(err_code=str(code), err_msg=XID_MESSAGES.get(code, "Unknown Error"))
+        yield XID_FIELD, XID_HELP, s, labels, float(code)
+
+
+def dcgm_families(samples: Iterable[Sample], hostname: str, extra: Extra | None = None,
+                  xid_watched: bool = False) -> list[PromMetric]:
+    """dcgm-exporter names, labels (DcgmIdentity, then err_code/err_msg on XIDs, then `extra`:
+    attribution) and types for every catalog metric that has a DCGM field, plus DCGM_FI_DEV_XID_ERRORS
+    (xid_watched: the XID watcher runs, so a GPU without XIDs reads 0). Families are sorted by field;
+    a counter family's HELP/TYPE lines name it `<field>_total` until dcgm_text() renders it."""
+    samples = list(samples)
+    ident = DcgmIdentity(samples, hostname)
+    fams: dict[str, PromMetric] = {}
+    seen: set[tuple] = set()
+    for field, help_text, s, labels, value in chain(_field_series(samples, ident),
+                                                     _xid_series(samples, ident, xid_watched)):
         if extra and (more := extra(s)):
             labels.update(more)
         key = (field, tuple(sorted(labels.items())))
@@ -92,11 +162,23 @@ def dcgm_families(samples: Iterable[Sample], hostname: str, extra: Extra | None 
         seen.add(key)
         fam = fams.get(field)
         if fam is None:
-            # Typed gauge: text format 0.0.4 in prometheus_client would rename a counter to
-            # <field>_total, and dashboards built for dcgm-exporter query the bare field name.
-            fam = fams[field] = PromMetric(field, f"{m.help} ({m.name})", "gauge")
-        fam.add_sample(field, labels, s.value * m.dcgm_scale)
+            kind = "counter" if s.metric.kind == "counter" or field in DCGM_COUNTERS else "gauge"
+            fam = fams[field] = PromMetric(field, help_text, kind)
+        fam.add_sample(field, labels, value)
     return [fams[k] for k in sorted(fams)]
+
+
+def dcgm_text(families: list[PromMetric]) -> bytes:
+    """Text format 0.0.4 of dcgm_families(): prometheus_client's output with only the HELP and TYPE
+    lines of counter families renamed from `<field>_total` to `<field>`, as dcgm-exporter writes them
+    (its samples carry the bare field name, and dashboards built for it query that name)."""
+    text = _to_text(families)
+    for fam in families:
+        if fam.type == "counter":
+            name = fam.name.encode()
+            for kind in (b"HELP", b"TYPE"):
+                text = text.replace(b"# %s %s_total " % (kind, name), b"# %s %s " % (kind, name), 1)
+    return text
 
 
 class Renderer:
@@ -177,7 +259,8 @@ class Renderer:
         gpu = [s for s in snap.samples if s.metric.family not in SELF_FAMILIES]
         extra = self._attributor(gpu)
         if self.naming == "dcgm":
-            body = _to_text(dcgm_families(gpu, self.hostname, extra))
+            watched = any(s.metric is c.XID_WATCHER_UP for s in own)
+            body = dcgm_text(dcgm_families(gpu, self.hostname, extra, xid_watched=watched))
         else:
             body = self._native_text(gpu, extra)
         self.fresh = body + _to_text(native_families(own) + [self._stale_flag(False)])

@@ -9,23 +9,31 @@ A capture (see shared/captures/README.md) is a series of sections, each opened b
 
 `sections` splits a file at these banners, `parse_query` turns one `nvidia-smi -q` text
 into nested dicts, and `load_capture` maps those onto the profile schema the simulator is
-seeded from. Anything the capture shows as N/A, `[Not Supported]`, deprecated, or does not
-show at all becomes None (the simulator answers NVML_ERROR_NOT_SUPPORTED), never 0.
+seeded from. Anything the capture shows as N/A, `[N/A]`, `Not available`, `[Not Supported]`,
+deprecated, or does not show at all becomes None (the simulator answers NVML_ERROR_NOT_SUPPORTED),
+never 0. A trailing annotation in square brackets (R610: `610.57.04 [Deprecated; ...]`) is dropped
+and the value before it kept. Formats from R470 to R610+ are read, Windows (WDDM) captures included;
+a line the importer cannot place is logged once by name (logger `gpuobs.sim.capture`) and listed in
+the profile's `unplaced` key, never raised.
 """
 
 from __future__ import annotations
 
+import logging
 import re
+import statistics
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
-__all__ = ["parse_query", "sections", "load_capture"]
+__all__ = ["field_paths", "load_capture", "parse_query", "pmon_usage", "sections", "unplaced"]
 
 _BANNER = re.compile(r"^#{20,}\n# ([\w-]+) :: (.+?)[ \t]*\n(?:#[^\n]*\n)*?#{20,}[ \t]*\n", re.M)
 _LINE = re.compile(r"^( *)(\S.*?)\s*:(?:\s+(.*?))?\s*$")  # "Key   : value" (value optional)
 _GPU_KEY = re.compile(r"^GPU [0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+\.[0-9A-Fa-f]+$")
 _NA = {"n/a", "not supported", "requested functionality has been deprecated", "unknown error",
        "insufficient permissions", "not available", ""}
+_ANNOTATION = re.compile(r"^(.*?\S)\s*\[[^\[\]]*\]$")  # "13.3 [Deprecated; ...]" -> "13.3"
+log = logging.getLogger(__name__)
 PHASES = ("idle", "load")  # the capture phases a -q section is taken in
 VALUE = "_value"  # key holding the value of a line that has both a value and a sub-block
 
@@ -132,7 +140,12 @@ def _s(v: Any) -> str | None:
     if v is None:
         return None
     v = v.strip()
-    return None if v.strip("[]").strip().lower() in _NA else v
+    m = _ANNOTATION.match(v)
+    if m:  # keep the value, drop the note; a value that is only "[N/A]" has nothing before it
+        v = m[1]
+    low = v.strip("[]").strip().lower()
+    # R610's version table says 'Deprecated, see "KMD version" instead' where a version was
+    return None if low in _NA or low.startswith("deprecated") else v
 
 
 def _num(v: Any) -> float | None:
@@ -165,17 +178,23 @@ def _list(v: Any) -> list:
 
 # ---------------------------------------------------------------- profile pieces
 
-def _temperature(t: Any) -> dict[str, int | None]:
+def tlimit(t: Any) -> int | None:
+    """Absolute T.Limit (C) of one `Temperature` block: GPU Current Temp + GPU T.Limit Temp (the
+    margin below T.Limit). None for the consumer format, which prints absolute thresholds."""
     gpu, margin = _int(_get(t, "GPU Current Temp")), _int(_get(t, "GPU T.Limit Temp"))
-    out = {"gpu": gpu, "memory": _int(_get(t, "Memory Current Temp")),
-           "target": _int(_get(t, "GPU Target Temperature")), "margin": margin}
-    if _get(t, "GPU Shutdown T.Limit Temp") is not None or _get(t, "GPU Max Operating T.Limit Temp") is not None:
-        # Datacenter format: thresholds relative to T.Limit (= gpu + margin, absolute C).
-        tlimit = gpu + margin if gpu is not None and margin is not None else None
+    return gpu + margin if gpu is not None and margin is not None else None
 
+
+def _temperature(t: Any, limit: int | None) -> dict[str, int | None]:
+    """Temperatures in C. `limit` is the GPU's absolute T.Limit, derived once per GPU (see
+    load_capture) so that both phases of one GPU get the same thresholds."""
+    out = {"gpu": _int(_get(t, "GPU Current Temp")), "memory": _int(_get(t, "Memory Current Temp")),
+           "target": _int(_get(t, "GPU Target Temperature")), "margin": _int(_get(t, "GPU T.Limit Temp"))}
+    if _get(t, "GPU Shutdown T.Limit Temp") is not None or _get(t, "GPU Max Operating T.Limit Temp") is not None:
+        # Datacenter format: thresholds printed relative to T.Limit (absolute = T.Limit - value).
         def rel(key: str) -> int | None:
             d = _int(_get(t, key))
-            return None if tlimit is None or d is None else tlimit - d
+            return None if limit is None or d is None else limit - d
 
         out |= {"shutdown": rel("GPU Shutdown T.Limit Temp"), "slowdown": rel("GPU Slowdown T.Limit Temp"),
                 "gpu_max": rel("GPU Max Operating T.Limit Temp"),
@@ -190,15 +209,25 @@ def _temperature(t: Any) -> dict[str, int | None]:
                                 "target", "margin")}
 
 
+LIMITS = ("Current Power Limit", "Enforced Power Limit", "Requested Power Limit", "Power Limit",
+          "Default Power Limit", "Min Power Limit", "Max Power Limit")
+CEILING = "GPU Ceiling Power Limit"  # R610: the limits moved into this sub-block (or it is one line)
+
+
 def _power(g: dict) -> dict[str, float | None]:
+    """Power in W. R610 prints the limits inside a `GPU Ceiling Power Limit` block: they are read
+    there when the block's parent lacks them; a one-line ceiling is kept as `ceiling_limit`."""
     p = _get(g, "GPU Power Readings") or _get(g, "Power Readings")
+    ceiling = _get(p, CEILING)
+    lim = ceiling if isinstance(ceiling, dict) and not any(_get(p, k) is not None for k in LIMITS) else p
     return {"draw": _num(_first(p, ("Instantaneous Power Draw",), ("Power Draw",))),
             "average": _num(_get(p, "Average Power Draw")),
-            "limit": _num(_first(p, ("Requested Power Limit",), ("Power Limit",))),
-            "enforced_limit": _num(_first(p, ("Current Power Limit",), ("Enforced Power Limit",))),
-            "default_limit": _num(_get(p, "Default Power Limit")),
-            "min_limit": _num(_get(p, "Min Power Limit")),
-            "max_limit": _num(_get(p, "Max Power Limit"))}
+            "limit": _num(_first(lim, ("Requested Power Limit",), ("Power Limit",))),
+            "enforced_limit": _num(_first(lim, ("Current Power Limit",), ("Enforced Power Limit",))),
+            "default_limit": _num(_get(lim, "Default Power Limit")),
+            "min_limit": _num(_get(lim, "Min Power Limit")),
+            "max_limit": _num(_get(lim, "Max Power Limit")),
+            "ceiling_limit": None if isinstance(ceiling, dict) else _num(ceiling)}
 
 
 def _clock_reasons(g: dict) -> int | None:
@@ -279,17 +308,50 @@ def _mig(g: dict, names: dict[int, str]) -> dict | None:
     return {"mode": mode, "pending": _flag(_get(g, "MIG Mode", "Pending")), "devices": devices}
 
 
-def _processes(g: dict) -> list[dict]:
+def _processes(g: dict, usage: dict[int, dict[str, int | None]]) -> list[dict]:
+    """The `Processes` block: pid, name, type, used MiB (None where the driver says "Not available",
+    as WDDM does), MIG ids, and SM / memory utilization % from `usage` (pmon; None when unsampled)."""
     p = _get(g, "Processes")
     if not isinstance(p, dict):  # "Processes : None" or absent
         return []
     pids = _list(p.get("Process ID"))
     gis, cis = _list(p.get("GPU instance ID")), _list(p.get("Compute instance ID"))
     aligned = len(gis) == len(cis) == len(pids)
-    return [{"pid": _int(pid), "name": _s(_get(pid, "Name")) or "", "type": _s(_get(pid, "Type")) or "",
-             "used_mib": _int(_get(pid, "Used GPU Memory")),
-             "gi_id": _int(gis[i]) if aligned else None, "ci_id": _int(cis[i]) if aligned else None}
-            for i, pid in enumerate(pids)]
+    out = []
+    for i, pid in enumerate(pids):
+        n = _int(pid)
+        util = usage.get(n, {}) if n is not None else {}
+        out.append({"pid": n, "name": _s(_get(pid, "Name")) or "", "type": _s(_get(pid, "Type")) or "",
+                    "used_mib": _int(_get(pid, "Used GPU Memory")),
+                    "gi_id": _int(gis[i]) if aligned else None, "ci_id": _int(cis[i]) if aligned else None,
+                    "sm_util": util.get("sm"), "mem_util": util.get("mem")})
+    return out
+
+
+def pmon_usage(text: str) -> dict[int, dict[int, dict[str, int | None]]]:
+    """`nvidia-smi pmon` text -> {GPU index: {pid: {"sm": %, "mem": %}}}.
+
+    pmon prints one row per process and sample, "-" where the process had no sample in that
+    interval. Each value is the mean of the process's sampled rows, rounded to an integer; None
+    when it was never sampled (never 0 for "no sample")."""
+    header: list[str] = []
+    seen: dict[tuple[int, int], dict[str, list[int]]] = {}
+    for line in text.splitlines():
+        words = line.lstrip("#").split()
+        if line.startswith("#"):
+            header = words if "pid" in words and not header else header
+            continue
+        if not header or len(words) < len(header) - 1 or not words[0].isdigit() or not words[1].isdigit():
+            continue
+        row = dict(zip(header, words))
+        got = seen.setdefault((int(row["gpu"]), int(row["pid"])), {"sm": [], "mem": []})
+        for key in ("sm", "mem"):
+            if row.get(key, "-").isdigit():
+                got[key].append(int(row[key]))
+    out: dict[int, dict[int, dict[str, int | None]]] = {}
+    for (gpu, pid), got in seen.items():
+        out.setdefault(gpu, {})[pid] = {k: round(statistics.fmean(v)) if v else None for k, v in got.items()}
+    return out
 
 
 def _clocks(block: Any) -> dict[str, int | None]:
@@ -297,7 +359,8 @@ def _clocks(block: Any) -> dict[str, int | None]:
             (("graphics", "Graphics"), ("sm", "SM"), ("memory", "Memory"), ("video", "Video"))}
 
 
-def _profile(g: dict, top: dict, mig_names: dict[int, str]) -> dict:
+def _profile(g: dict, top: dict, mig_names: dict[int, str], limit: int | None,
+             usage: dict[int, dict[str, int | None]]) -> dict:
     name = _s(_get(g, "Product Name"))
     if name is None:
         raise ValueError("GPU block without a Product Name")
@@ -322,7 +385,7 @@ def _profile(g: dict, top: dict, mig_names: dict[int, str]) -> dict:
         "utilization_pct": {k: _int(_get(util, key)) for k, key in
                             (("gpu", "GPU"), ("memory", "Memory"), ("encoder", "Encoder"), ("decoder", "Decoder"))},
         "power_w": _power(g),
-        "temperature_c": _temperature(_get(g, "Temperature")),
+        "temperature_c": _temperature(_get(g, "Temperature"), limit),
         "clocks_mhz": _clocks(_get(g, "Clocks")),
         "max_clocks_mhz": _clocks(_get(g, "Max Clocks")),
         "pstate": int(pstate[1:]) if pstate and re.fullmatch(r"P\d+", pstate) else None,
@@ -340,7 +403,7 @@ def _profile(g: dict, top: dict, mig_names: dict[int, str]) -> dict:
         "retired_pages": _retired(g),
         "remapped_rows": _remapped(g),
         "mig": _mig(g, mig_names),
-        "processes": _processes(g),
+        "processes": _processes(g, usage),
         "driver_version": _s(top.get("Driver Version")),
         "cuda_version": _s(top.get("CUDA Version")),
     }
@@ -357,27 +420,92 @@ def _mig_names(listing: str) -> list[dict[int, str]]:
     return out
 
 
-def load_capture(path: str | Path, phase: str = "load") -> list[dict]:
+def field_paths(node: dict, prefix: str = "") -> Iterator[tuple[str, Any, dict]]:
+    """Every line of a parsed `-q` tree that holds a value: (path, node, context), path being the keys
+    from `node` down joined with "/" (e.g. "GPU Power Readings/Current Power Limit"), list items
+    flattened. context names the MIG device ({"mig": device node}) or process ({"process": node}) a
+    line belongs to. Bare headers (blocks without a value of their own) are not yielded."""
+    yield from _walk(node, prefix, {})
+
+
+def _walk(node: dict, prefix: str, ctx: dict) -> Iterator[tuple[str, Any, dict]]:
+    for key, value in node.items():
+        if key == VALUE:
+            continue
+        path = f"{prefix}{key}"
+        for item in _list(value):
+            inner = ctx | ({"mig": item} if key == "MIG Device" else {"process": item} if key == "Process ID" else {})
+            if not isinstance(item, dict) or item.get(VALUE):
+                yield path, item, inner
+            if isinstance(item, dict):
+                yield from _walk(item, f"{path}/", inner)
+
+
+def unplaced(root: dict) -> list[str]:
+    """Paths of the lines of a parsed `-q` text (top level and GPU blocks) that the importer neither
+    reads nor lists as not exported (gpuobs.sim.fidelity's tables), each once, in input order."""
+    from .fidelity import known  # the field tables live with the report that explains them
+
+    found: dict[str, None] = {}
+    for key, value in root.items():
+        if _GPU_KEY.match(key) and isinstance(value, dict):
+            found |= dict.fromkeys(path for path, _, _ in field_paths(value) if not known(path))
+        elif not known(key):
+            found[key] = None
+    return list(found)
+
+
+def _versions(root: dict, secs: dict[tuple[str, str], str]) -> dict[str, Any]:
+    """Driver and CUDA versions from the top of `-q` (R610: KMD / CUDA UMD Version), else the
+    capture's version section."""
+    version = _tree(secs.get(("capabilities", "version"), ""))
+    return {"Driver Version": _first(root, ("Driver Version",), ("KMD Version",))
+            or _first(version, ("DRIVER version",), ("KMD version",)),
+            "CUDA Version": _first(root, ("CUDA Version",), ("CUDA UMD Version",))
+            or _first(version, ("CUDA Version",), ("CUDA UMD version",), ("CUDA UMD Version",))}
+
+
+def _gpus(root: dict) -> list[dict]:
+    return [v for k, v in root.items() if _GPU_KEY.match(k) and isinstance(v, dict)]
+
+
+def _pmon(secs: dict[tuple[str, str], str], phase: str) -> dict[int, dict[int, dict[str, int | None]]]:
+    return next((pmon_usage(body) for (ph, title), body in secs.items() if ph == phase and title.startswith("pmon")),
+                {})
+
+
+def load_capture(path: str | Path, phase: str = "load", warn: bool = True) -> list[dict]:
     """Read a capture file and return one profile dict per GPU of `phase`'s `-q` section.
 
-    Falls back to the "idle" phase when `phase` has no `query (-q)` section. MIG profile names
+    Falls back to the other phase when `phase` has no `query (-q)` section. MIG profile names
     come from the `capabilities :: list (-L)` section, matched by GPU order and MIG device
-    index. driver_version / cuda_version come from the top of the `-q` output (falling back to
-    the `capabilities :: version` section). Units are in the key names (MiB, W, C, MHz, KB/s,
-    us, %); unavailable values are None.
+    index; per-process SM / memory utilization from the same phase's `pmon` section.
+    driver_version / cuda_version come from the top of the `-q` output (falling back to
+    the `capabilities :: version` section). Temperature thresholds printed relative to T.Limit are
+    made absolute with the T.Limit of the idle phase's reading of the same GPU (see tlimit), so
+    both phases agree. Units are in the key names (MiB, W, C, MHz, KB/s, us, %); unavailable values
+    are None. Each profile's `unplaced` lists the lines the importer could not place (each also
+    logged once as a warning, unless `warn` is False).
     Raises FileNotFoundError for a missing file, ValueError for a phase other than idle/load,
     when neither phase has a `-q` section, or when a GPU block has no Product Name.
     """
     if phase not in PHASES:
         raise ValueError(f"phase must be one of {', '.join(PHASES)}, got {phase!r}")
     secs = sections(Path(path).read_text(encoding="utf-8", errors="replace"))
-    body = secs.get((phase, "query (-q)")) or secs.get(("idle", "query (-q)"))
+    other = PHASES[1 - PHASES.index(phase)]
+    used = phase if (phase, "query (-q)") in secs else other
+    body = secs.get((used, "query (-q)"))
     if body is None:
-        raise ValueError(f"{path}: no '{phase}' or 'idle' query (-q) section")
+        raise ValueError(f"{path}: no '{phase}' or '{other}' query (-q) section")
     root = _tree(body)
-    version = _tree(secs.get(("capabilities", "version"), ""))
-    top = {"Driver Version": _first(root, ("Driver Version",)) or _get(version, "DRIVER version"),
-           "CUDA Version": _first(root, ("CUDA Version",)) or _get(version, "CUDA Version")}
-    names = _mig_names(secs.get(("capabilities", "list (-L)"), ""))
-    gpus = [v for k, v in root.items() if _GPU_KEY.match(k) and isinstance(v, dict)]
-    return [_profile(g, top, names[i] if i < len(names) else {}) for i, g in enumerate(gpus)]
+    top, names, usage = _versions(root, secs), _mig_names(secs.get(("capabilities", "list (-L)"), "")), _pmon(secs, used)
+    idle = _gpus(_tree(secs.get(("idle", "query (-q)"), "")))
+    lost = unplaced(root)
+    for name in lost if warn else ():
+        log.warning("%s: nvidia-smi -q line not understood, ignored: %s", Path(path).name, name)
+    out = []
+    for i, g in enumerate(_gpus(root)):
+        limit = tlimit(_get(idle[i], "Temperature")) if i < len(idle) else None
+        limit = tlimit(_get(g, "Temperature")) if limit is None else limit
+        out.append(_profile(g, top, names[i] if i < len(names) else {}, limit, usage.get(i, {})) | {"unplaced": lost})
+    return out

@@ -14,7 +14,7 @@ import ctypes as C
 import re
 
 MAGIC = 0x4F42534E  # "NSBO"
-LAYOUT_VERSION = 3
+LAYOUT_VERSION = 4
 
 MAX_GPUS = 64
 MAX_MIG = 7
@@ -123,6 +123,14 @@ class Gpu(C.Structure):
         ("remap_cor", Val), ("remap_unc", Val), ("remap_pending", Val), ("remap_failure", Val),
         ("gpm_supported", Val), ("gpm", Val * GPM_SLOTS),
         ("mig_current", Val), ("mig_pending", Val),
+        ("power_mem_mw", Val),  # GPU memory power, averaged (NVML_FI_DEV_POWER_AVERAGE, scope memory)
+        ("enc_sessions", Val), ("enc_fps", Val), ("enc_latency_us", Val),  # nvmlDeviceGetEncoderStats
+        ("fbc_sessions", Val), ("fbc_fps", Val), ("fbc_latency_us", Val),  # nvmlDeviceGetFBCStats
+        # nvmlDeviceGetMemoryErrorCounter: [location (0 SRAM, 1 DRAM) * 4 + error type * 2 + counter type]
+        ("ecc_location", Val * 8),
+        ("remap_histogram", Val * 5),  # banks with max, high, partial, low, no spare rows left
+        ("fabric_state", Val), ("fabric_status", Val), ("fabric_clique", Val),
+        ("fabric_health", Val),  # healthMask of nvmlDeviceGetGpuFabricInfoV; unset: the V call answers NOT_SUPPORTED
         ("link_count", C.c_int32), ("mig_count", C.c_int32), ("proc_count", C.c_int32),
         ("reset_required", C.c_int32),  # 1: every call with its handle answers NVML_ERROR_RESET_REQUIRED
         ("supported_events", C.c_uint64),

@@ -463,7 +463,21 @@ U32_GETTER(nvmlDeviceGetArchitecture, arch, 0)
 U32_GETTER(nvmlDeviceGetPersistenceMode, persistence, 0)
 U32_GETTER(nvmlDeviceGetComputeMode, compute_mode, 0)
 U32_GETTER(nvmlDeviceGetNumGpuCores, num_cores, 0)
-U32_GETTER(nvmlDeviceGetPowerUsage, power_mw, 0)
+/* nvml.h: "On Ampere (except GA100) or newer GPUs, the API returns power averaged over 1 sec interval";
+   older GPUs and GA100 (A100, A30) answer the instant draw. The average is power_avg_mw where the GPU has one. */
+API nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t dev, unsigned *out) {
+    DEV(F_nvmlDeviceGetPowerUsage, 0);
+    NEED(out);
+    char name[SIM_STR_LEN + 1];
+    memcpy(name, g->name.s, SIM_STR_LEN);
+    name[SIM_STR_LEN] = 0;
+    double arch = g->arch.ret ? 0 : eval(&g->arch);
+    int averaged = arch >= 7 && arch < 100 && !g->power_avg_mw.ret && !strstr(name, "A100") && !strstr(name, "A30");
+    sim_val_t *v = averaged ? &g->power_avg_mw : &g->power_mw;
+    GET(v);
+    *out = u32(v);
+    return NVML_SUCCESS;
+}
 U32_GETTER(nvmlDeviceGetPowerManagementLimit, power_limit_mw, 0)
 U32_GETTER(nvmlDeviceGetEnforcedPowerLimit, enforced_limit_mw, 0)
 U32_GETTER(nvmlDeviceGetPowerManagementDefaultLimit, default_limit_mw, 0)
@@ -605,6 +619,28 @@ static nvmlReturn_t codec_util(sim_val_t *v, unsigned *util, unsigned *period) {
 }
 API nvmlReturn_t nvmlDeviceGetEncoderUtilization(nvmlDevice_t dev, unsigned *u, unsigned *p) { DEV(F_nvmlDeviceGetEncoderUtilization, 0); return codec_util(&g->util_enc, u, p); }
 API nvmlReturn_t nvmlDeviceGetDecoderUtilization(nvmlDevice_t dev, unsigned *u, unsigned *p) { DEV(F_nvmlDeviceGetDecoderUtilization, 0); return codec_util(&g->util_dec, u, p); }
+
+API nvmlReturn_t nvmlDeviceGetEncoderStats(nvmlDevice_t dev, unsigned *sessions, unsigned *fps, unsigned *latency_us) {
+    DEV(F_nvmlDeviceGetEncoderStats, 0);
+    NEED(sessions && fps && latency_us);
+    GET(&g->enc_sessions);
+    *sessions = u32(&g->enc_sessions);
+    *fps = g->enc_fps.ret ? 0 : u32(&g->enc_fps);
+    *latency_us = g->enc_latency_us.ret ? 0 : u32(&g->enc_latency_us);
+    return NVML_SUCCESS;
+}
+
+typedef struct { unsigned sessionsCount, averageFPS, averageLatency; } nvmlFBCStats_t;
+
+API nvmlReturn_t nvmlDeviceGetFBCStats(nvmlDevice_t dev, nvmlFBCStats_t *st) {
+    DEV(F_nvmlDeviceGetFBCStats, 0);
+    NEED(st);
+    GET(&g->fbc_sessions);
+    st->sessionsCount = u32(&g->fbc_sessions);
+    st->averageFPS = g->fbc_fps.ret ? 0 : u32(&g->fbc_fps);
+    st->averageLatency = g->fbc_latency_us.ret ? 0 : u32(&g->fbc_latency_us); /* microseconds */
+    return NVML_SUCCESS;
+}
 
 /* ---- power and energy ------------------------------------------------------------------------ */
 
@@ -774,6 +810,32 @@ API nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t dev, unsigned *cor, unsi
     return NVML_SUCCESS;
 }
 
+/* nvmlMemoryLocation_t: the simulator keeps SRAM (7) and DRAM (2, also NVML_MEMORY_LOCATION_DEVICE_MEMORY) */
+API nvmlReturn_t nvmlDeviceGetMemoryErrorCounter(nvmlDevice_t dev, int type, int counter, int location, unsigned long long *c) {
+    DEV(F_nvmlDeviceGetMemoryErrorCounter, 0);
+    NEED(c);
+    if (type < 0 || type > 1 || counter < 0 || counter > 1 || location < 0 || location > 7) return NVML_ERROR_INVALID_ARGUMENT;
+    if (location != 7 && location != 2) return NVML_ERROR_NOT_SUPPORTED;
+    sim_val_t *v = &g->ecc_location[(location == 7 ? 0 : 4) + type * 2 + counter];
+    GET(v);
+    *c = u64(v);
+    return NVML_SUCCESS;
+}
+
+typedef struct { unsigned max, high, partial, low, none; } nvmlRowRemapperHistogramValues_t;
+
+API nvmlReturn_t nvmlDeviceGetRowRemapperHistogram(nvmlDevice_t dev, nvmlRowRemapperHistogramValues_t *h) {
+    DEV(F_nvmlDeviceGetRowRemapperHistogram, 0);
+    NEED(h);
+    for (int i = 0; i < 5; i++) GET(&g->remap_histogram[i]);
+    h->max = u32(&g->remap_histogram[0]);
+    h->high = u32(&g->remap_histogram[1]);
+    h->partial = u32(&g->remap_histogram[2]);
+    h->low = u32(&g->remap_histogram[3]);
+    h->none = u32(&g->remap_histogram[4]);
+    return NVML_SUCCESS;
+}
+
 /* ---- PCIe ---------------------------------------------------------------------------------- */
 
 API nvmlReturn_t nvmlDeviceGetPcieThroughput(nvmlDevice_t dev, int counter, unsigned *kbps) {
@@ -842,6 +904,49 @@ API nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t dev, unsigned 
     return NVML_SUCCESS;
 }
 
+/* ---- NVSwitch fabric -------------------------------------------------------------------------- */
+
+/* v1 (R525+), and the versioned struct of nvmlDeviceGetGpuFabricInfoV (v2 adds healthMask, v3 healthSummary). */
+typedef struct { unsigned char clusterUuid[16]; nvmlReturn_t status; unsigned cliqueId, state; } nvmlGpuFabricInfo_t;
+typedef struct {
+    unsigned version; unsigned char clusterUuid[16]; nvmlReturn_t status; unsigned cliqueId, state, healthMask;
+    unsigned char healthSummary;
+} nvmlGpuFabricInfoV_t;
+#define FABRIC_INFO_V2 0x02000024u
+#define FABRIC_INFO_V3 0x03000028u
+
+static nvmlReturn_t fabric(sim_gpu_t *g, nvmlGpuFabricInfo_t *out) {
+    GET(&g->fabric_state);
+    memset(out->clusterUuid, 0, sizeof(out->clusterUuid));
+    out->state = u32(&g->fabric_state);
+    out->status = g->fabric_status.ret ? NVML_ERROR_NOT_SUPPORTED : i32(&g->fabric_status);
+    out->cliqueId = g->fabric_clique.ret ? 0 : u32(&g->fabric_clique);
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t dev, nvmlGpuFabricInfo_t *info) {
+    DEV(F_nvmlDeviceGetGpuFabricInfo, 0);
+    NEED(info);
+    return fabric(g, info);
+}
+
+API nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t dev, nvmlGpuFabricInfoV_t *info) {
+    DEV(F_nvmlDeviceGetGpuFabricInfoV, 0);
+    NEED(info);
+    if (info->version != FABRIC_INFO_V2 && info->version != FABRIC_INFO_V3) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    GET(&g->fabric_health);
+    nvmlGpuFabricInfo_t v1;
+    nvmlReturn_t r = fabric(g, &v1);
+    if (r) return r;
+    memcpy(info->clusterUuid, v1.clusterUuid, sizeof(info->clusterUuid));
+    info->status = v1.status;
+    info->cliqueId = v1.cliqueId;
+    info->state = v1.state;
+    info->healthMask = u32(&g->fabric_health);
+    if (info->version == FABRIC_INFO_V3) info->healthSummary = 0; /* NVML_GPU_FABRIC_HEALTH_SUMMARY_NOT_SUPPORTED */
+    return NVML_SUCCESS;
+}
+
 /* ---- field values ---------------------------------------------------------------------------- */
 
 typedef union { double dVal; unsigned uiVal; unsigned long ulVal; unsigned long long ullVal; long long sllVal; int siVal; unsigned short usVal; } nvmlValue_t;
@@ -902,6 +1007,8 @@ static nvmlReturn_t put_tlimit(sim_gpu_t *g, nvmlFieldValue_t *f, int kind) {
     return NVML_SUCCESS;
 }
 
+enum { POWER_SCOPE_GPU = 0, POWER_SCOPE_MEMORY = 2 };
+
 static nvmlReturn_t field(sim_gpu_t *g, nvmlFieldValue_t *f) {
     unsigned id = f->fieldId, sc = f->scopeId;
     switch (id) {
@@ -954,8 +1061,14 @@ static nvmlReturn_t field(sim_gpu_t *g, nvmlFieldValue_t *f) {
     case NVML_FI_DEV_NVLINK_GET_SPEED: return put_link(g, f, sc, LINK_OFF(speed_mbps), VT_UINT, 1);
     case NVML_FI_DEV_NVLINK_GET_STATE: return put_link(g, f, sc, LINK_OFF(state), VT_UINT, 1);
     case NVML_FI_DEV_NVLINK_GET_VERSION: return put_link(g, f, sc, LINK_OFF(version), VT_UINT, 1);
-    case NVML_FI_DEV_POWER_AVERAGE: return put(f, g->power_avg_mw.ret ? &g->power_mw : &g->power_avg_mw, VT_UINT, 1);
-    case NVML_FI_DEV_POWER_INSTANT: return put(f, &g->power_mw, VT_UINT, 1);
+    /* scopeId is the nvmlPowerScopeType_t: 0 GPU, 1 module (not simulated), 2 GPU memory (average only,
+       as an H100 reports "GPU Memory Power Readings: Instantaneous Power Draw: N/A") */
+    case NVML_FI_DEV_POWER_AVERAGE:
+        if (sc == POWER_SCOPE_MEMORY) return put(f, &g->power_mem_mw, VT_UINT, 1);
+        if (sc != POWER_SCOPE_GPU) return NVML_ERROR_NOT_SUPPORTED;
+        return put(f, g->power_avg_mw.ret ? &g->power_mw : &g->power_avg_mw, VT_UINT, 1);
+    case NVML_FI_DEV_POWER_INSTANT:
+        return sc == POWER_SCOPE_GPU ? put(f, &g->power_mw, VT_UINT, 1) : NVML_ERROR_NOT_SUPPORTED;
     case NVML_FI_DEV_POWER_MIN_LIMIT: return put(f, &g->min_limit_mw, VT_UINT, 1);
     case NVML_FI_DEV_POWER_MAX_LIMIT: return put(f, &g->max_limit_mw, VT_UINT, 1);
     case NVML_FI_DEV_POWER_DEFAULT_LIMIT: return put(f, &g->default_limit_mw, VT_UINT, 1);
@@ -1129,14 +1242,15 @@ API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t dev, nvmlProcessUt
     NEED(n);
     (void)since;
     unsigned have = 0;
-    for (int i = 0; i < g->proc_count && i < SIM_MAX_PROCS; i++) have += (g->procs[i].kind & 1) != 0;
+    /* sm_util 0xFFFFFFFF: the process has no utilization sample (a capture's pmon never sampled it) */
+    for (int i = 0; i < g->proc_count && i < SIM_MAX_PROCS; i++) have += (g->procs[i].kind & 1) && g->procs[i].sm_util != 0xFFFFFFFFu;
     if (have == 0) { *n = 0; return NVML_ERROR_NOT_FOUND; } /* no samples since `since` */
     if (!out || *n < have) { *n = have; return NVML_ERROR_INSUFFICIENT_SIZE; }
     unsigned k = 0, cap = *n;
     unsigned long long ts = (unsigned long long)(now_s() * 1e6);
     for (int i = 0; i < g->proc_count && i < SIM_MAX_PROCS && k < cap; i++) { /* state may change meanwhile */
         sim_proc_t *p = &g->procs[i];
-        if (!(p->kind & 1)) continue;
+        if (!(p->kind & 1) || p->sm_util == 0xFFFFFFFFu) continue;
         out[k++] = (nvmlProcessUtilizationSample_t){p->pid, ts, p->sm_util, p->mem_util, 0, 0};
     }
     *n = k;

@@ -37,6 +37,8 @@ from .state import SimState, set_counter, set_val
 
 MIB = 1024 * 1024
 NO_ID = 0xFFFFFFFF  # gpuInstanceId/computeInstanceId of a process outside MIG
+NOT_AVAILABLE = 0xFFFFFFFFFFFFFFFF  # NVML_VALUE_NOT_AVAILABLE: usedGpuMemory the driver cannot tell (WDDM)
+NO_SAMPLE = 0xFFFFFFFF  # Proc.sm_util of a process without a utilization sample: the simulator skips it
 
 ARCHITECTURES = {"kepler": 2, "maxwell": 3, "pascal": 4, "volta": 5, "turing": 6, "ampere": 7,
                  "ada lovelace": 8, "ada": 8, "hopper": 9, "blackwell": 10}
@@ -102,9 +104,10 @@ def _identity(g: Gpu, p: dict, slot: int, node: str) -> None:
     _num(g.compute_mode, p.get("compute_mode"))
     _num(g.num_cores, p.get("cores"))
     pci = _sub(p, "pci")
-    bus = BUSES[slot]  # generated, not the capture's: bus ids must stay distinct across slots
+    # The capture's bus (expand() moves copies of one GPU to free buses); built-in profiles have none.
+    bus = BUSES[slot] if pci.get("bus") is None else pci["bus"]
     domain, device = pci.get("domain") or 0, pci.get("device") or 0
-    _str(g.bus_id, f"{domain:08X}:{bus:02X}:{device:02X}.0")
+    _str(g.bus_id, pci.get("bus_id") or f"{domain:08X}:{bus:02X}:{device:02X}.0")
     _num(g.pci_domain, domain)
     _num(g.pci_bus, bus)
     _num(g.pci_device, device)
@@ -192,6 +195,34 @@ def _pcie_ecc(g: Gpu, p: dict) -> None:
     _num(g.remap_failure, remap.get("failure"))
 
 
+ECC_LOCATIONS = ("sram", "dram")  # ecc_location slots: location * 4 + error type * 2 + counter type
+REMAP_HISTOGRAM = ("max", "high", "partial", "low", "none")  # nvmlRowRemapperHistogramValues_t order
+
+
+def _codec_ecc_fabric(g: Gpu, p: dict) -> None:
+    """Memory power, encoder and FBC session stats, ECC errors per memory location, the row-remapper
+    bank histogram and the NVSwitch fabric registration (None or absent: NOT_SUPPORTED)."""
+    _num(g.power_mem_mw, _sub(p, "power_w").get("memory_average"), 1000)
+    for prefix, key in (("enc", "encoder_stats"), ("fbc", "fbc_stats")):
+        stats = _sub(p, key)
+        _num(getattr(g, f"{prefix}_sessions"), stats.get("sessions"))
+        _num(getattr(g, f"{prefix}_fps"), stats.get("average_fps"))
+        _num(getattr(g, f"{prefix}_latency_us"), stats.get("average_latency_us"))
+    ecc = _sub(p, "ecc")
+    for li, loc in enumerate(ECC_LOCATIONS):
+        for ti, kind in enumerate(("corrected", "uncorrected")):
+            for ci, counter in enumerate(("volatile", "aggregate")):
+                set_val(g.ecc_location[li * 4 + ti * 2 + ci], ecc.get(f"{loc}_{kind}_{counter}"), "counter")
+    histogram = _sub(_sub(p, "remapped_rows"), "histogram")
+    for i, key in enumerate(REMAP_HISTOGRAM):
+        _num(g.remap_histogram[i], histogram.get(key))
+    fabric = _sub(p, "fabric")
+    _num(g.fabric_state, fabric.get("state"))
+    _num(g.fabric_status, fabric.get("status"))
+    _num(g.fabric_clique, fabric.get("clique_id"))
+    _num(g.fabric_health, fabric.get("health_mask"))
+
+
 def _nvlink(g: Gpu, p: dict, slot: int) -> None:
     nv = p.get("nvlink")
     mig_on = (p.get("mig") or {}).get("mode") == 1
@@ -225,12 +256,15 @@ def _mig(g: Gpu, p: dict, slot: int) -> None:
     for i, d in enumerate(devices):
         m = g.migs[i]
         m.gi_id, m.ci_id = d["gi_id"], d.get("ci_id", 0)
-        slices = int(str(d.get("profile", "1g"))[0]) if d.get("profile") else 1
-        m.gi_slices, m.ci_slices = slices, slices
+        slices = mig_slices(d["profile"]) if d.get("profile") else 1
+        share = re.match(r"(\d+)c\.", str(d.get("profile") or ""))  # "1c.3g.71gb": 1 of the 3 slices computes
+        m.gi_slices, m.ci_slices = slices, int(share[1]) if share else slices
         m.gi_profile_id = d.get("gi_profile_id", {1: 0, 2: 5, 3: 2, 4: 3, 7: 4}.get(slices, 0))
         m.sm_count = d.get("sm_count") or MIG_SMS.get(slices, 16)
-        m.ce_count, m.dec_count = d.get("ce_count", slices), d.get("dec_count", slices)
-        m.enc_count, m.jpg_count, m.ofa_count = d.get("enc_count", 0), d.get("jpg_count", slices), d.get("ofa_count", 0)
+        # engine counts a capture does not print (None) take the profile's usual value: simulated
+        m.ce_count, m.dec_count = _count(d, "ce_count", slices), _count(d, "dec_count", slices)
+        m.enc_count, m.jpg_count = _count(d, "enc_count", 0), _count(d, "jpg_count", slices)
+        m.ofa_count = _count(d, "ofa_count", 0)
         _str(m.profile, d.get("profile", f"{slices}g"))
         _str(m.uuid, f"MIG-{uuid[4:12]}-{i:04d}-{m.gi_id:04d}-{m.ci_id:04d}-{uuid[-12:]}")
         mem, bar1 = d.get("memory_mib") or {}, d.get("bar1_mib") or {}
@@ -240,6 +274,19 @@ def _mig(g: Gpu, p: dict, slot: int) -> None:
         _num(m.bar1_total, bar1.get("total"), MIB)
         _num(m.bar1_used, bar1.get("used", 0), MIB)
         _gpm(m.gpm, p.get("gpm"))
+
+
+def _count(d: dict, key: str, default: int) -> int:
+    return default if d.get(key) is None else int(d[key])
+
+
+def mig_slices(profile: str) -> int:
+    """GPU slices of a MIG profile name: the N of its "Ng" part ("3g.40gb" and "1c.3g.71gb" -> 3; the
+    "1c" of the second is its compute-instance share). Raises ValueError for a name without one."""
+    m = re.search(r"(?:^|\.)(\d+)g(?:\.|$)", str(profile))
+    if not m:
+        raise ValueError(f"no 'Ng' slice count in MIG profile {profile!r}")
+    return int(m[1])
 
 
 def _processes(g: Gpu, procs: list[dict]) -> None:
@@ -258,8 +305,13 @@ def _processes(g: Gpu, procs: list[dict]) -> None:
         slot.kind = (1 if "C" in kind else 0) | (2 if "G" in kind else 0)
         slot.gi_id = NO_ID if pr.get("gi_id") is None else pr["gi_id"]
         slot.ci_id = NO_ID if pr.get("ci_id") is None else pr["ci_id"]
-        slot.used_mem = int((pr.get("used_mib") or 0) * MIB)
-        slot.sm_util, slot.mem_util = int(pr.get("sm_util", 0)), int(pr.get("mem_util", 0))
+        # None (a capture's "Not available", as on WDDM): NVML's not-available value, never 0
+        unknown = "used_mib" in pr and pr["used_mib"] is None
+        slot.used_mem = NOT_AVAILABLE if unknown else int((pr.get("used_mib") or 0) * MIB)
+        # sm_util None (never sampled by the capture's pmon): no utilization sample rather than 0
+        sm = pr.get("sm_util", 0)
+        slot.sm_util = NO_SAMPLE if sm is None else int(sm)
+        slot.mem_util = int(pr.get("mem_util") or 0)
         _str(slot.name, str(pr.get("name", f"pid{slot.pid}")))
 
 
@@ -271,16 +323,18 @@ def apply_profile(st: SimState, slot: int, p: dict, node: str = "node") -> None:
     _memory(g, p)
     _power_thermal_clocks(g, p)
     _pcie_ecc(g, p)
+    _codec_ecc_fabric(g, p)
     _nvlink(g, p, slot)
     _num(g.gpm_supported, int(p.get("gpm") is not None))  # pre-Hopper: supported call, isSupportedDevice 0
     _gpm(g.gpm, p.get("gpm"))
     _mig(g, p, slot)
     _processes(g, p.get("processes") or [])
     for m in g.migs[: g.mig_count]:  # a MIG device's memory used covers its processes
-        mine = sum(pr.used_mem for pr in g.procs[: g.proc_count] if (pr.gi_id, pr.ci_id) == (m.gi_id, m.ci_id))
+        mine = sum(pr.used_mem for pr in g.procs[: g.proc_count]
+                   if (pr.gi_id, pr.ci_id) == (m.gi_id, m.ci_id) and pr.used_mem != NOT_AVAILABLE)
         if not m.mem_used.ret and m.mem_used.base < mine:
             set_val(m.mem_used, float(mine))
-    in_use = sum(pr.used_mem for pr in g.procs[: g.proc_count])
+    in_use = sum(pr.used_mem for pr in g.procs[: g.proc_count] if pr.used_mem != NOT_AVAILABLE)
     if in_use and not g.mem_used.ret and g.mem_used.base < in_use:  # and the GPU's covers all of them
         set_val(g.mem_used, float(in_use))
     g.supported_events = int(p.get("events", 0x8))
@@ -301,6 +355,8 @@ def behave(g: Gpu, p: dict, kind: str, period: float = 300.0) -> None:
     busy = {  # (value, idle value) pairs; Val, busy, idle
         "util_gpu": (98.0, 0.0), "util_mem": (60.0, 0.0),
         "power_mw": (0.85 * limit * 1000, (power.get("draw") or 0.1 * limit) * 1000),
+        # the 1 s average (what nvmlDeviceGetPowerUsage answers on Ampere and newer) follows the draw
+        "power_avg_mw": (0.85 * limit * 1000, (power.get("average") or power.get("draw") or 0.1 * limit) * 1000),
         "temp_gpu": (68.0, float(_sub(p, "temperature_c").get("gpu") or 35)),
     }
     for attr, (hi, lo) in busy.items():
@@ -336,9 +392,9 @@ def mig_layout(gpu_profile: dict, names: list[str]) -> dict:
     free_ids = copy.deepcopy(GI_IDS)
     devices = []
     try:
-        sizes = [int(name.split("g", 1)[0]) for name in names]
+        sizes = [mig_slices(name) for name in names]
     except ValueError:
-        raise ScenarioError(f"MIG profiles look like '3g.40gb', got {names}") from None
+        raise ScenarioError(f"MIG profiles look like '3g.40gb' or '1c.3g.71gb', got {names}") from None
     if sum(sizes) > 7:
         raise ScenarioError(f"MIG layout {names} does not fit: {sum(sizes)} of 7 compute slices")
     for name, slices in zip(names, sizes):
@@ -352,10 +408,11 @@ def mig_layout(gpu_profile: dict, names: list[str]) -> dict:
     return {"mode": 1, "pending": 1, "devices": devices}
 
 
-# Simulator-only keys a capture cannot show, by architecture.
+# Simulator-only keys a capture cannot show, by architecture. "gpm": the GPU has GPM (Hopper and
+# newer); its metric values are derived from the capture by _capture_gpm.
 ARCH_EXTRAS = {
-    "Hopper": {"compute_capability": [9, 0], "gpm": dict.fromkeys(GPM_SLOT, 0.0)},
-    "Blackwell": {"compute_capability": [10, 0], "gpm": dict.fromkeys(GPM_SLOT, 0.0)},
+    "Hopper": {"compute_capability": [9, 0], "gpm": {}},
+    "Blackwell": {"compute_capability": [10, 0], "gpm": {}},
     "Ada Lovelace": {"compute_capability": [8, 9]},
     "Ampere": {"compute_capability": [8, 0]},
     "Turing": {"compute_capability": [7, 5]},
@@ -373,11 +430,19 @@ def _capture_profile(path: Path, phase: str) -> dict:
     p = found[0]
     for key, value in ARCH_EXTRAS.get(p.get("architecture") or "", {}).items():
         p.setdefault(key, copy.deepcopy(value))
-    p.setdefault("gpm", None)
+    p["gpm"] = _capture_gpm(p) if p.get("gpm") is not None else None
     speeds = [float(x) for x in re.findall(r"Link \d+: ([\d.]+) GB/s", text)]
     p.setdefault("nvlink", {"links": len(speeds), "version": 4, "speed_mbps": int(speeds[0] * 1000),
                             "tx_bytes_per_s": 0.0, "rx_bytes_per_s": 0.0} if speeds else None)
     return p
+
+
+def _capture_gpm(p: dict) -> dict[str, float | None]:
+    """GPM (profiling) metrics of a GPU seeded from a capture, which shows none of them: graphics
+    engine activity is the capture's GPU utilization (both are the share of time a kernel ran),
+    every other metric absent (NOT_SUPPORTED), never 0 under a load the capture shows."""
+    util = _sub(p, "utilization_pct").get("gpu")
+    return dict.fromkeys(GPM_SLOT) | {"graphics_util": None if util is None else float(util)}
 
 
 def _deep_merge(base: dict, extra: dict) -> dict:
@@ -418,7 +483,23 @@ def expand(spec: dict, base: Path | None = None) -> tuple[dict, list[tuple[dict,
         slots += [(copy.deepcopy(base_profile), entry.get("behaviour", "idle"), float(entry.get("period_s", 300)))
                   for _ in range(count)]
     _place_processes(spec, slots)
+    _distinct_buses([p for p, _, _ in slots])
     return info, slots
+
+
+def _distinct_buses(profiles: list[dict]) -> None:
+    """Give each GPU slot its own PCI bus: a profile's own (a capture's) where still free, else the
+    slot's generated one (BUSES), else the next free of BUSES; a moved GPU's bus id is re-derived."""
+    used: set[int] = set()
+    for slot, p in enumerate(profiles):
+        if not isinstance(p.get("pci"), dict):
+            p["pci"] = {}
+        pci = p["pci"]
+        bus = BUSES[slot] if pci.get("bus") is None else pci["bus"]
+        if bus in used:
+            bus = next(b for b in BUSES if b not in used)
+            pci["bus"], pci["bus_id"] = bus, None
+        used.add(bus)
 
 
 def _driver_info(spec: dict) -> tuple[dict, bool]:
@@ -486,9 +567,12 @@ def apply(st: SimState, spec: dict, base: Path | None = None, node: str = "node"
 def _apply(st: SimState, spec: dict, base: Path | None, node: str) -> None:
     info, slots = expand(spec, base)
     _str(st.s.driver_version, info["driver_version"])
-    major, _, minor = info["cuda_version"].partition(".")
-    st.s.cuda_version = int(major) * 1000 + int(minor or 0) * 10
-    _str(st.s.nvml_version, f"{int(major)}.{info['driver_version']}")  # e.g. 11.470.256.02, as NVML reports
+    cuda = re.match(r"\s*(\d+)(?:\.(\d+))?", info["cuda_version"])
+    if not cuda:
+        raise ScenarioError(f"cuda_version must look like '13.1', got {info['cuda_version']!r}")
+    major, minor = int(cuda[1]), int(cuda[2] or 0)
+    st.s.cuda_version = major * 1000 + minor * 10
+    _str(st.s.nvml_version, f"{major}.{info['driver_version']}")  # e.g. 11.470.256.02, as NVML reports
     st.s.gpu_slots = len(slots)
     for slot, (p, behaviour, period) in enumerate(slots):
         apply_profile(st, slot, p, node)
@@ -496,9 +580,17 @@ def _apply(st: SimState, spec: dict, base: Path | None, node: str) -> None:
 
 
 def load(path: str | Path) -> dict:
-    """Parse a scenario YAML file; ScenarioError on a missing file or bad YAML."""
+    """Parse a scenario YAML file; ScenarioError on a missing file or bad YAML. A file that is an
+    `nvidia-smi` capture (its `# <phase> :: query (-q)` banners) is taken as the scenario
+    `{gpus: [{capture: FILE, phase: load}]}`."""
     path = Path(path)
     try:
-        return yaml.safe_load(path.read_text())
+        text = path.read_text(errors="replace")
+        if re.search(r"^# (idle|load) :: query \(-q\)", text, re.M):
+            return {"gpus": [{"capture": str(path.resolve()), "phase": "load"}]}
+        spec = yaml.safe_load(text)
     except (OSError, yaml.YAMLError) as e:
         raise ScenarioError(f"cannot read scenario {path}: {e}") from None
+    if not isinstance(spec, dict):
+        raise ScenarioError(f"{path}: a scenario needs a 'gpus' list (a YAML mapping)")
+    return spec
