@@ -196,8 +196,16 @@ def test_thresholds_are_the_same_in_both_phases(path):
 def test_h100_datacenter_values():
     [p] = load_capture(cap("nvidia-h100-80gb-hbm3"), "load")
     assert p["ecc"] == {"mode": 1, "pending": 1, "corrected_volatile": 0, "corrected_aggregate": 0,
-                        "uncorrected_volatile": 0, "uncorrected_aggregate": 0}
-    assert p["remapped_rows"] == {"correctable": 0, "uncorrectable": 0, "pending": 0, "failure": 0}
+                        "uncorrected_volatile": 0, "uncorrected_aggregate": 0,
+                        **{f"{loc}_{kind}_{scope}": 0 for loc in ("sram", "dram") for kind in ("corrected", "uncorrected")
+                           for scope in ("volatile", "aggregate")}}
+    assert p["remapped_rows"] == {"correctable": 0, "uncorrectable": 0, "pending": 0, "failure": 0,
+                                  "histogram": {"max": 2560, "high": 0, "partial": 0, "low": 0, "none": 0}}
+    assert (p["persistence_mode"], p["compute_mode"]) == (1, 0)
+    assert p["encoder_stats"] == p["fbc_stats"] == {"sessions": 0, "average_fps": 0, "average_latency_us": 0}
+    assert p["power_w"]["limit"] == 700.0 and p["power_w"]["memory_average"] is not None
+    # registered with the fabric manager; the driver reports no health (every Health line N/A)
+    assert p["fabric"] == {"state": 3, "status": 0, "clique_id": 0, "health_mask": None}
     assert p["retired_pages"] is None  # all three lines N/A on Hopper
     assert p["mig"] == {"mode": 0, "pending": 0, "devices": []}
     assert p["pci"] == {"bus_id": "00000000:00:09.0", "domain": 0, "bus": 0, "device": 9,
@@ -212,6 +220,10 @@ def test_consumer_na_fields_are_none_not_zero():
     assert p["brand"] == "GeForce" and p["architecture"] == "Ada Lovelace"
     assert p["ecc"]["mode"] is None and p["ecc"]["corrected_volatile"] is None
     assert p["remapped_rows"] is None and p["retired_pages"] is None and p["mig"] is None
+    assert p["fabric"] is None and p["power_w"]["memory_average"] is None  # Fabric State / memory power N/A
+    assert all(p["ecc"][f"{loc}_{kind}_{scope}"] is None for loc in ("sram", "dram")
+               for kind in ("corrected", "uncorrected") for scope in ("volatile", "aggregate"))
+    assert p["encoder_stats"] == {"sessions": 2, "average_fps": 184, "average_latency_us": 62844}
     assert p["serial"] is None and p["board_part_number"] is None
     t = p["temperature_c"]
     assert (t["shutdown"], t["slowdown"], t["gpu_max"], t["target"]) == (101, 96, 90, 84)

@@ -329,6 +329,7 @@ def _node_a(exporter, tmp_path):
     and Slurm job attribution."""
     spec = scenario.load(REPO / "examples" / "scenarios" / "mixed-faults.yaml")
     spec["gpus"][2]["overrides"] = {"retired_pages": {"sbe": 2, "dbe": 0, "pending": 0}}
+    spec["gpus"][0]["overrides"] = {"fabric": {"health_mask": 0}}  # the H200's fabric reports health (v2 call)
     spec["gpus"].append({"profile": "a100-40gb"})
     jobs = tmp_path / "slurm-jobs"  # Slurm job attribution on node-a, for the attribution panels
     jobs.mkdir()

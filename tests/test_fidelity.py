@@ -176,12 +176,114 @@ def test_a_mismatch_fails_the_report(monkeypatch):
     assert bad.field == "Fan Speed" and bad.verdict.startswith("mismatch") and bad.exported == pytest.approx(0.31)
 
 
-def test_every_pending_field_says_so():
-    pending = [k for k, v in fidelity.NOT_EXPORTED.items() if v == fidelity.PENDING]
-    assert {"Persistence Mode", "Compute Mode", "Fabric/*", "Processes/Process ID/Type",
-            "GPU Memory Power Readings/*", "Encoder Stats/*"} <= set(pending)
-    assert fidelity.classify("ECC Errors/Volatile/SRAM Correctable") == fidelity.PENDING
-    assert fidelity.classify("Remapped Rows/Bank Remap Availability Histogram/Max") == fidelity.PENDING
+# Every line the newer fields come from, with values no real capture shows yet (errors, sessions,
+# a fabric with health), spliced into the WDDM fixture.
+NEW_FIELDS = [
+    ("    Product Architecture                  : Ada Lovelace\n",
+     "    Product Architecture                  : Ada Lovelace\n"
+     "    Persistence Mode                      : Enabled\n"
+     "    Compute Mode                          : Exclusive_Process\n"),
+    ("        Decoder                           : 0 %\n",
+     "        Decoder                           : 0 %\n"
+     "    Encoder Stats\n        Active Sessions                   : 2\n"
+     "        Average FPS                       : 107\n        Average Latency                   : 99454\n"
+     "    FBC Stats\n        Active Sessions                   : 1\n"
+     "        Average FPS                       : 30\n        Average Latency                   : 1500\n"),
+    ("        Current                           : N/A\n        Pending                           : N/A\n"
+     "    Temperature\n",
+     "        Current                           : Enabled\n        Pending                           : Disabled\n"
+     "    ECC Errors\n        Volatile\n"
+     "            SRAM Correctable              : 5\n            SRAM Uncorrectable Parity     : 1\n"
+     "            SRAM Uncorrectable SEC-DED    : 2\n            DRAM Correctable              : 7\n"
+     "            DRAM Uncorrectable            : 0\n        Aggregate\n"
+     "            SRAM Correctable              : 9\n            SRAM Uncorrectable Parity     : N/A\n"
+     "            SRAM Uncorrectable SEC-DED    : 4\n            DRAM Correctable              : 11\n"
+     "            DRAM Uncorrectable            : 1\n"
+     "    Remapped Rows\n        Correctable Error                 : 1\n        Uncorrectable Error               : 0\n"
+     "        Pending                           : No\n        Remapping Failure Occurred        : No\n"
+     "        Bank Remap Availability Histogram\n            Max                           : 2550 bank(s)\n"
+     "            High                          : 8 bank(s)\n            Partial                       : 2 bank(s)\n"
+     "            Low                           : 0 bank(s)\n            None                          : 0 bank(s)\n"
+     "    Temperature\n"),
+    ("        GPU Ceiling Power Limit           : 220.00 W\n",
+     "        GPU Ceiling Power Limit           : 220.00 W\n"
+     "    GPU Memory Power Readings \n        Average Power Draw                : 21.50 W\n"
+     "        Instantaneous Power Draw          : N/A\n"),
+    ("    Processes\n",
+     "    Fabric\n        State                             : Completed\n        Status                            : Success\n"
+     "        CliqueId                          : 32766\n        ClusterUUID                       : N/A\n"
+     "        Health\n            Summary                       : N/A\n            Bandwidth                     : Full\n"
+     "            Route Recovery in progress    : False\n            Route Unhealthy               : True\n"
+     "            Access Timeout Recovery       : N/A\n            Incorrect Configuration       : None\n"
+     "    Processes\n"),
+    ("            Used GPU Memory               : Not available\n", "            Used GPU Memory               : 512 MiB\n"),
+]
+HEALTH = 2 | 2 << 2 | 1 << 4 | 0 << 6 | 1 << 8  # full bandwidth, no recovery, route unhealthy, N/A, configured
+
+
+def test_the_newer_fields_are_imported_from_their_lines(tmp_path):
+    [p] = load_capture(variant(tmp_path, NEW_FIELDS), "load")
+    assert (p["persistence_mode"], p["compute_mode"]) == (1, 3)
+    assert p["encoder_stats"] == {"sessions": 2, "average_fps": 107, "average_latency_us": 99454}
+    assert p["fbc_stats"] == {"sessions": 1, "average_fps": 30, "average_latency_us": 1500}
+    assert p["power_w"]["memory_average"] == 21.5 and p["power_w"]["limit"] == 200.0
+    assert (p["ecc"]["mode"], p["ecc"]["pending"]) == (1, 0)
+    assert {k: v for k, v in p["ecc"].items() if k.startswith(("sram", "dram"))} == {
+        "sram_corrected_volatile": 5, "sram_uncorrected_volatile": 3, "dram_corrected_volatile": 7,
+        "dram_uncorrected_volatile": 0, "sram_corrected_aggregate": 9,
+        "sram_uncorrected_aggregate": None,  # Parity N/A: the sum is unknown, never SEC-DED alone
+        "dram_corrected_aggregate": 11, "dram_uncorrected_aggregate": 1}
+    assert p["remapped_rows"]["histogram"] == {"max": 2550, "high": 8, "partial": 2, "low": 0, "none": 0}
+    assert p["fabric"] == {"state": 3, "status": 0, "clique_id": 32766, "health_mask": HEALTH}
+    assert [q["type"] for q in p["processes"]] == ["C+G", "C"]
+
+
+def test_a_capture_without_the_newer_lines_leaves_them_absent():
+    [p] = load_capture(WDDM_610, "load")  # no Encoder/FBC Stats, ECC errors, Remapped Rows or Fabric block
+    assert p["encoder_stats"] is None and p["fbc_stats"] is None and p["fabric"] is None
+    assert p["remapped_rows"] is None and p["power_w"]["memory_average"] is None
+    assert all(v is None for k, v in p["ecc"].items())
+
+
+@pytest.mark.parametrize("health,mask", [
+    ({"Bandwidth": "N/A", "Route Unhealthy": "N/A"}, None),  # the driver reports no health
+    ({"Bandwidth": "Degraded", "Route Unhealthy": "Sideways"}, None),  # a text the importer does not know
+    ({"Bandwidth": "Degraded", "Partition Assigned": "Yes"}, None),  # a field whose bits gpuobs does not know
+    ({"Bandwidth": "Degraded", "Route Unhealthy": "False"}, 1 | 2 << 4)])  # lines an older driver lacks: 0
+def test_fabric_health_mask_is_never_guessed(health, mask):
+    from gpuobs.sim.capture import health_mask
+    assert health_mask(health) == mask
+
+
+def test_the_newer_fields_are_compared_with_what_is_exported(tmp_path):
+    rows = {r.field: r for r in fidelity.check(variant(tmp_path, NEW_FIELDS), "load", exported_samples)}
+    assert not [r for r in rows.values() if r.failed], "\n".join(fidelity.report([r for r in rows.values() if r.failed]))
+    exported = {
+        "Persistence Mode": 1, "Compute Mode": "exclusive_process", "ECC Mode/Pending": 0,
+        "Encoder Stats/Average Latency": pytest.approx(0.099454), "FBC Stats/Active Sessions": 1,
+        "GPU Power Readings/Average Power Draw": 148.2, "GPU Power Readings/Requested Power Limit": 200,
+        "GPU Memory Power Readings/Average Power Draw": 21.5,
+        "ECC Errors/Volatile/SRAM Correctable": 5, "ECC Errors/Volatile/SRAM Uncorrectable SEC-DED": 3,
+        "ECC Errors/Aggregate/SRAM Uncorrectable SEC-DED": None, "ECC Errors/Aggregate/DRAM Uncorrectable": 1,
+        "Remapped Rows/Bank Remap Availability Histogram/High": 8,
+        "Fabric/State": "completed", "Fabric/Status": 0, "Fabric/CliqueId": 32766,
+        "Fabric/Health/Route Unhealthy": HEALTH, "Fabric/Health/Access Timeout Recovery": HEALTH,
+        "Processes/Process ID/Type[pid=9012]": "compute",
+        "Processes/Process ID/Type[pid=7720]": None,  # its memory is not available: no series to label
+    }
+    assert {k: rows[k].exported for k in exported} == exported
+    assert all(rows[k].verdict == "match" for k in exported)
+
+
+def test_formerly_pending_fields_are_compared():
+    for path in ("Persistence Mode", "Compute Mode", "ECC Mode/Pending", "MIG Mode/Pending",
+                 "Power Readings/Power Limit", "GPU Memory Power Readings/Average Power Draw",
+                 "Encoder Stats/Average FPS", "FBC Stats/Average Latency", "ECC Errors/Volatile/SRAM Correctable",
+                 "Remapped Rows/Bank Remap Availability Histogram/None", "MIG Device/Shared BAR1 Memory/Total",
+                 "MIG Device/Device Attributes/Shared/Multiprocessor count", "Processes/Process ID/Type",
+                 "Fabric/State", "Fabric/Health/Bandwidth"):
+        assert isinstance(fidelity.classify(path), fidelity.Export), path
+    assert not [r for r in fidelity.NOT_EXPORTED.values() if "pending" in r]
     assert fidelity.classify("Frobnication Level") is None
 
 

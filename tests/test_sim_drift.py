@@ -71,6 +71,20 @@ def test_every_driver_generation_hides_only_implemented_functions():
     assert "nvmlDeviceGetComputeRunningProcesses_v3" not in builder.DRIVERS["r535"]
 
 
+def test_fabric_calls_follow_their_first_drivers():
+    """nvmlDeviceGetGpuFabricInfo is in nvml.h from 525.53, ...InfoV from 550.40.07; the row-remapper
+    histogram, encoder and FBC stats and the memory error counter predate R470."""
+    lacking = {name: {f for f in ("nvmlDeviceGetGpuFabricInfo", "nvmlDeviceGetGpuFabricInfoV") if f in lacks}
+               for name, lacks in builder.DRIVERS.items()}
+    assert lacking == {"r470": {"nvmlDeviceGetGpuFabricInfo", "nvmlDeviceGetGpuFabricInfoV"},
+                       "r510": {"nvmlDeviceGetGpuFabricInfo", "nvmlDeviceGetGpuFabricInfoV"},
+                       "r525": {"nvmlDeviceGetGpuFabricInfoV"}, "r535": {"nvmlDeviceGetGpuFabricInfoV"},
+                       "r535.98": {"nvmlDeviceGetGpuFabricInfoV"}, "r550": set(), "current": set()}
+    older = {f for lacks in builder.DRIVERS.values() for f in lacks}
+    assert not older & {"nvmlDeviceGetRowRemapperHistogram", "nvmlDeviceGetEncoderStats", "nvmlDeviceGetFBCStats",
+                        "nvmlDeviceGetMemoryErrorCounter"}
+
+
 @pytest.mark.parametrize("driver", sorted(builder.DRIVERS))
 def test_child_sees_exactly_the_drivers_symbols(tmp_path, driver):
     sim = Simulator(NODE, directory=tmp_path, driver=driver)

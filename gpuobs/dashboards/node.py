@@ -54,6 +54,12 @@ def build():
                   "Why a GPU reads down: lost (off the bus), reset_required, timeout (its NVML calls hang or are "
                   "slow) or unreadable. Empty while every GPU is healthy.",
                   hide=("Value", "cluster", "node", "instance", "job")), 6, 6)
+    L.add(k.table("GPU modes", [target(m(c.PERSISTENCE_MODE)), target(f"{m(c.COMPUTE_MODE)} == 1"),
+                                target(m(c.ECC_PENDING)), target(m(c.MIG_PENDING))], "short",
+                  "Persistence mode, compute mode, and the ECC and MIG modes pending for the next reset (a pending "
+                  "mode that differs from the current one takes effect then).", merge=True,
+                  hide=("cluster", "node", "uuid", "Value #B"),
+                  rename={"Value #A": "persistence", "Value #C": "ECC pending", "Value #D": "MIG pending"}), 24, 6)
 
     L.row("Jobs and models on this node")
     L.add(k.table("Training jobs", [target(f"count by (job_id) ({sel(c.STEPS, C, N)})")], "short",
@@ -74,6 +80,15 @@ def build():
         target(m(c.MEMORY_UTILIZATION), GPU + " memory"), target(m(c.ENCODER_UTILIZATION), GPU + " encoder"),
         target(m(c.DECODER_UTILIZATION), GPU + " decoder")], "percentunit",
         "Share of the sample period device memory was read or written, and video engine use.", min=0, max=1), 12, 8)
+    L.add(k.timeseries("Encoder and FBC sessions", [
+        target(m(c.ENCODER_SESSIONS), GPU + " encoder"), target(m(c.FBC_SESSIONS), GPU + " frame capture")],
+        "short", "Video encoder and frame-buffer-capture sessions running.", min=0), 8, 7)
+    L.add(k.timeseries("Encoder and FBC frame rate", [
+        target(m(c.ENCODER_FPS), GPU + " encoder"), target(m(c.FBC_FPS), GPU + " frame capture")],
+        "short", "Average frames per second over the sessions running.", min=0), 8, 7)
+    L.add(k.timeseries("Encoder and FBC latency", [
+        target(m(c.ENCODER_LATENCY), GPU + " encoder"), target(m(c.FBC_LATENCY), GPU + " frame capture")],
+        "s", "Average latency per frame over the sessions running.", min=0), 8, 7)
 
     L.row("Profiling (GPM)")
     for metric in c.GPM_METRICS.values():
@@ -98,6 +113,11 @@ def build():
         "Board power against the enforced, default and settable limits.", min=0), 16, 8)
     L.add(k.timeseries("Energy rate", [target(rate(m(c.ENERGY)), GPU)], "watt",
                        "Power derived from the energy counter: joules per second.", min=0), 8, 8)
+    L.add(k.timeseries("Average power, memory power and requested limit", [
+        target(m(c.POWER_AVERAGE), GPU + " average"), target(m(c.MEMORY_POWER), GPU + " memory average"),
+        target(m(c.POWER_REQUESTED_LIMIT), GPU + " requested limit")], "watt",
+        "The driver's 1 s average board power, the memory's share where the GPU reports it, and the limit "
+        "last requested (the enforced one can be lower).", min=0), 24, 8)
 
     L.row("Thermal")
     L.add(k.timeseries("GPU temperature and thresholds", [
@@ -133,7 +153,10 @@ def build():
         min=0, stack=True), 8, 8)
     L.add(k.table("Active clock-event reasons", [target(f"{m(c.CLOCK_EVENT_ACTIVE)} == 1")], "short",
                   "Every clock-event reason active now, gpu_idle included.", hide=("Value", "cluster", "node")),
-          24, 5)
+          18, 5)
+    L.add(k.table("Clock-event reason mask", [target(m(c.CLOCK_EVENT_REASONS_MASK))], "short",
+                  "nvmlClocksEventReasons bitmask, as nvidia-smi and DCGM show it (0x4: power cap, 0x40: HW "
+                  "thermal slowdown, 0x1: idle).", hide=("cluster", "node", "uuid"), rename={"Value": "mask"}), 6, 5)
 
     L.row("ECC and memory repairs")
     L.add(k.timeseries("ECC errors", [target(
@@ -150,7 +173,14 @@ def build():
         target(m(c.REMAP_PENDING), GPU + " remap pending"), target(m(c.REMAP_FAILURE), GPU + " remap failure"),
         target(m(c.RETIRED_PAGES_PENDING), GPU + " retirement pending")], "short",
         "A pending remap or retirement takes effect at the next GPU reset; a failed remap needs service.",
-        thresholds=BAD), 24, 6)
+        thresholds=BAD), 12, 6)
+    L.add(k.timeseries("Row-remap bank availability", [target(m(c.REMAP_BANKS), GPU + " {{availability}}")],
+                       "short", "Memory banks by how many spare rows they have left (max to none): banks moving "
+                       "toward low and none run out of repairs.", min=0, stack=True), 12, 6)
+    L.add(k.timeseries("ECC errors by location", [target(
+        f"sum by (gpu, location, error_type) ({rate(m(c.ECC_LOCATION_ERRORS, VOLATILE))})",
+        GPU + " {{location}} {{error_type}}")], "cps",
+        "ECC errors per second in on-chip SRAM and in device memory (DRAM), volatile counters.", min=0), 24, 7)
 
     L.row("PCIe")
     L.add(k.timeseries("PCIe throughput", [target(rate(m(c.PCIE_TX)), GPU + " transmit"),
@@ -158,6 +188,10 @@ def build():
                        "Bytes per second over PCIe.", min=0), 8, 8)
     L.add(k.timeseries("PCIe replays", [target(rate(m(c.PCIE_REPLAYS)), GPU)], "cps",
                        "Link-level retransmissions per second.", min=0), 8, 8)
+    L.add(k.timeseries("PCIe and NVLink throughput per pass", [
+        target(m(c.PCIE_THROUGHPUT), GPU + " PCIe {{direction}}"), target(m(c.NVLINK_THROUGHPUT), GPU + " NVLink")],
+        "Bps", "Bytes per second between the exporter's last two passes (what DCGM's PCIe and NVLink bandwidth "
+        "fields show); NVLink is sent plus received over all links.", min=0), 24, 7)
     L.add(k.table("PCIe link", [target(m(c.PCIE_GENERATION)), target(m(c.PCIE_MAX_GENERATION)),
                                 target(m(c.PCIE_WIDTH)), target(m(c.PCIE_MAX_WIDTH))], "short",
                   "Generation and width now and at most. Idle GPUs downshift to save power.", merge=True,
@@ -176,15 +210,29 @@ def build():
     L.add(k.state_timeline("NVLink links down", [target(f"sum by (gpu) (1 - {m(c.NVLINK_UP)})", GPU)], "short",
                            "Inactive links per GPU (GPUs with NVLink only).", thresholds=BAD), 8, 8)
 
+    L.row("NVSwitch fabric")
+    L.add(k.table("Fabric registration", [target(f"{m(c.FABRIC_STATE)} == 1"), target(m(c.FABRIC_STATUS)),
+                                          target(m(c.FABRIC_CLIQUE)), target(m(c.FABRIC_HEALTH))], "short",
+                  "Each GPU's registration with the NVSwitch fabric manager: state (completed when registered), "
+                  "status (0: success) and clique, and the fabric health mask (0: healthy). GPUs without NVSwitch "
+                  "fabric show nothing.", merge=True, hide=("cluster", "node", "uuid", "Value #A"),
+                  rename={"Value #B": "status", "Value #C": "clique", "Value #D": "health mask"}), 24, 6)
+
     L.row("MIG")
     L.add(k.table("MIG devices", [target(m(c.MIG_INFO)), target(m(c.MIG_MEMORY_TOTAL))], "bytes",
                   "GPU instances and compute instances, with profile and memory.", merge=True,
                   hide=("cluster", "node", "Value #A"), rename={"Value #B": "memory"}), 12, 6)
-    L.add(k.state_timeline("MIG mode", [target(m(c.MIG_MODE), GPU)], "short", "1 while MIG mode is enabled.",
+    L.add(k.state_timeline("MIG mode", [target(m(c.MIG_MODE), GPU), target(m(c.MIG_PENDING), GPU + " pending")],
+                           "short", "1 while MIG mode is enabled, and the mode pending for the next reset.",
                            thresholds=[{"color": "text", "value": None}, {"color": "blue", "value": 1}]), 12, 6)
     MIG = GPU + " GI {{gpu_instance_id}} CI {{compute_instance_id}}"
     L.add(k.timeseries("MIG memory used", [target(m(c.MIG_MEMORY_USED), MIG)], "bytes",
                        "Memory used per MIG device.", min=0), 8, 7)
+    L.add(k.table("MIG BAR1 and SMs", [target(m(c.MIG_BAR1_USED)), target(m(c.MIG_BAR1_TOTAL)),
+                                       target(m(c.MIG_SMS))], "short",
+                  "BAR1 aperture in use and in total, and streaming multiprocessors, per MIG device.", merge=True,
+                  hide=("cluster", "node", "uuid"),
+                  rename={"Value #A": "BAR1 used", "Value #B": "BAR1 total", "Value #C": "SMs"}), 8, 7)
     for metric in c.MIG_GPM_METRICS.values():
         L.add(k.timeseries("MIG " + _title(metric), [target(m(metric), MIG)], "percentunit", metric.help,
                            min=0, max=1), 8, 7)

@@ -51,12 +51,15 @@ def implemented_functions() -> list[str]:
 #   nvmlDeviceGetMemoryInfo_v2, nvmlDevice{Compute,Graphics,MPSCompute}RunningProcesses_v3,
 #     nvmlDeviceGetNumGpuCores, nvmlDeviceGetNumFans ............................... 510.39.01
 #   nvmlGpmQueryDeviceSupport, nvmlGpmSample{Alloc,Free,Get}, nvmlGpmMetricsGet ..... 520.56.06
-#   nvmlGpmMigSampleGet, nvmlDeviceGetGpuMaxPcieLinkGeneration ...................... 525.53
+#   nvmlGpmMigSampleGet, nvmlDeviceGetGpuMaxPcieLinkGeneration,
+#     nvmlDeviceGetGpuFabricInfo ................................................... 525.53
 #   nvmlDevice{Current,Supported}ClocksEventReasons (older: ...ClocksThrottleReasons)  535.43.02
 #   nvmlGpmQueryIfStreamingEnabled ................................................. 535.54.03
-#   nvmlDeviceGetPciInfoExt ........................................................ 550.40.07
+#   nvmlDeviceGetPciInfoExt, nvmlDeviceGetGpuFabricInfoV ........................... 550.40.07
 #   nvmlDeviceGetTemperatureV ...................................................... 565.57.01
 #   nvmlDeviceGetMarginTemperature ................................................. 570.86.16
+# nvmlDeviceGetRowRemapperHistogram (450.51), nvmlDeviceGetEncoderStats (375.66), nvmlDeviceGetFBCStats
+# (410.104) and nvmlDeviceGetMemoryErrorCounter (375.26) predate R470: every listed generation has them.
 # 535.98 alone dropped the three ..._v3 process calls again (back in 535.104.05; see also
 # XuehaiPan/nvitop#88 and #89, where pynvml raised FunctionNotFound on that driver). Calls older
 # drivers still have for fallback: nvmlDeviceGetMemoryInfo (v1), ...ClocksThrottleReasons, the
@@ -67,10 +70,10 @@ _R510 = ("nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetComputeRunningProcesses_v3"
          "nvmlDeviceGetNumGpuCores", "nvmlDeviceGetNumFans")
 _R520 = ("nvmlGpmQueryDeviceSupport", "nvmlGpmSampleAlloc", "nvmlGpmSampleFree", "nvmlGpmSampleGet",
          "nvmlGpmMetricsGet")
-_R525 = ("nvmlGpmMigSampleGet", "nvmlDeviceGetGpuMaxPcieLinkGeneration")
+_R525 = ("nvmlGpmMigSampleGet", "nvmlDeviceGetGpuMaxPcieLinkGeneration", "nvmlDeviceGetGpuFabricInfo")
 _R535 = ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetSupportedClocksEventReasons",
          "nvmlGpmQueryIfStreamingEnabled")
-_R550 = ("nvmlDeviceGetPciInfoExt",)
+_R550 = ("nvmlDeviceGetPciInfoExt", "nvmlDeviceGetGpuFabricInfoV")
 _R570 = ("nvmlDeviceGetTemperatureV", "nvmlDeviceGetMarginTemperature")  # TemperatureV: 565
 
 # name -> the simulator functions that driver branch does not export.

@@ -220,8 +220,10 @@ def _power(g: dict) -> dict[str, float | None]:
     p = _get(g, "GPU Power Readings") or _get(g, "Power Readings")
     ceiling = _get(p, CEILING)
     lim = ceiling if isinstance(ceiling, dict) and not any(_get(p, k) is not None for k in LIMITS) else p
+    memory = _get(g, "GPU Memory Power Readings")
     return {"draw": _num(_first(p, ("Instantaneous Power Draw",), ("Power Draw",))),
             "average": _num(_get(p, "Average Power Draw")),
+            "memory_average": _num(_get(memory, "Average Power Draw")),
             "limit": _num(_first(lim, ("Requested Power Limit",), ("Power Limit",))),
             "enforced_limit": _num(_first(lim, ("Current Power Limit",), ("Enforced Power Limit",))),
             "default_limit": _num(_get(lim, "Default Power Limit")),
@@ -258,11 +260,35 @@ def _ecc(g: dict) -> dict[str, int | None]:
             return _int(_get(s, new))
         return _int(_first(s, (old, "Device Memory"), (old, "Total")))  # pre-R470 layout
 
-    return {"mode": _flag(_get(g, "ECC Mode", "Current")), "pending": _flag(_get(g, "ECC Mode", "Pending")),
-            "corrected_volatile": count("Volatile", "DRAM Correctable", "Single Bit"),
-            "corrected_aggregate": count("Aggregate", "DRAM Correctable", "Single Bit"),
-            "uncorrected_volatile": count("Volatile", "DRAM Uncorrectable", "Double Bit"),
-            "uncorrected_aggregate": count("Aggregate", "DRAM Uncorrectable", "Double Bit")}
+    out = {"mode": _flag(_get(g, "ECC Mode", "Current")), "pending": _flag(_get(g, "ECC Mode", "Pending")),
+           "corrected_volatile": count("Volatile", "DRAM Correctable", "Single Bit"),
+           "corrected_aggregate": count("Aggregate", "DRAM Correctable", "Single Bit"),
+           "uncorrected_volatile": count("Volatile", "DRAM Uncorrectable", "Double Bit"),
+           "uncorrected_aggregate": count("Aggregate", "DRAM Uncorrectable", "Double Bit")}
+    for scope in ("volatile", "aggregate"):
+        s = _get(e, scope.capitalize())
+        # device memory is DRAM to NVML (NVML_MEMORY_LOCATION_DEVICE_MEMORY == ..._DRAM): the same counts
+        out |= {f"dram_corrected_{scope}": out[f"corrected_{scope}"],
+                f"dram_uncorrected_{scope}": out[f"uncorrected_{scope}"],
+                f"sram_corrected_{scope}": _int(_get(s, "SRAM Correctable")),
+                f"sram_uncorrected_{scope}": sram_uncorrected(s)}
+    return out
+
+
+def sram_uncorrected(scope: Any) -> int | None:
+    """Uncorrectable SRAM errors of one `ECC Errors` scope block (Volatile or Aggregate), as
+    nvmlDeviceGetMemoryErrorCounter counts them for NVML_MEMORY_LOCATION_SRAM: the one `SRAM
+    Uncorrectable` line, or where nvidia-smi splits it, its `Parity` and `SEC-DED` lines summed. None
+    when a term is N/A, and when `SRAM Correctable` is: the split lines come from another call
+    (nvmlDeviceGetSramEccErrorStatus), which a GeForce answers with zeros while its memory error
+    counters are not supported (an RTX 4080 capture: Parity and SEC-DED 0, query-gpu's
+    ecc.errors.uncorrected.*.sram [N/A])."""
+    if _get(scope, "SRAM Uncorrectable") is not None:
+        return _int(_get(scope, "SRAM Uncorrectable"))
+    parity, secded = _int(_get(scope, "SRAM Uncorrectable Parity")), _int(_get(scope, "SRAM Uncorrectable SEC-DED"))
+    if parity is None or secded is None or _int(_get(scope, "SRAM Correctable")) is None:
+        return None
+    return parity + secded
 
 
 def _retired(g: dict) -> dict[str, int | None] | None:
@@ -277,9 +303,65 @@ def _remapped(g: dict) -> dict[str, int | None] | None:
     r = _get(g, "Remapped Rows")
     if not isinstance(r, dict):
         return None
+    h = _get(r, "Bank Remap Availability Histogram")
+    histogram = {k: _int(_get(h, k.capitalize())) for k in ("max", "high", "partial", "low", "none")}
     return {"correctable": _int(_get(r, "Correctable Error")),
             "uncorrectable": _int(_get(r, "Uncorrectable Error")),
-            "pending": _flag(_get(r, "Pending")), "failure": _flag(_get(r, "Remapping Failure Occurred"))}
+            "pending": _flag(_get(r, "Pending")), "failure": _flag(_get(r, "Remapping Failure Occurred")),
+            "histogram": None if all(v is None for v in histogram.values()) else histogram}
+
+
+def _session_stats(block: Any) -> dict[str, int | None] | None:
+    """`Encoder Stats` / `FBC Stats`: sessions, average FPS and latency (us); None without the block."""
+    if not isinstance(block, dict):
+        return None
+    return {"sessions": _int(_get(block, "Active Sessions")), "average_fps": _int(_get(block, "Average FPS")),
+            "average_latency_us": _int(_get(block, "Average Latency"))}
+
+
+FABRIC_STATES = {"not supported": 0, "not started": 1, "in progress": 2, "completed": 3}  # nvmlGpuFabricState_t
+# nvidia-smi prints the registration status as nvmlErrorString(status); only success is read back into
+# its nvmlReturn_t (other texts would need the whole error table, and no capture shows one).
+FABRIC_STATUS = {"success": 0}
+# Fabric/Health lines -> (shift of their NVML_GPU_FABRIC_HEALTH_MASK_* field, {text: field value}); a
+# field nvidia-smi prints N/A, or a line an older driver does not print, is 0 (..._NOT_SUPPORTED).
+HEALTH_FIELDS = {"Bandwidth": (0, {"degraded": 1, "true": 1, "full": 2, "false": 2}),
+                 "Route Recovery in progress": (2, {"true": 1, "false": 2}),
+                 "Route Unhealthy": (4, {"true": 1, "false": 2}),
+                 "Access Timeout Recovery": (6, {"true": 1, "false": 2}),
+                 "Incorrect Configuration": (8, {"none": 1})}
+HEALTH_UNDECODED = ("Partition Assigned",)  # health lines whose mask bits gpuobs does not know
+
+
+def health_mask(health: Any) -> int | None:
+    """The NVML fabric health mask the `Fabric/Health` lines spell out (nvmlGpuFabricInfo_v2_t
+    healthMask: 2-bit fields at bits 0, 2, 4, 6, a 4-bit field at 8). None (no mask: the driver does
+    not report health) when every line is N/A; None too when a line holds a text this table does not
+    know or a line it cannot place in the mask has a value: a mask is never guessed."""
+    mask, seen = 0, False
+    for key, (shift, values) in HEALTH_FIELDS.items():
+        s = _s(_get(health, key))
+        if s is None:
+            continue
+        if s.lower() not in values:
+            return None
+        mask, seen = mask | values[s.lower()] << shift, True
+    if any(_s(_get(health, key)) is not None for key in HEALTH_UNDECODED):
+        return None
+    return mask if seen else None
+
+
+def _fabric(g: dict) -> dict[str, int | None] | None:
+    """`Fabric`: registration state, status (nvmlReturn_t), clique id and health mask; None where the
+    GPU has no fabric state (N/A: not an NVSwitch system, or a consumer GPU)."""
+    f = _get(g, "Fabric")
+    state = _s(_get(f, "State"))
+    if not isinstance(f, dict) or state is None or state.lower() not in FABRIC_STATES:
+        return None
+    status = _s(_get(f, "Status"))
+    return {"state": FABRIC_STATES[state.lower()],
+            "status": None if status is None else FABRIC_STATUS.get(status.lower()),
+            "clique_id": _int(_get(f, "CliqueId")), "health_mask": health_mask(_get(f, "Health"))}
 
 
 def _mem(block: Any, reserved: bool = True) -> dict[str, int | None]:
@@ -300,7 +382,7 @@ def _mig(g: dict, names: dict[int, str]) -> dict | None:
         devices.append({
             "index": index, "gi_id": _int(_get(d, "GPU Instance ID")), "ci_id": _int(_get(d, "Compute Instance ID")),
             "profile": names.get(index) if index is not None else None,
-            "sm_count": _int(_get(attrs, "Multiprocessor count")), "ce_count": _int(_get(attrs, "Copy Engine count")),
+            "sm_count": _int(_first(attrs, ("Multiprocessor count",), ("SM count",))), "ce_count": _int(_get(attrs, "Copy Engine count")),
             "enc_count": _int(_get(attrs, "Encoder count")), "dec_count": _int(_get(attrs, "Decoder count")),
             "jpg_count": _int(_get(attrs, "JPG count")), "ofa_count": _int(_get(attrs, "OFA count")),
             "memory_mib": _mem(_get(d, "Shared FB Memory Usage") or _get(d, "FB Memory Usage")),
@@ -321,7 +403,7 @@ def _processes(g: dict, usage: dict[int, dict[str, int | None]]) -> list[dict]:
     for i, pid in enumerate(pids):
         n = _int(pid)
         util = usage.get(n, {}) if n is not None else {}
-        out.append({"pid": n, "name": _s(_get(pid, "Name")) or "", "type": _s(_get(pid, "Type")) or "",
+        out.append({"pid": n, "name": _s(_get(pid, "Name")) or "", "type": _s(_get(pid, "Type")),
                     "used_mib": _int(_get(pid, "Used GPU Memory")),
                     "gi_id": _int(gis[i]) if aligned else None, "ci_id": _int(cis[i]) if aligned else None,
                     "sm_util": util.get("sm"), "mem_util": util.get("mem")})
@@ -399,9 +481,12 @@ def _profile(g: dict, top: dict, mig_names: dict[int, str], limit: int | None,
                  "max_width": _int(_get(link, "Link Width", "Max")),
                  "replay": _int(_get(pci, "Replays Since Reset")),
                  "tx_kbps": _int(_get(pci, "Tx Throughput")), "rx_kbps": _int(_get(pci, "Rx Throughput"))},
+        "encoder_stats": _session_stats(_get(g, "Encoder Stats")),
+        "fbc_stats": _session_stats(_get(g, "FBC Stats")),
         "ecc": _ecc(g),
         "retired_pages": _retired(g),
         "remapped_rows": _remapped(g),
+        "fabric": _fabric(g),
         "mig": _mig(g, mig_names),
         "processes": _processes(g, usage),
         "driver_version": _s(top.get("Driver Version")),

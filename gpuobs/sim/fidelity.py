@@ -28,10 +28,11 @@ from typing import Any
 
 from . import capture
 
-__all__ = ["EXPORTED", "NOT_EXPORTED", "PENDING", "Export", "Row", "check", "classify", "known", "report"]
+__all__ = ["EXPORTED", "NOT_EXPORTED", "Export", "Row", "check", "classify", "known", "report"]
 
 MIB = 1024 * 1024
-PENDING = "pending: being added to the catalog, collectors and simulator"
+GPU_TREE = "_gpu"  # key of the profile dict handed to converters that holds the capture's parsed GPU block
+CONTEXT = "_context"  # ... and the row's MIG device or process node (capture.field_paths' context)
 
 
 def _n(raw: str) -> float | None:
@@ -68,17 +69,67 @@ def _text(raw: str, p: dict) -> str | None:
     return capture._s(raw)
 
 
+def _snake(raw: str, p: dict) -> str | None:
+    """nvidia-smi's text as the label value gpuobs uses: "Exclusive_Process" -> "exclusive_process",
+    "In Progress" -> "in_progress"."""
+    s = capture._s(raw)
+    return None if s is None else re.sub(r"[\s-]+", "_", s.lower())
+
+
+_PROCESS_TYPES = {"C": "compute", "G": "graphics", "C+G": "compute_graphics"}
+
+
+def _process_type(raw: str, p: dict) -> str | None:
+    """The type is a label of the process's memory series, absent where the memory is not available
+    (WDDM): then the label has no series to show on."""
+    s = capture._s(raw)
+    memory = _n(capture._get(p.get(CONTEXT, {}).get("process"), "Used GPU Memory"))
+    return None if s is None or memory is None else _PROCESS_TYPES.get(s, s)
+
+
+def _fabric_completed(p: dict) -> bool:
+    """Status and clique id are valid, and exported, only once the registration completed."""
+    return (capture._s(capture._get(p.get(GPU_TREE), "Fabric", "State")) or "").lower() == "completed"
+
+
+def _fabric_status(raw: str, p: dict) -> float | None:
+    s = capture._s(raw)
+    code = None if s is None else capture.FABRIC_STATUS.get(s.lower())
+    return None if code is None or not _fabric_completed(p) else float(code)
+
+
+def _fabric_clique(raw: str, p: dict) -> float | None:
+    return _n(raw) if _fabric_completed(p) else None
+
+
+def _fabric_health(raw: str, p: dict) -> float | None:
+    """Each Health line is compared with the whole mask the block's lines spell out (None: absent)."""
+    mask = capture.health_mask(capture._get(p.get(GPU_TREE), "Fabric", "Health"))
+    return None if mask is None else float(mask)
+
+
+def _sram_uncorrected(scope: str) -> Callable[[str, dict], float | None]:
+    """The SEC-DED line stands for the sum of its scope's Parity and SEC-DED lines (NVML's SRAM count)."""
+    def convert(raw: str, p: dict) -> float | None:
+        n = capture.sram_uncorrected(capture._get(p.get(GPU_TREE), "ECC Errors", scope))
+        return None if n is None else float(n)
+    return convert
+
+
 @dataclass(frozen=True)
 class Export:
     """Where a capture field is exported: `metric` (the sample name as served, `_total` included)
     with `labels` (plus the MIG device's or process's own), compared by value after `convert`
     (raw capture text, profile -> exported unit) within `tolerance` (exported unit), or by the value of
-    label `label` of that series."""
+    label `label` of that series (`one_hot`: of the series whose value is 1, for one-series-per-state
+    metrics). `also` lists further series the same line must match (one line exported twice)."""
     metric: str
     labels: dict[str, str] = field(default_factory=dict)
     convert: Callable[[str, dict], Any] = _scaled(1.0)
     label: str | None = None
     tolerance: float = 0.0
+    one_hot: bool = False
+    also: tuple["Export", ...] = ()
 
 
 def _info(label: str) -> Export:
@@ -98,6 +149,19 @@ _COUNTERS = {"SW Power Capping": "sw_power_cap", "Sync Boost": "sync_boost", "SW
 _CLOCKS = {"Graphics": "graphics", "SM": "sm", "Memory": "memory", "Video": "video"}
 _ECC = {"DRAM Correctable": "corrected", "DRAM Uncorrectable": "uncorrected",
         "Single Bit/Device Memory": "corrected", "Double Bit/Device Memory": "uncorrected"}
+_SESSIONS = {"Active Sessions": ("sessions", 1.0), "Average FPS": ("frames_per_second", 1.0),
+             "Average Latency": ("average_latency_seconds", 1e-6)}  # nvidia-smi prints the latency in us
+_HEALTH = ("Bandwidth", "Route Recovery in progress", "Route Unhealthy", "Access Timeout Recovery",
+           "Incorrect Configuration")
+
+
+def _ecc_location(location: str, kind: str, scope: str) -> Export:
+    return Export("gpuobs_gpu_ecc_location_errors_total",
+                  {"location": location, "error_type": kind, "counter_type": scope.lower()})
+
+
+def _enabled_as(metric: str) -> Export:
+    return Export(metric, convert=_enabled)
 
 # Capture field path (keys below the GPU block, "/"-joined; fnmatch patterns) -> where it is exported.
 EXPORTED: dict[str, Export] = {
@@ -123,6 +187,26 @@ EXPORTED: dict[str, Export] = {
     "Performance State": Export("gpuobs_gpu_performance_state", convert=_pstate),
     "ECC Mode/Current": Export("gpuobs_gpu_ecc_enabled", convert=_enabled),
     "MIG Mode/Current": Export("gpuobs_gpu_mig_enabled", convert=_enabled),
+    "ECC Mode/Pending": _enabled_as("gpuobs_gpu_ecc_pending_enabled"),
+    "MIG Mode/Pending": _enabled_as("gpuobs_gpu_mig_pending_enabled"),
+    "Persistence Mode": _enabled_as("gpuobs_gpu_persistence_mode_enabled"),
+    "Compute Mode": Export("gpuobs_gpu_compute_mode", label="mode", one_hot=True, convert=_snake),
+    "GPU Memory Power Readings/Average Power Draw": Export("gpuobs_gpu_memory_power_average_watts"),
+    **{f"{block}/{key}": Export(f"gpuobs_gpu_{prefix}_{metric}", convert=_scaled(factor))
+       for block, prefix in (("Encoder Stats", "encoder"), ("FBC Stats", "fbc"))
+       for key, (metric, factor) in _SESSIONS.items()},
+    **{f"Remapped Rows/Bank Remap Availability Histogram/{a.capitalize()}":
+       Export("gpuobs_gpu_row_remap_banks", {"availability": a}) for a in ("max", "high", "partial", "low", "none")},
+    "MIG Device/Shared BAR1 Memory/Total": Export("gpuobs_mig_bar1_total_bytes", convert=_scaled(MIB)),
+    "MIG Device/Shared BAR1 Memory/Used": Export("gpuobs_mig_bar1_used_bytes", convert=_scaled(MIB)),
+    **dict.fromkeys([f"MIG Device/Device Attributes/Shared/{key}" for key in ("Multiprocessor count", "SM count")],
+                    Export("gpuobs_mig_multiprocessors")),
+    "Processes/Process ID/Type": Export("gpuobs_gpu_process_memory_used_bytes", label="process_type",
+                                        convert=_process_type),
+    "Fabric/State": Export("gpuobs_gpu_fabric_state", label="state", one_hot=True, convert=_snake),
+    "Fabric/Status": Export("gpuobs_gpu_fabric_status", convert=_fabric_status),
+    "Fabric/CliqueId": Export("gpuobs_gpu_fabric_clique_id", convert=_fabric_clique),
+    **{f"Fabric/Health/{key}": Export("gpuobs_gpu_fabric_health_mask", convert=_fabric_health) for key in _HEALTH},
     "Temperature/GPU Current Temp": Export("gpuobs_gpu_temperature_celsius"),
     "Temperature/Memory Current Temp": Export("gpuobs_gpu_memory_temperature_celsius"),
     "Temperature/GPU Shutdown T.Limit Temp": Export("gpuobs_gpu_shutdown_temperature_celsius", convert=_below_tlimit),
@@ -154,6 +238,12 @@ EXPORTED: dict[str, Export] = {
     **{f"{block}/Instantaneous Power Draw": Export("gpuobs_gpu_power_usage_watts")
        for block in ("GPU Power Readings", "Power Readings")},
     "Power Readings/Power Draw": Export("gpuobs_gpu_power_usage_watts"),
+    **{f"{block}/Average Power Draw": Export("gpuobs_gpu_power_average_watts")
+       for block in ("GPU Power Readings", "Power Readings")},
+    # NVML's "power management limit" (R470's Power Limit) is the requested one; the enforced one may be lower
+    **dict.fromkeys(["GPU Power Readings/Requested Power Limit", "Power Readings/Requested Power Limit",
+                     "Power Readings/Power Limit", "GPU Power Readings/GPU Ceiling Power Limit/Requested Power Limit"],
+                    Export("gpuobs_gpu_power_requested_limit_watts")),
     **{f"{block}/{key}": Export(metric) for key, metric in _LIMITS.items()
        for block in ("GPU Power Readings", "Power Readings", "GPU Power Readings/GPU Ceiling Power Limit")},
     **{f"{block}/{key}": Export("gpuobs_gpu_clock_event_reason_active", {"reason": reason}, _active)
@@ -163,9 +253,19 @@ EXPORTED: dict[str, Export] = {
        for block in ("Clocks Event Reasons Counters", "Clocks Throttle Reasons Counters")},
     **{f"{block}/{key}": Export(f"gpuobs_gpu_{metric}_hertz", {"clock": clock}, _scaled(1e6))
        for key, clock in _CLOCKS.items() for block, metric in (("Clocks", "clock"), ("Max Clocks", "max_clock"))},
+    # device memory is DRAM (NVML_MEMORY_LOCATION_DEVICE_MEMORY == NVML_MEMORY_LOCATION_DRAM): counted twice
     **{f"ECC Errors/{scope}/{key}": Export("gpuobs_gpu_ecc_errors_total",
-                                           {"error_type": kind, "counter_type": scope.lower()})
+                                           {"error_type": kind, "counter_type": scope.lower()},
+                                           also=(_ecc_location("dram", kind, scope),))
        for key, kind in _ECC.items() for scope in ("Volatile", "Aggregate")},
+    **{f"ECC Errors/{scope}/SRAM Correctable": _ecc_location("sram", "corrected", scope)
+       for scope in ("Volatile", "Aggregate")},
+    **{f"ECC Errors/{scope}/SRAM Uncorrectable": _ecc_location("sram", "uncorrected", scope)
+       for scope in ("Volatile", "Aggregate")},
+    **{f"ECC Errors/{scope}/SRAM Uncorrectable SEC-DED": Export(
+        "gpuobs_gpu_ecc_location_errors_total", {"location": "sram", "error_type": "uncorrected",
+                                                 "counter_type": scope.lower()}, _sram_uncorrected(scope))
+       for scope in ("Volatile", "Aggregate")},
 }
 
 _LABEL = "a label of the per-process series (pid, process_name, gpu_instance_id, compute_instance_id), not a value"
@@ -183,38 +283,38 @@ NOT_EXPORTED: dict[str, str] = {
     "Serial Number": "masked in captures: the simulator makes the serial distinct per slot",
     "Product Brand": "exported as the NVML brand enum's name (gpuobs_gpu_info brand), not nvidia-smi's text",
     "Minor Number": "the /dev/nvidiaN number: not a metric",
-    "Persistence Mode": PENDING, "Compute Mode": PENDING,
-    "ECC Mode/Pending": PENDING, "MIG Mode/Pending": PENDING, "Driver Model/Pending": PENDING,
-    "GPU Power Readings/Average Power Draw": PENDING, "Power Readings/Average Power Draw": PENDING,
-    "GPU Power Readings/Requested Power Limit": PENDING, "Power Readings/Requested Power Limit": PENDING,
-    "Power Readings/Power Limit": PENDING,
-    "GPU Power Readings/GPU Ceiling Power Limit/Requested Power Limit": PENDING,
     "GPU Power Readings/GPU Ceiling Power Limit": "R610's power ceiling: no NVML call in gpuobs reads it "
                                                   "(the limits inside its block are exported)",
     "GPU Power Readings/Power Management": "whether power management is on: the limits show it",
     "Power Readings/Power Management": "whether power management is on: the limits show it",
     "Power Readings/Power State": "the performance state, exported as gpuobs_gpu_performance_state",
-    "GPU Memory Power Readings/*": PENDING,
+    "GPU Memory Power Readings/*": "the memory's instant draw: gpuobs reads only the memory's one-second "
+                                   "average (gpuobs_gpu_memory_power_average_watts)",
     "Module Power Readings/*": "module (Grace Hopper superchip) power: " + _UNREAD,
-    "Encoder Stats/*": PENDING, "FBC Stats/*": "frame-buffer-capture sessions: " + _UNREAD,
-    "ECC Errors/*/SRAM *": PENDING, "ECC Errors/Aggregate Uncorrectable SRAM Sources/*": PENDING,
-    "MIG Device/ECC Errors/*": PENDING,
+    "ECC Errors/*/SRAM Uncorrectable Parity": "summed with SEC-DED into the SRAM uncorrected count "
+                                              "(compared on the SEC-DED line)",
+    "ECC Errors/*/SRAM Threshold Exceeded": "whether SRAM errors passed the driver's threshold "
+                                            "(nvmlDeviceGetSramEccErrorStatus): " + _UNREAD,
+    "ECC Errors/Aggregate Uncorrectable SRAM Sources/*": "uncorrectable SRAM errors by unit "
+                                                         "(nvmlDeviceGetSramEccErrorStatus): " + _UNREAD,
+    "MIG Device/ECC Errors/*": "a MIG device's own ECC counts: gpuobs exports ECC per GPU, not per MIG device",
     "ECC Errors/*/Single Bit/*": "pre-R470 per-unit ECC counts: only device memory is exported",
     "ECC Errors/*/Double Bit/*": "pre-R470 per-unit ECC counts: only device memory is exported",
     "ECC Errors/Channel Repair Pending": _UNREAD, "ECC Errors/TPC Repair Pending": _UNREAD,
     "ECC Errors/Unrepairable Memory": _UNREAD,
-    "Remapped Rows/Bank Remap Availability Histogram/*": PENDING,
     "MIG Device/Index": "orders the MIG devices; their series are keyed by GPU and compute instance id",
-    "MIG Device/Shared BAR1 Memory/*": PENDING,
-    "MIG Device/Device Attributes/Shared/Multiprocessor count": PENDING,
+    "MIG Device/Shared BAR1 Memory/Free": "total − used",
     "MIG Device/Device Attributes/Shared/*": "engine counts of a MIG profile: fixed by the profile name (gpuobs_mig_info)",
     "MIG Device/Shared FB Memory Usage/Free": "total − reserved − used",
     "MIG Device/Shared FB Memory Usage/Reserved": _UNREAD,
     "BAR1 Memory Usage/Free": "total − used",
-    "Processes/Process ID/Type": PENDING,
     "Processes/Process ID": _LABEL, "Processes/Process ID/Name": _LABEL,
     "Processes/GPU instance ID": _LABEL, "Processes/Compute instance ID": _LABEL,
-    "Fabric/*": PENDING,
+    "Fabric/ClusterUUID": "the NVLink cluster's UUID: an identifier, not a metric (masked in captures)",
+    "Fabric/Health/Partition Assigned": "whether the GPU is in a fabric partition: a health-mask field gpuobs "
+                                        "does not decode (with a value there, the capture gives no mask)",
+    "Fabric/Health/Summary": "the driver's one-word health summary (nvmlGpuFabricInfo_v3): the health mask "
+                             "(gpuobs_gpu_fabric_health_mask) carries each condition",
     "Temperature/GPU T.Limit Temp": "the margin to T.Limit: made absolute into the thresholds above; no metric of its own",
     "Temperature/Memory Max Operating T.Limit Temp": "relative to the memory's own T.Limit, which nvidia-smi does not print",
     "Temperature/GPU Target Temperature": "a fan-control target on consumer boards: " + _UNREAD,
@@ -233,7 +333,9 @@ NOT_EXPORTED: dict[str, str] = {
     "Deferred Clocks/*": _CLOCK_SETTINGS, "Max Customer Boost Clocks/*": _CLOCK_SETTINGS,
     "Clock Policy/*": _CLOCK_SETTINGS,
     "Utilization/JPEG": _UNREAD, "Utilization/OFA": _UNREAD,
-    "Driver Model/Current": "the Windows driver model (WDDM or TCC): a platform property, not a metric",
+    **dict.fromkeys(["Driver Model/Current", "Driver Model/Pending"],
+                    "the Windows driver model (WDDM or TCC), now and after a reboot: a platform property, "
+                    "not a metric"),
     **dict.fromkeys(["Board ID", "Board Part Number", "GPU Part Number", "FRU Part Number", "GPU PDI",
                      "MultiGPU Board", "Inforom Version/*", "Inforom BBX Object Flush/*", "GSP Firmware Version",
                      "Platform Info/*", "Module ID", "Chassis Serial Number"], _PLATFORM),
@@ -291,7 +393,7 @@ def _lookup(samples: list[Sample], spec: Export, labels: dict[str, str]) -> Any:
     """The exported value (or label value) of GPU 0's series of `spec` with `labels`; None if absent."""
     want = {**spec.labels, **labels}
     found = [(lab, v) for n, lab, v in samples if n == spec.metric and lab.get("gpu", "0") == "0"
-             and all(lab.get(k) == v2 for k, v2 in want.items())]
+             and all(lab.get(k) == v2 for k, v2 in want.items()) and (not spec.one_hot or v == 1)]
     if not found:
         return None
     lab, value = found[0]
@@ -326,9 +428,15 @@ def _row(path: str, raw: Any, ctx: dict, profile: dict, samples: list[Sample]) -
         return Row(name, shown, None, "unknown")
     if isinstance(where, str):
         return Row(name, shown, None, f"not exported: {where}")
-    expected = where.convert(raw.get(capture.VALUE) if isinstance(raw, dict) else raw, profile)
-    got = _lookup(samples, where, _context_labels(ctx))
-    return Row(name, shown, got, "match" if _same(expected, got, where.tolerance) else f"mismatch (expected {expected!r})")
+    value = raw.get(capture.VALUE) if isinstance(raw, dict) else raw
+    got = None
+    for spec in (where, *where.also):  # the row shows the first series; every one must match
+        expected = spec.convert(value, profile | {CONTEXT: ctx})
+        found = _lookup(samples, spec, _context_labels(ctx))
+        got = found if spec is where else got
+        if not _same(expected, found, spec.tolerance):
+            return Row(name, shown, got, f"mismatch (expected {expected!r} in {spec.metric})")
+    return Row(name, shown, got, "match")
 
 
 def _pmon_rows(profile: dict, samples: list[Sample]) -> list[Row]:
@@ -362,7 +470,7 @@ def check(path: str | Path, phase: str, exported: Exported) -> list[Row]:
     other = "load" if phase == "idle" else "idle"  # load_capture's fallback
     root = capture._tree(secs.get((phase, "query (-q)")) or secs[(other, "query (-q)")])
     gpu = next(v for k, v in root.items() if capture._GPU_KEY.match(k) and isinstance(v, dict))
-    profile = profiles[0] | {"tlimit": _tlimit(secs, gpu)}
+    profile = profiles[0] | {"tlimit": _tlimit(secs, gpu), GPU_TREE: gpu}
     samples = exported({"gpus": [{"capture": str(path.resolve()), "phase": phase}]})
     rows = [_row(key, value, {}, profile, samples) for key, value in root.items()
             if not capture._GPU_KEY.match(key) and not isinstance(value, dict)]

@@ -1066,7 +1066,8 @@ static nvmlReturn_t field(sim_gpu_t *g, nvmlFieldValue_t *f) {
     case NVML_FI_DEV_POWER_AVERAGE:
         if (sc == POWER_SCOPE_MEMORY) return put(f, &g->power_mem_mw, VT_UINT, 1);
         if (sc != POWER_SCOPE_GPU) return NVML_ERROR_NOT_SUPPORTED;
-        return put(f, g->power_avg_mw.ret ? &g->power_mw : &g->power_avg_mw, VT_UINT, 1);
+        /* no average (before Ampere, where nvidia-smi prints Average Power Draw: N/A): NOT_SUPPORTED */
+        return put(f, &g->power_avg_mw, VT_UINT, 1);
     case NVML_FI_DEV_POWER_INSTANT:
         return sc == POWER_SCOPE_GPU ? put(f, &g->power_mw, VT_UINT, 1) : NVML_ERROR_NOT_SUPPORTED;
     case NVML_FI_DEV_POWER_MIN_LIMIT: return put(f, &g->min_limit_mw, VT_UINT, 1);

@@ -300,7 +300,7 @@ def _processes(g: Gpu, procs: list[dict]) -> None:
             if pr.get(key) is not None and (not isinstance(pr[key], (int, float)) or pr[key] < 0):
                 raise ScenarioError(f"process {pr['pid']}: {key} must be a number >= 0, got {pr[key]!r}")
         slot = g.procs[i]
-        kind = str(pr.get("type", "C"))
+        kind = str(pr.get("type") or "C")  # C, G or C+G (nvidia-smi's Type); none given: a compute process
         slot.pid = int(pr["pid"])
         slot.kind = (1 if "C" in kind else 0) | (2 if "G" in kind else 0)
         slot.gi_id = NO_ID if pr.get("gi_id") is None else pr["gi_id"]
