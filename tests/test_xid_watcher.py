@@ -214,3 +214,15 @@ def test_watcher_logs_are_rate_limited(exporter, caplog):
     run.wait_for(lambda s: series(s, XIDS).get((uuid(run, 0), "13", "", "")) == 150.0, 15, "150 XIDs counted")
     records = [r for r in caplog.records if r.name == "gpuobs.xid" and r.getMessage().startswith("xid error")]
     assert 1 <= len(records) <= 100, len(records)
+
+
+def test_a_stopped_watcher_frees_its_event_set(make_sim, start):
+    """The driver holds a limited number of event sets (the simulator 64, per process): an exporter
+    stopped and started again, as tests and embedding programs do, must give its set back."""
+    sim = make_sim(TWO, init=False)
+    for i in range(3):
+        run = start(sim, **FAST)
+        registered(run, 2 * (i + 1))  # this exporter's set exists: both GPUs registered in it
+        creates = sim.state.calls().get("nvmlEventSetCreate", 0)
+        run.exp.stop()
+        assert sim.state.calls().get("nvmlEventSetFree", 0) == creates

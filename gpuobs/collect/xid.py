@@ -233,15 +233,20 @@ class XidWatcher:
                 log.error("xid watcher thread died", exc_info=True, extra={"error": code_name(e)})
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            if not self.session.up:
-                self._stop.wait(self.retry_s)
-                continue
-            try:
-                self._step()
-            except Exception as e:  # noqa: BLE001 - anything else: counted, logged, retried after a pause
-                self._failed("xid watcher failed", e, exc_info=True)
-                self._pause()
+        try:
+            while not self._stop.is_set():
+                if not self.session.up:
+                    self._stop.wait(self.retry_s)
+                    continue
+                try:
+                    self._step()
+                except Exception as e:  # noqa: BLE001 - anything else: counted, logged, retried after a pause
+                    self._failed("xid watcher failed", e, exc_info=True)
+                    self._pause()
+        finally:
+            if self._stop.is_set():  # stopped: give the driver its event set back (a restarted thread reuses it)
+                with self._sync_lock:
+                    self._free_set()
 
     def _step(self) -> None:
         """Sync the set, wait once, and record what came."""
