@@ -620,14 +620,21 @@ static nvmlReturn_t codec_util(sim_val_t *v, unsigned *util, unsigned *period) {
 API nvmlReturn_t nvmlDeviceGetEncoderUtilization(nvmlDevice_t dev, unsigned *u, unsigned *p) { DEV(F_nvmlDeviceGetEncoderUtilization, 0); return codec_util(&g->util_enc, u, p); }
 API nvmlReturn_t nvmlDeviceGetDecoderUtilization(nvmlDevice_t dev, unsigned *u, unsigned *p) { DEV(F_nvmlDeviceGetDecoderUtilization, 0); return codec_util(&g->util_dec, u, p); }
 
+/* Session statistics (encoder, frame-buffer capture): NOT_SUPPORTED while the session count is unset;
+   an unset rate or latency reads 0, as NVML reports them with no session running. */
+static nvmlReturn_t session_stats(sim_val_t *count, sim_val_t *fps, sim_val_t *latency_us,
+                                  unsigned *count_out, unsigned *fps_out, unsigned *latency_out) {
+    NEED(count_out && fps_out && latency_out);
+    GET(count);
+    *count_out = u32(count);
+    *fps_out = fps->ret ? 0 : u32(fps);
+    *latency_out = latency_us->ret ? 0 : u32(latency_us); /* microseconds */
+    return NVML_SUCCESS;
+}
+
 API nvmlReturn_t nvmlDeviceGetEncoderStats(nvmlDevice_t dev, unsigned *sessions, unsigned *fps, unsigned *latency_us) {
     DEV(F_nvmlDeviceGetEncoderStats, 0);
-    NEED(sessions && fps && latency_us);
-    GET(&g->enc_sessions);
-    *sessions = u32(&g->enc_sessions);
-    *fps = g->enc_fps.ret ? 0 : u32(&g->enc_fps);
-    *latency_us = g->enc_latency_us.ret ? 0 : u32(&g->enc_latency_us);
-    return NVML_SUCCESS;
+    return session_stats(&g->enc_sessions, &g->enc_fps, &g->enc_latency_us, sessions, fps, latency_us);
 }
 
 typedef struct { unsigned sessionsCount, averageFPS, averageLatency; } nvmlFBCStats_t;
@@ -635,11 +642,8 @@ typedef struct { unsigned sessionsCount, averageFPS, averageLatency; } nvmlFBCSt
 API nvmlReturn_t nvmlDeviceGetFBCStats(nvmlDevice_t dev, nvmlFBCStats_t *st) {
     DEV(F_nvmlDeviceGetFBCStats, 0);
     NEED(st);
-    GET(&g->fbc_sessions);
-    st->sessionsCount = u32(&g->fbc_sessions);
-    st->averageFPS = g->fbc_fps.ret ? 0 : u32(&g->fbc_fps);
-    st->averageLatency = g->fbc_latency_us.ret ? 0 : u32(&g->fbc_latency_us); /* microseconds */
-    return NVML_SUCCESS;
+    return session_stats(&g->fbc_sessions, &g->fbc_fps, &g->fbc_latency_us,
+                         &st->sessionsCount, &st->averageFPS, &st->averageLatency);
 }
 
 /* ---- power and energy ------------------------------------------------------------------------ */
