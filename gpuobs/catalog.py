@@ -508,6 +508,11 @@ GOODPUT = _otel("gpuobs.training.goodput", "counter", "s", "gpuobs_training_good
 BADPUT = _otel("gpuobs.training.badput", "counter", "s", "gpuobs_training_badput_seconds",
                "Time not spent computing steps, by cause: data_wait, checkpoint, startup, idle.", "training",
                labels=RUN_LABELS + ("cause",), unit="seconds")
+LOG_PATTERN_MATCHES = _otel("gpuobs.log.pattern_matches", "counter", "{record}", "gpuobs_log_pattern_matches",
+                           "Log records of this process that matched a pattern of the log-pattern catalog "
+                           "(gpuobs.logpatterns: NCCL timeout or error, CUDA OOM, illegal address, Xid, ECC, "
+                           "NVLink), by pattern; every pattern is exported from 0.", "training",
+                           labels=RUN_LABELS + ("pattern",))
 # duration histogram -> its in-process windowed quantiles (what rules and alerts read)
 QUANTILES: dict[Metric, Metric] = {}
 

@@ -31,6 +31,7 @@ JOB = ("job_id",)
 RANK = ("job_id", "rank")
 MODEL = ("gen_ai_request_model",)
 UNCORRECTED = '{error_type="uncorrected",counter_type="volatile"}'  # uncorrected ECC errors since the last reset
+CORRECTED = '{error_type="corrected",counter_type="volatile"}'  # corrected ECC errors since the last reset
 
 
 class Windows(Protocol):
@@ -41,6 +42,7 @@ class Windows(Protocol):
     for_idle: str
     idle_utilization: float
     allocated_memory_bytes: float
+    trend_step: str  # the rate window of the per-GPU error-rate trends
 
 
 Source = Union[c.Metric, "Record", str]
@@ -177,6 +179,22 @@ NODE_NVLINK_LINKS_DOWN = count_of(NODE, "gpuobs_gpu_nvlink_links_down", lambda t
 NODE_REMAP_PENDING = aggregate("sum", NODE, c.REMAP_PENDING)
 NODE_REMAP_FAILURE = aggregate("sum", NODE, c.REMAP_FAILURE)
 NODE_PCIE_DEGRADED = count_of(NODE, "gpuobs_gpus_pcie_degraded", lambda t: pcie_below_max())
+# ------------------------------------------------------------------------------ degradation trends
+# Per GPU, the error rates over trend_step (an hour by default: corrected ECC errors come tens an hour,
+# so rate_window's rates are 0 or 1 error and all noise) that the degradation alerts compare with their own earlier
+# values, and the banks low on spare rows: every label of the series kept, so the alerts and the
+# "GPUs most at risk" panel match them to the GPU.
+GPU_ECC_CORRECTED_RATE = Record(GPU, c.ECC_ERRORS, "corrected_rate",
+                                lambda t: f"rate({c.ECC_ERRORS.exposed_name}{CORRECTED}[{t.trend_step}])")
+GPU_PCIE_REPLAYS_RATE = Record(GPU, c.PCIE_REPLAYS, "rate",
+                               lambda t: f"rate({c.PCIE_REPLAYS.exposed_name}[{t.trend_step}])")
+# CRC and replay errors of all of a GPU's links, by type: one flaky link is the GPU's (or its
+# baseboard's) problem, and a GPU's 18 links would make 18 trends to judge
+GPU_NVLINK_ERRORS_RATE = Record(
+    GPU, c.NVLINK_ERRORS, "rate",
+    lambda t: f'sum without (link) (rate({c.NVLINK_ERRORS.exposed_name}{{error_type=~"crc|replay"}}[{t.trend_step}]))')
+GPU_REMAP_BANKS_LOW = Record(GPU, c.REMAP_BANKS, "low_or_none",
+                             lambda t: f'sum without (availability) ({c.REMAP_BANKS.name}{{availability=~"low|none"}})')
 # ------------------------------------------------------------------------------------------- idle
 GPU_ALLOCATED = Record(GPU, "gpuobs_gpu_allocated", "bool",
                        lambda t: f"{c.MEMORY_USED.name} > bool {t.allocated_memory_bytes:g}")

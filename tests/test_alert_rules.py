@@ -11,6 +11,8 @@ bad every other scrape, or one scrape in five, for an hour.
 
 from __future__ import annotations
 
+import math
+import random
 import re
 import subprocess
 from dataclasses import dataclass, field
@@ -20,7 +22,7 @@ import yaml
 
 from conftest import require_tool
 from gpuobs.alerts.build import alert_rule, rule_groups, rules_file
-from gpuobs.alerts.rules import DEFAULT, _seconds, alerts
+from gpuobs.alerts.rules import DEFAULT, FAST, _seconds, alerts
 
 ALERTS = {a.name: a for a in alerts(DEFAULT)}
 KINDS = ("fires", "quiet", "flap", "gone")
@@ -752,6 +754,138 @@ case("InferenceErrorRate", "gone", "fires, then the model's series vanish: resol
      [s(f"{REQ}_count", SERVE, "0+100x20 stale"), s(ERR, _err, "0+10x20 stale")],
      (15, _err_exp), (24, _err_exp), (25, []))
 
+# ---- degradation trends: hours of 1 min samples; counters drawn from a Poisson process (seeded) for the
+# normal noise of error counts, temperatures with jitter
+H = 60  # minutes
+
+
+def poisson(per_min: list[float], seed: int) -> list[int]:
+    """Errors a minute for the given expected counts a minute (Knuth's method, seeded: the same every run)."""
+    rng, out = random.Random(seed), []
+    for lam in per_min:
+        k, p, floor = 0, rng.random(), math.exp(-lam)
+        while p > floor:
+            k, p = k + 1, p * rng.random()
+        out.append(k)
+    return out
+
+
+def ramp(start: float, end: float, minutes: int) -> list[float]:
+    """A rate climbing linearly from start to end over minutes."""
+    return [start + (end - start) * i / minutes for i in range(minutes)]
+
+
+def burst(per_min: list[int], minute: int, extra: int) -> list[int]:
+    """per_min with extra errors at one minute."""
+    return [n + extra * (i == minute) for i, n in enumerate(per_min)]
+
+
+# corrected ECC errors: 40/h for 8 h, then doubling to 80/h over the next 6 h, held 4 h
+_ecc_up = cum(poisson([40 / H] * 8 * H + ramp(40 / H, 80 / H, 6 * H) + [80 / H] * 4 * H, seed=1))
+_ecc_steady = poisson([40 / H] * 16 * H, seed=2)
+
+
+def _ecc_rise_exp(v):
+    return [(_ecc_cor, f"{G} corrects {v} ECC errors per second over the last 2h, over 1.5x "
+            "its rate 6h earlier.")]
+
+
+case("GpuEccCorrectedRising", "fires", "40/h for 8 h, then doubling to 80/h over 6 h, held 4 h",
+     [s(ECC, _ecc_cor, _ecc_up)], (11 * H, []), (13 * H, _ecc_rise_exp(0.0183)), (15 * H, _ecc_rise_exp(0.0203)))
+case("GpuEccCorrectedRising", "quiet", "a steady 40/h with Poisson jitter",
+     [s(ECC, _ecc_cor, cum(_ecc_steady))], *((h * H, []) for h in range(8, 17, 2)))
+case("GpuEccCorrectedRising", "quiet", "a steady 40/h and one burst of 300 errors at 10 h",
+     [s(ECC, _ecc_cor, cum(burst(_ecc_steady, 10 * H, 300)))], *((10 * H + m, []) for m in range(0, 6 * H, 30)))
+
+
+# row-remap banks: a GPU of 640 banks; banks leave max for low and none as rows are remapped
+def banks(low: str, none: str, minutes: int) -> list[dict]:
+    """The bank histogram of GPU0: low and none as promtool values, the rest at max."""
+    return [s("gpuobs_gpu_row_remap_banks", {**GPU0, "availability": a}, v) for a, v in
+            (("max", f"640x{minutes}"), ("high", f"0x{minutes}"), ("partial", f"0x{minutes}"), ("low", low),
+             ("none", none))]
+
+
+def _bank_exp(n):
+    return [(GPU0, f"{n} more memory banks of {G} have few or no spare rows left than at "
+            "their fewest in the last 6h.")]
+
+
+case("GpuRowRemapBanksDepleting", "fires", "a bank goes low at 2 h, another at 3 h, one runs out at 4 h",
+     banks(f"0x{2 * H} 1x{H} 2x{3 * H}", f"0x{4 * H} 1x{2 * H}", 6 * H),
+     (2 * H + 30, []), (3 * H + 3, []), (3 * H + 10, _bank_exp(2)), (5 * H, _bank_exp(3)))
+case("GpuRowRemapBanksDepleting", "quiet", "one bank goes low at 1 h and runs out at 3 h",
+     banks(f"0x{H} 1x{2 * H} 0x{3 * H}", f"0x{3 * H} 1x{3 * H}", 6 * H), (2 * H, []), (4 * H, []), (6 * H, []))
+
+# NVLink CRC errors of two links, 0.5/min each (a GPU sum of 1/min); link 3 climbs to 4/min over 3 h
+_nvl5 = {**GPU0, "link": "5", "error_type": "crc"}
+_nvl_gpu = {**GPU0, "error_type": "crc"}
+_nvl_base = poisson([0.5] * 12 * H, seed=3)
+
+
+def _nvl_rise_exp(v):
+    return [(_nvl_gpu, f"{G} has {v} NVLink crc errors per second over the last 2h, over "
+            "1.5x its rate 6h earlier.")]
+
+
+case("GpuNvlinkErrorsRising", "fires", "link 3 climbs from 0.5 to 4 CRC errors a minute over 3 h; link 5 steady",
+     [s(NVL, _nvl, cum(poisson([0.5] * 8 * H + ramp(0.5, 4, 3 * H) + [4] * H, seed=4))),
+      s(NVL, _nvl5, cum(_nvl_base))], (9 * H, []), (11 * H + 30, _nvl_rise_exp(0.0572)))
+case("GpuNvlinkErrorsRising", "quiet", "steady noise, and one burst of 500 CRC errors on link 3 at 9 h",
+     [s(NVL, _nvl, cum(burst(poisson([0.5] * 12 * H, seed=5), 9 * H, 500))), s(NVL, _nvl5, cum(_nvl_base))],
+     *((9 * H + m, []) for m in range(0, 3 * H, 30)))
+
+def _pr_rise_exp(v):
+    return [(GPU0, f"{G} has {v} PCIe replays per second over the last 2h, over 1.5x its rate 6h "
+            "earlier.")]
+
+
+# PCIe replays: 3 a minute, then climbing to 9 a minute over 3 h
+case("GpuPcieReplaysRising", "fires", "3 replays a minute for 8 h, then climbing to 9 a minute over 3 h",
+     [s(PR, GPU0, cum(poisson([3] * 8 * H + ramp(3, 9, 3 * H) + [9] * H, seed=6)))],
+     (9 * H, []), (11 * H + 30, _pr_rise_exp(0.119)))
+case("GpuPcieReplaysRising", "quiet", "3 a minute with jitter, and one burst of 5000 replays at 9 h",
+     [s(PR, GPU0, cum(burst(poisson([3] * 12 * H, seed=7), 9 * H, 5000)))],
+     *((9 * H + m, []) for m in range(0, 3 * H, 30)))
+
+# temperature: its own slowdown threshold at 90 °C
+TEMP, SLOW = "gpuobs_gpu_temperature_celsius", "gpuobs_gpu_slowdown_temperature_celsius"
+_jitter = [0.3, -0.2, 0.1, -0.3, 0.2]
+_climb = " ".join(f"{60 + max(0, i - 2 * H) / 10 + _jitter[i % 5]:.1f}" for i in range(2 * H + 300))
+
+
+def _trend_exp(v):
+    return [(GPU0_ON, f"{G} keeps heating up: at its pace over the last 1h it reaches {v} °C within "
+            "3h, at or over its own slowdown threshold.")]
+
+
+case("GpuTemperatureTrendingToSlowdown", "fires", "60 °C, then climbing 1 °C every 10 min from 2 h",
+     [s(TEMP, GPU0, _climb), s(SLOW, GPU0, f"90x{2 * H + 300}")],
+     (2 * H, []), (2 * H + 170, _trend_exp(95)), (2 * H + 220, _trend_exp(100)), (2 * H + 260, []))
+case("GpuTemperatureTrendingToSlowdown", "quiet", "oscillating 55-65 °C every 20 min",
+     [s(TEMP, GPU0, " ".join(f"{60 + 5 * math.sin(2 * math.pi * i / 20):.1f}" for i in range(5 * H))),
+      s(SLOW, GPU0, f"90x{5 * H}")], *((h * H, []) for h in range(1, 6)))
+case("GpuTemperatureTrendingToSlowdown", "quiet", "a job starts: 35 °C, then 80 °C and flat",
+     [s(TEMP, GPU0, f"35x{H} " + " ".join(f"{80 + _jitter[i % 5]:.1f}" for i in range(3 * H))),
+      s(SLOW, GPU0, f"90x{4 * H}")], *((H + m, []) for m in range(0, 3 * H, 10)))
+
+# power brake: three 2 min episodes within 2 h, against one long one and two
+_brake = {**GPU0, "reason": "hw_power_brake_slowdown"}
+
+
+def _brake_exp(n):
+    return [(_brake, f"{G} entered or left the HW power brake {n} times in the last 6h (at least 3 "
+            "times in it).")]
+
+
+_episode = "0x39 1 1"  # 40 min without, then 2 min in the brake
+case("GpuPowerBrakeRepeated", "fires", "three 2 min brakes 40 min apart",
+     [s(REASON, _brake, f"{_episode} {_episode} {_episode} 0x300")],
+     (84, []), (124, _brake_exp(5)), (130, _brake_exp(6)), (300, _brake_exp(6)))
+case("GpuPowerBrakeRepeated", "quiet", "one brake of 10 min, and two of 2 min on another GPU",
+     [s(REASON, _brake, "0x30 1x10 0x300"), s(REASON, {**_brake, "gpu": "1", "uuid": "GPU-b"},
+                                               f"{_episode} {_episode} 0x300")], (40, []), (100, []), (300, []))
+
 # ---- meta: always fires (no quiet case can exist)
 case("Watchdog", "fires", "always", [s("up", NODE, "1x10")],
      (0, [({}, "This alert always fires. If it stops arriving, Prometheus or Alertmanager is broken.")]),
@@ -899,3 +1033,16 @@ def test_per_node_fleet_recording_rules(rule_dir):
     (rule_dir / "fleet_records_test.yml").write_text(yaml.safe_dump(test, sort_keys=False))
     out = promtool("test", "rules", "fleet_records_test.yml", cwd=rule_dir)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("profile", ["default", "fast"])
+def test_degradation_windows_keep_their_order(profile):
+    """What the degradation alerts' quiet cases rely on, in both profiles: a temperature step (a job's
+    start) leaves the short fit window (for_medium) before the alert's for_ runs out; a rate sample
+    (trend_step) is shorter than the recent window, itself no longer than the baseline."""
+    t = FAST if profile == "fast" else DEFAULT
+    pack = {a.name: a for a in alerts(t)}
+    assert _seconds(pack["GpuTemperatureTrendingToSlowdown"].for_) > _seconds(t.for_medium)
+    assert f"[{t.for_medium}]" in pack["GpuTemperatureTrendingToSlowdown"].expr
+    assert _seconds(t.trend_step) < _seconds(t.trend_window) <= _seconds(t.trend_baseline)
+    assert _seconds(t.temp_trend_window) > _seconds(t.for_medium)

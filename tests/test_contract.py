@@ -80,7 +80,8 @@ def test_rule_groups_follow_from_scope_and_links():
     assert sum(map(len, groups.values())) == len(pack) + len(records.RECORDS), "a rule in no group"
     assert set(groups["gpuobs-links"]) == {"GpuNvlinkDown", "GpuNvlinkErrorRate"}
     assert set(groups["gpuobs-recording-links"]) == {r.name for r in (
-        records.NODE_NVLINK_TX, records.NODE_NVLINK_RX, records.NODE_NVLINK_ERRORS, records.NODE_NVLINK_LINKS_DOWN)}
+        records.NODE_NVLINK_TX, records.NODE_NVLINK_RX, records.NODE_NVLINK_ERRORS, records.NODE_NVLINK_LINKS_DOWN,
+        records.GPU_NVLINK_ERRORS_RATE)}
     assert set(groups["gpuobs-meta"]) == {a.name for a in pack if a.scope == "cluster"}
     for a in pack:
         if a.group != "links":

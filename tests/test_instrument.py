@@ -1095,7 +1095,8 @@ def test_every_catalog_metric_has_one_recorder_chosen_per_metric(mem):
     gauges are observed by gpuobs itself and take no recordings."""
     from gpuobs.instrument.recorders import LocalValues, Recorder, SyncRecorder
 
-    observed = {q.name for q in c.QUANTILES.values()} | {c.SPANS_DROPPED.name, c.LOGS_DROPPED.name}
+    observed = {q.name for q in c.QUANTILES.values()} | {c.SPANS_DROPPED.name, c.LOGS_DROPPED.name,
+                                                          c.LOG_PATTERN_MATCHES.name}
     for m in c.OTEL:
         if m.name in observed:
             with pytest.raises(TypeError):

@@ -70,6 +70,23 @@ class Thresholds:
     straggler: float = 1.2  # a rank's compute per step over the mean of the job's other ranks
     inference_p99_seconds: float = 5.0
     inference_error_ratio: float = 0.05
+    # degradation trends: a per-GPU error rate over trend_step, its median over the last trend_window
+    # against trend_factor times its median over the trend_baseline that ended trend_baseline ago
+    # (medians: one burst is no trend; that far back: a rate doubling over 6 h is 1.4x what it was
+    # just before the last 2 h, noise up to 1.25x), and at least a floor per second (a rate up from 0
+    # to next to nothing is no trend either)
+    trend_step: str = "1h"
+    trend_window: str = "2h"
+    trend_baseline: str = "6h"
+    trend_factor: float = 1.5
+    ecc_corrected_trend_per_s: float = 10 / 3600  # 10 corrected ECC errors an hour
+    pcie_replays_trend_per_s: float = 0.01
+    nvlink_errors_trend_per_s: float = 0.01
+    remap_banks_rise: int = 2  # banks newly low on (or out of) spare rows within trend_baseline
+    temp_trend_window: str = "1h"  # the temperature's pace, fitted over this window...
+    temp_trend_horizon: str = "3h"  # ...reaches the slowdown threshold within this
+    power_brake_episodes: int = 3  # times in the HW power brake within power_brake_window
+    power_brake_window: str = "6h"
     exporter_job: str = "gpuobs"
     exporter_daemonset: str = "gpuobs-exporter"  # exporters/kubernetes/daemonset.yaml, as kube-state-metrics names it
     runbook_base: str = DEFAULT_RUNBOOK_BASE  # absolute http(s) URL of docs/runbooks
@@ -84,7 +101,8 @@ class Thresholds:
 DEFAULT = Thresholds()
 FAST = Thresholds(profile="fast", eval_interval="1s", rate_window="20s", long_window="1m", baseline_window="2m",
                   for_now="2s", for_short="5s", for_medium="10s", for_idle="15s", for_long="15s", keep_firing="10s",
-                  training_stall="20s", checkpoint_seconds=2.0)
+                  training_stall="20s", checkpoint_seconds=2.0, trend_step="10s", trend_window="1m",
+                  trend_baseline="2m", temp_trend_window="1m", temp_trend_horizon="2m", power_brake_window="1m")
 
 
 # rule group per scope: cluster-wide alerts (the watchdog's too) evaluate apart, as "meta"
@@ -150,6 +168,31 @@ def _unreliable(sel: str, bad: int, t: Thresholds) -> str:
             f"present_over_time({sel}[{t.long_window}] offset {t.for_medium})")
 
 
+def _rising(rate: records.Record, floor: float, t: Thresholds) -> str:
+    """A per-GPU rate record (per second) rising: its median over the last trend_window over
+    trend_factor times its median over the trend_baseline that ended trend_baseline ago, and over
+    floor. Medians, so that one burst (up to half the window) is no trend; the value is the recent
+    median. No series until the record has trend_baseline of history trend_baseline ago."""
+    recent = f"quantile_over_time(0.5, {rate.name}[{t.trend_window}])"
+    return (f"{recent} > {t.trend_factor:g} * quantile_over_time(0.5, {rate.name}[{t.trend_baseline}] offset "
+            f"{t.trend_baseline}) and {recent} > {floor:g}")
+
+
+def _temperature_trend(t: Thresholds) -> str:
+    """Temperature heading for the GPU's own slowdown threshold within temp_trend_horizon at its pace
+    over temp_trend_window and over the last for_medium (a job's start, a step up then flat, has no
+    pace of its own after for_medium), while not yet within temp_margin_c of it
+    (GpuTemperatureNearSlowdown's case). The value is the predicted temperature, °C."""
+    temp, slowdown = c.TEMPERATURE.name, c.SLOWDOWN_TEMPERATURE.name
+    horizon = f"{_seconds(t.temp_trend_horizon):g}"
+    return (f"predict_linear({temp}[{t.temp_trend_window}], {horizon}) >= on ({GPU_BY}) {slowdown} and "
+            f"predict_linear({temp}[{t.for_medium}], {horizon}) >= on ({GPU_BY}) {slowdown} and "
+            f"{temp} < on ({GPU_BY}) ({slowdown} - {t.temp_margin_c:g})")
+
+
+DEGRADING = "The GPU is degrading: drain it and plan its replacement."  # the degradation alerts' shared idea
+
+
 def _gpu_unusable(t: Thresholds) -> tuple[str, str]:
     """(GpuLost, GpuUnhealthy): one GPU down (GPU_UP 0, now or flapping) pages once, by its reason
     (GPU_UNHEALTHY, there only while it is unusable): GpuLost for `lost`, or no reason at all
@@ -190,6 +233,12 @@ def thermal(t: Thresholds) -> list[Alert]:
               summary="GPU memory temperature close to its maximum.",
               description=f"{GPU} memory is at {{{{ $value }}}} °C, within {t.temp_margin_c:g} °C of its maximum "
                           "operating temperature."),
+        alert(name="GpuTemperatureTrendingToSlowdown", expr=_temperature_trend(t), for_=t.for_long,
+              severity="warning", scope="gpu",
+              summary="GPU temperature climbing towards its slowdown threshold. " + DEGRADING,
+              description=f"{GPU} keeps heating up: at its pace over the last {t.temp_trend_window} it reaches "
+                          f"{{{{ $value | printf \"%.0f\" }}}} °C within {t.temp_trend_horizon}, at or over its "
+                          "own slowdown threshold."),
     ]
 
 
@@ -209,6 +258,13 @@ def power(t: Thresholds) -> list[Alert]:
               description=f"{GPU} has been capped at its power limit for {t.for_medium}: work runs slower than it "
                           "could.",
               keep_firing_for=t.keep_firing),
+        alert(name="GpuPowerBrakeRepeated",
+              expr=f'changes({c.CLOCK_EVENT_ACTIVE.name}{{reason="hw_power_brake_slowdown"}}'
+                   f"[{t.power_brake_window}]) >= {2 * t.power_brake_episodes - 1}",
+              for_="0s", severity="warning", scope="gpu",
+              summary="GPU keeps entering the HW power brake. " + DEGRADING,
+              description=f"{GPU} entered or left the HW power brake {{{{ $value }}}} times in the last "
+                          f"{t.power_brake_window} (at least {t.power_brake_episodes} times in it)."),
     ]
 
 
@@ -267,6 +323,18 @@ def memory(t: Thresholds) -> list[Alert]:
         alert(name="GpuRowRemapFailure", expr=f"{c.REMAP_FAILURE.name} == 1", for_=t.for_now, severity="critical",
               summary="A GPU failed to remap a row: it needs service.",
               description=f"{GPU} could not remap a failing DRAM row: take it out of service."),
+        alert(name="GpuEccCorrectedRising",
+              expr=_rising(records.GPU_ECC_CORRECTED_RATE, t.ecc_corrected_trend_per_s, t), for_=t.for_medium,
+              severity="warning", summary="Corrected ECC errors on a GPU are rising. " + DEGRADING,
+              description=f"{GPU} corrects {{{{ $value | printf \"%.3g\" }}}} ECC errors per second over the last "
+                          f"{t.trend_window}, over {t.trend_factor:g}x its rate {t.trend_baseline} earlier."),
+        alert(name="GpuRowRemapBanksDepleting",
+              expr=f"{records.GPU_REMAP_BANKS_LOW.name} - min_over_time({records.GPU_REMAP_BANKS_LOW.name}"
+                   f"[{t.trend_baseline}]) >= {t.remap_banks_rise}",
+              for_=t.for_short, severity="warning",
+              summary="A GPU's memory banks are running out of spare rows. " + DEGRADING,
+              description=f"{{{{ $value }}}} more memory banks of {GPU} have few or no spare rows left than "
+                          f"at their fewest in the last {t.trend_baseline}."),
     ]
 
 
@@ -291,6 +359,17 @@ def interconnect(t: Thresholds) -> list[Alert]:
         pcie(name="GpuPcieReplayRate", expr=f"rate({c.PCIE_REPLAYS.exposed_name}[{w}]) > {t.pcie_replays_per_s:g}",
              for_=t.for_short, severity="warning", summary="PCIe replays are rising.",
              description=f"{GPU} has {{{{ $value | humanize }}}} PCIe replays per second."),
+        nvlink(name="GpuNvlinkErrorsRising",
+               expr=_rising(records.GPU_NVLINK_ERRORS_RATE, t.nvlink_errors_trend_per_s, t), for_=t.for_medium,
+               severity="warning", summary="NVLink CRC or replay errors on a GPU are rising. " + DEGRADING,
+               description=f"{GPU} has {{{{ $value | printf \"%.3g\" }}}} NVLink {{{{ $labels.error_type }}}} "
+                           f"errors per second over the last {t.trend_window}, over {t.trend_factor:g}x its rate "
+                           f"{t.trend_baseline} earlier."),
+        pcie(name="GpuPcieReplaysRising",
+             expr=_rising(records.GPU_PCIE_REPLAYS_RATE, t.pcie_replays_trend_per_s, t), for_=t.for_medium,
+             severity="warning", summary="PCIe replays on a GPU are rising. " + DEGRADING,
+             description=f"{GPU} has {{{{ $value | printf \"%.3g\" }}}} PCIe replays per second over the last "
+                         f"{t.trend_window}, over {t.trend_factor:g}x its rate {t.trend_baseline} earlier."),
     ]
 
 

@@ -87,6 +87,27 @@ _FLAPPING = """
     One failed scrape or an exporter restart stays under that. Once the input is good again, a flapping alert
     resolves 15 minutes after its last bad sample."""
 
+_DEGRADING_IMPACT = """
+    Nothing fails yet: jobs run. It is the curve that comes before a GPU is pulled, and a GPU that fails
+    mid-job costs the whole job's progress since its last checkpoint (every rank of it). Replacing it
+    between jobs costs one drain."""
+
+
+def _degrading_action(tunables: str) -> str:
+    """The degradation alerts' shared action: drain and plan the replacement, then what tunes it."""
+    return f"""
+        The GPU is degrading: drain it and plan its replacement. Ticket, not page. Stop scheduling new work on
+        the node, let the running jobs reach a checkpoint or finish, then take the GPU out of service and
+        open a vendor case (RMA) with the diagnosis above and `nvidia-bug-report.sh`; run the vendor's field
+        diagnostic (`dcgmi diag -r 3`) before the case if you can.
+        {_drain("gpu degrading")}
+
+        If the diagnostic passes and the cause was outside the GPU (a reseated riser, a fixed fan, a
+        replaced PSU), return the node to service and watch the same query for a day. The alert resolves
+        on its own once the new level is the baseline: a resolved degradation alert is not a repaired GPU.
+        Tunables: {tunables} in `Thresholds` in `gpuobs/alerts/rules.py`."""
+
+
 RUNBOOKS: dict[str, dict[str, str]] = {
     # ------------------------------------------------------------------------------ throttling and thermals
     "GpuHwThermalSlowdown": _rb(
@@ -1180,6 +1201,109 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             owners. If client-side errors (invalid requests) dominate, that is not a serving fault: consider
             excluding them. The threshold is `inference_error_ratio` in `Thresholds` in
             `gpuobs/alerts/rules.py`."""),
+    # ------------------------------------------------------------------------------ degradation trends
+    "GpuEccCorrectedRising": _rb(
+        meaning="""
+            The GPU's corrected (single-bit) ECC errors come faster: the median of their rate
+            (`$GPU_ECC_CORRECTED_RATE`, per second over the last hour) over the last 2 hours is over 1.5 times its
+            median over the 6 hours that ended 6 hours ago, and over 10 an hour. Medians, so that one burst of
+            errors is no trend. It fires well below `GpuEccCorrectedRate`'s level: the rate's growth, not its
+            size, is the sign of memory cells wearing out.""",
+        impact=_DEGRADING_IMPACT,
+        diagnosis=["""
+            - `nvidia-smi -q -d ECC,ROW_REMAPPER -i <index>`: volatile and aggregate counts, pending remaps, banks
+              left with spare rows.
+            - Is the memory running hot (`$MEMORY_TEMPERATURE`)? Heat raises corrected errors without wear.""", """
+            ```promql
+            $GPU_ECC_CORRECTED_RATE{uuid="<uuid>"}
+            $GPU_REMAP_BANKS_LOW{uuid="<uuid>"}
+            $MEMORY_TEMPERATURE{uuid="<uuid>"}
+            ```"""],
+        action=_degrading_action("`trend_step`, `trend_window`, `trend_baseline`, `trend_factor` and "
+                                 "`ecc_corrected_trend_per_s`")),
+    "GpuRowRemapBanksDepleting": _rb(
+        meaning="""
+            More of the GPU's memory banks have few or no spare rows left (`$REMAP_BANKS` with availability
+            `low` or `none`, summed in `$GPU_REMAP_BANKS_LOW`) than at any time in the last 6 hours: at least 2
+            banks moved there. Each remapped row uses a spare row of its bank; a bank with none cannot remap
+            another failing row, and the next one in it ends in `GpuRowRemapFailure`.""",
+        impact=_DEGRADING_IMPACT,
+        diagnosis=["""
+            - `nvidia-smi -q -d ROW_REMAPPER -i <index>`: the bank histogram, remapped rows, pending remaps.""", """
+            ```promql
+            $REMAP_BANKS{uuid="<uuid>"}
+            $GPU_REMAP_BANKS_LOW{uuid="<uuid>"}
+            increase($REMAPPED_ROWS{uuid="<uuid>"}[1d])
+            ```"""],
+        action=_degrading_action("`trend_baseline` and `remap_banks_rise`")),
+    "GpuNvlinkErrorsRising": _rb(
+        meaning="""
+            The GPU's NVLink CRC or replay errors, summed over its links (`$GPU_NVLINK_ERRORS_RATE`, per second
+            over the last hour), have a median over the last 2 hours over 1.5 times their median over the 6
+            hours that ended 6 hours ago, and over 0.01 a second. A sustained climb, not one burst: a link's
+            signal margin shrinking (connector, NVSwitch, baseboard, heat) before `GpuNvlinkErrorRate` or a
+            link down.""",
+        impact=_DEGRADING_IMPACT,
+        diagnosis=["""
+            - `nvidia-smi nvlink -e -i <index>` for the per-link counters: one link or all of them? One link
+              points at that link's path (and the peer GPU or NVSwitch port), all of them at the GPU or its
+              baseboard.""", """
+            ```promql
+            $GPU_NVLINK_ERRORS_RATE{uuid="<uuid>"}
+            rate($NVLINK_ERRORS{uuid="<uuid>", error_type=~"crc|replay"}[1h])
+            ```"""],
+        action=_degrading_action("`trend_step`, `trend_window`, `trend_baseline`, `trend_factor` and "
+                                 "`nvlink_errors_trend_per_s`")),
+    "GpuPcieReplaysRising": _rb(
+        meaning="""
+            The GPU's PCIe replays (`$GPU_PCIE_REPLAYS_RATE`, per second over the last hour) have a median over
+            the last 2 hours over 1.5 times their median over the 6 hours that ended 6 hours ago, and over 0.01
+            a second: the link retransmits more and more, well below `GpuPcieReplayRate`'s level. Seating,
+            riser, retimer, cable or slot losing margin.""",
+        impact=_DEGRADING_IMPACT,
+        diagnosis=["""
+            - `nvidia-smi -q -i <index> | grep -i -A1 replay`, the link generation and width.
+            - `dmesg -T | grep -i aer` for corrected PCIe errors on the GPU's address or its upstream switch.""", """
+            ```promql
+            $GPU_PCIE_REPLAYS_RATE{uuid="<uuid>"}
+            $PCIE_GENERATION{uuid="<uuid>"}
+            $PCIE_WIDTH{uuid="<uuid>"}
+            ```"""],
+        action=_degrading_action("`trend_step`, `trend_window`, `trend_baseline`, `trend_factor` and "
+                                 "`pcie_replays_trend_per_s`")),
+    "GpuTemperatureTrendingToSlowdown": _rb(
+        meaning="""
+            At its pace over the last hour, and over the last 15 minutes too, `$TEMPERATURE` reaches the GPU's
+            own `$SLOWDOWN_TEMPERATURE` within 3 hours (`predict_linear`), while it is not yet within 5 °C of it
+            (`GpuTemperatureNearSlowdown` takes over there). The pace over 15 minutes keeps a job's start (a
+            step up, then flat) out. A GPU that keeps heating at the same load: a failing fan, a clogged heat
+            sink, dried thermal interface, or the node's airflow or coolant.""",
+        impact=_DEGRADING_IMPACT,
+        diagnosis=["""
+            - Did the load change (`$POWER_USAGE`, `$UTILIZATION`)? Heat with the same power points at cooling.
+            - Do the other GPUs of the node heat up too (the node's cooling) or only this one (the GPU's)?""", """
+            ```promql
+            $TEMPERATURE{uuid="<uuid>"}
+            $SLOWDOWN_TEMPERATURE{uuid="<uuid>"}
+            $POWER_USAGE{uuid="<uuid>"}
+            $NODE_MAX_TEMPERATURE{node="<node>"}
+            ```"""],
+        action=_degrading_action("`temp_trend_window`, `temp_trend_horizon` and `temp_margin_c`")),
+    "GpuPowerBrakeRepeated": _rb(
+        meaning="""
+            `$CLOCK_EVENT_ACTIVE{reason="hw_power_brake_slowdown"}` changed at least 5 times in the last 6 hours:
+            the GPU entered the HW power brake 3 times or more. The brake is an external signal (the node's power
+            supply or baseboard asking the GPUs to slow down); once is an event (`GpuHwPowerBrake`), again and
+            again is a supply or a board wearing out.""",
+        impact=_DEGRADING_IMPACT,
+        diagnosis=["""
+            - Only this GPU, or every GPU of the node (then the node's power supplies, see the BMC's event log:
+              `ipmitool sel list`)?""", """
+            ```promql
+            changes($CLOCK_EVENT_ACTIVE{node="<node>", reason="hw_power_brake_slowdown"}[6h])
+            $POWER_USAGE{node="<node>"}
+            ```"""],
+        action=_degrading_action("`power_brake_episodes` and `power_brake_window`")),
     # ------------------------------------------------------------------------------ meta
     "Watchdog": _rb(
         meaning="""

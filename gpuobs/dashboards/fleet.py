@@ -39,6 +39,33 @@ def per_node_sum(record: r.Record) -> str:
     return f"sum({sel(record, C, N)})"
 
 
+def rise(record: r.Record) -> str:
+    """The ten GPUs whose per-GPU trend record rose most over the dashboard's range (now less its
+    lowest in the range), one series per GPU (the largest of its error types)."""
+    now = sel(record, C, N)
+    return f"topk(10, max by ({k.GPU_BY}) ({now} - min_over_time({now}[$__range])) {model()})"
+
+
+def at_risk() -> list:
+    """Targets of the "GPUs most at risk" table, each one series per GPU (labels GPU_BY, so that the
+    table merges them into a row per GPU): per degradation signal, the ten GPUs that moved most
+    towards failure (the degradation alerts' inputs, without their thresholds: those are the alert
+    pack's, which the dashboards never read)."""
+    brake = sel(c.CLOCK_EVENT_ACTIVE, C, N, 'reason="hw_power_brake_slowdown"')
+    temp, slowdown = sel(c.TEMPERATURE, C, N), sel(c.SLOWDOWN_TEMPERATURE, C, N)
+    return [
+        target(rise(r.GPU_ECC_CORRECTED_RATE)),
+        target(rise(r.GPU_PCIE_REPLAYS_RATE)),
+        target(rise(r.GPU_NVLINK_ERRORS_RATE)),
+        target(rise(r.GPU_REMAP_BANKS_LOW)),
+        # °C left to the GPU's own slowdown threshold in 3 h at its pace over the last hour: low or
+        # negative is a GPU heating towards it
+        target(f"bottomk(10, max by ({k.GPU_BY}) ({slowdown} - on ({k.GPU_BY}) "
+               f"predict_linear({temp}[1h], 10800)) {model()})"),
+        target(f"topk(10, max by ({k.GPU_BY}) (changes({brake}[$__range])) {model()})"),
+    ]
+
+
 def build():
     L = k.Layout()
     L.row("Inventory")
@@ -125,6 +152,19 @@ def build():
                   [target(f"topk(10, sum by ({k.GPU_BY}) {gpus(c.REMAPPED_ROWS)})")], "short",
                   "GPUs with the most DRAM rows remapped after ECC errors (both error types).",
                   rename={"Value": "remapped rows"}, links=[k.TO_NODE]), 8, 8)
+
+    L.row("GPUs most at risk")
+    L.add(k.table("GPUs most at risk", at_risk(), "short",
+                  "Per degradation signal, the ten GPUs that moved most towards failure over the dashboard's "
+                  "range: rise of corrected ECC errors/s, PCIe replays/s, NVLink CRC or replay errors/s (each a "
+                  "rate over the trend window), banks newly low on spare rows, °C left to the slowdown "
+                  "threshold in 3 h at the last hour's pace, and changes in and out of the HW power brake. "
+                  "A GPU high on one of them: drain it and plan its replacement (the degradation alerts' "
+                  "runbooks).",
+                  merge=True, links=[k.TO_NODE],
+                  rename={"Value #A": "ECC corrected/s rise", "Value #B": "PCIe replays/s rise",
+                          "Value #C": "NVLink errors/s rise", "Value #D": "banks newly low",
+                          "Value #E": "°C to slowdown in 3 h", "Value #F": "power brake changes"}), 24, 9)
 
     L.row("Interconnects")
     L.add(k.stat("NVLink links down",

@@ -122,6 +122,10 @@ def build():
         target(f"sum({rate(sel(c.LOGS_DROPPED), 'increase')})", "log records")], "short",
         "Spans and log records the instrumentation dropped (a slow or dead trace endpoint or Fluentd); "
         "training itself never waits for them.", min=0, bars=True), 8, 8)
+    L.add(k.timeseries("Log patterns", [target(
+        f"sum by (rank, pattern) ({rate(m(c.LOG_PATTERN_MATCHES), 'increase')})", BY_RANK + " {{pattern}}")],
+        "short", "Log records of each rank that match a known failure pattern (NCCL timeout, CUDA OOM, illegal "
+        "address, Xid, ECC, NVLink): see docs/instrument.md.", min=0, bars=True, stack=True), 8, 8)
     L.add(k.timeseries("Checkpoints", [target(
         f"sum by (rank) ({rate(m(c.CHECKPOINT_DURATION, suffix='count'), 'increase')})", BY_RANK)], "short",
         "Checkpoints saved per interval.", min=0, bars=True), 8, 8)

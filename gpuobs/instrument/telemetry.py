@@ -45,6 +45,8 @@ HELD = frozenset(m.name for m in (
     c.STEPS, c.MICRO_STEPS, c.LAST_STEP, c.SAMPLES_TRAINED, c.TOKENS_TRAINED, c.LOSS, c.GRAD_NORM,
     c.LEARNING_RATE, c.NONFINITE, c.FLOPS, c.PEAK_FLOPS, c.COMPUTE, c.COLLECTIVE_WAIT, c.GOODPUT, c.BADPUT))
 DROPS = frozenset((c.SPANS_DROPPED.name, c.LOGS_DROPPED.name))
+# observed from gpuobs.logs's process-wide counts, like the dropped log records
+OBSERVED = DROPS | {c.LOG_PATTERN_MATCHES.name}
 _QUANTILE_OF = {q.name: d for d, q in c.QUANTILES.items()}  # quantile gauge -> its duration histogram
 
 
@@ -75,7 +77,7 @@ class Telemetry:
         self._closed = False
         self.instruments: dict[str, Any] = {m.name: self._create(m) for m in c.OTEL}  # name -> OTel instrument
         self._sync = {m.name: SyncRecorder(self.instruments[m.name]) for m in c.OTEL
-                      if m.name not in HELD and m.name not in DROPS and m.name not in _QUANTILE_OF}
+                      if m.name not in HELD and m.name not in OBSERVED and m.name not in _QUANTILE_OF}
 
     # the providers' parts, as attributes of the telemetry (what tests, benchmarks and users read)
     tracer_provider = property(lambda self: self.providers.tracer_provider)
@@ -88,7 +90,8 @@ class Telemetry:
     def instrument(self, metric: c.Metric) -> Recorder:
         """The Recorder of a catalog metric: for a HELD metric a new LocalValues (one per call,
         observed at collection; keeps nothing when disabled), else the metric's SyncRecorder.
-        Raises TypeError for the metrics observed from gpuobs's own callbacks (quantiles, drops)."""
+        Raises TypeError for the metrics observed from gpuobs's own callbacks (quantiles, drops, log
+        pattern counts)."""
         found = self._sync.get(metric.name)
         if found is not None:
             return found
@@ -138,6 +141,8 @@ class Telemetry:
                 _QUANTILE_OF[m.name])], **kw)
         if m.name in DROPS:
             return meter.create_observable_counter(m.otel_name, callbacks=[self._drops_observer(m)], **kw)
+        if m is c.LOG_PATTERN_MATCHES:
+            return meter.create_observable_counter(m.otel_name, callbacks=[self._patterns_observer], **kw)
         if m.name in HELD:
             make = meter.create_observable_counter if m.kind == "counter" else meter.create_observable_gauge
             return make(m.otel_name, callbacks=[self._held_observer(m)], **kw)
@@ -173,6 +178,14 @@ class Telemetry:
 
             return [Observation(records_dropped_total())]
         return observe
+
+    def _patterns_observer(self, _options):
+        """gpuobs_log_pattern_matches_total: one point per catalog pattern (0 until it matches),
+        with the run's rank and job_id."""
+        from ..logs.patterns import pattern_matches_total  # no logs import at module level
+
+        attrs = self.env.metric_attributes()
+        return [Observation(n, {**attrs, "pattern": name}) for name, n in pattern_matches_total().items()]
 
 
 _current: Telemetry | None = None

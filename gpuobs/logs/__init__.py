@@ -6,7 +6,11 @@ rank/job_id/node/pod.
 `records_dropped_total()` is the process's count of log records that Fluentd did not acknowledge
 in time or that never left the process (full queue, packing errors): a counter that never
 decreases. The exporter reads it for its /metrics; the training metrics endpoint of
-`gpuobs.instrument` serves it as gpuobs_telemetry_log_records_dropped_total, with no user code."""
+`gpuobs.instrument` serves it as gpuobs_telemetry_log_records_dropped_total, with no user code.
+
+Both handlers also count the records that match the log-pattern catalog (gpuobs.logpatterns:
+NCCL timeouts, CUDA OOM, Xid lines, ...) and mark them with `log_pattern` (PatternFilter, usable
+on any handler); `pattern_matches_total()` is served as gpuobs_log_pattern_matches_total."""
 
 from __future__ import annotations
 
@@ -18,17 +22,20 @@ from ..runenv import RunEnv
 from .fields import ContextFilter, RecordFormatter, rfc3339
 from .fluentd import (DroppedRecordsCollector, FluentdHandler, address_from_env, parse_address,
                       records_dropped_total)
+from .patterns import PatternFilter, pattern_matches_total
 
-__all__ = ["ContextFilter", "DroppedRecordsCollector", "FluentdHandler", "RecordFormatter",
-           "address_from_env", "configure", "json_handler", "parse_address", "records_dropped_total",
-           "rfc3339", "setup"]
+__all__ = ["ContextFilter", "DroppedRecordsCollector", "FluentdHandler", "PatternFilter",
+           "RecordFormatter", "address_from_env", "configure", "json_handler", "parse_address",
+           "pattern_matches_total", "records_dropped_total", "rfc3339", "setup"]
 
 
 def json_handler(stream: IO[str] | None = None, env: RunEnv | None = None) -> logging.Handler:
-    """One JSON object per line on stream (default: sys.stdout at call time)."""
+    """One JSON object per line on stream (default: sys.stdout at call time); records matching the
+    log-pattern catalog are counted (PatternFilter)."""
     handler = logging.StreamHandler(sys.stdout if stream is None else stream)
     handler.setFormatter(RecordFormatter())
     handler.addFilter(ContextFilter(env))
+    handler.addFilter(PatternFilter())
     return handler
 
 

@@ -68,6 +68,7 @@ from fluent.sender import EventTime
 
 from ..runenv import RunEnv
 from .fields import ContextFilter, RecordFormatter
+from .patterns import PatternFilter
 
 DEFAULT_PORT = 24224
 _STOP = object()
@@ -409,7 +410,8 @@ class FluentdHandler(logging.Handler):
     """Ships records to Fluentd (forward protocol, acknowledged) with tag `<tag>.<logger name>`.
     Each record: time, level, logger, pid, message, exc_info/stack_info, every `extra` field,
     trace_id/span_id of the active span, and the run's rank, local_rank, job_id, node and pod
-    (those detected).
+    (those detected); `log_pattern` on records matching the log-pattern catalog (counted in
+    gpuobs.logs.pattern_matches_total()).
 
     timeout: the most one attempt may take (connect, send, wait for the acknowledgement);
     delivery_timeout: the bound after a logging call by which its record is acknowledged or
@@ -430,6 +432,7 @@ class FluentdHandler(logging.Handler):
         self.bufmax = bufmax
         self.setFormatter(RecordFormatter())
         self.addFilter(ContextFilter(env))
+        self.addFilter(PatternFilter())  # counts the records matching the log-pattern catalog
         self._pipe: _Pipe | None = None
         self._pid = os.getpid()
         self._closed = False

@@ -1,0 +1,158 @@
+"""The log-pattern catalog: the log lines that precede or explain a failed GPU job (NCCL timeouts
+and errors, CUDA out-of-memory and illegal addresses, kernel Xid lines, ECC and row-remap
+failures, NVLink and fabric errors), defined once, like the metric catalog.
+
+Each `LogPattern` names what it matches, how severe it is, which fields it extracts, the metric
+it increments (`gpuobs_log_pattern_matches_total{pattern=<name>}`, catalog.LOG_PATTERN_MATCHES,
+named here by its catalog name: this module imports nothing of gpuobs so that `gpuobs.logs` may
+use it) and the alert that will read that metric (named only; the alert and its runbook come
+later).
+
+`match(line)` returns the first pattern that matches, with its extracted fields, or None. It runs
+on every log record of a training process, so most lines are settled by one prefilter scan
+(one compiled alternation of literal keywords that every pattern's lines contain); a line that
+has some is tried against the patterns its keywords select, in catalog order (specific before general: a
+kernel Xid line before the ECC or NVLink text it may carry, an NCCL timeout before the generic
+NCCL error that PyTorch logs with it).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+Severity = Literal["critical", "warning"]
+METRIC = "gpuobs_log_pattern_matches"  # catalog.LOG_PATTERN_MATCHES.name (tests pin the two together)
+# The rank a line names: PyTorch's "[Rank 3]", "[PG 0 Rank 3]", torchrun's "[rank3]:" prefix.
+# \b keeps "headRank 3" and "local_rank" out; the "]" keeps "rank 3 of 8" prose out.
+_RANK = re.compile(r"\b[Rr]ank ?(\d+)\]")
+
+
+@dataclass(frozen=True)
+class LogPattern:
+    """One kind of log line.
+
+    name: the `pattern` label value (a fixed set: the metric's cardinality is bounded by it);
+    regex: compiled, searched anywhere in the line, its named groups are the extracted fields;
+    keywords: literal substrings, one of which every matching line contains (the prefilter);
+    severity: "critical" (the job fails or a GPU must be drained) or "warning";
+    rank: whether the rank the line names (e.g. "[Rank 3]") is extracted as field `rank`;
+    metric: the catalog metric a match increments; alert: the alert (and runbook) it will feed;
+    summary: one line for the docs."""
+    name: str
+    regex: re.Pattern[str]
+    keywords: tuple[str, ...]
+    severity: Severity
+    alert: str
+    summary: str
+    rank: bool = False
+    metric: str = METRIC
+
+    @property
+    def extracts(self) -> tuple[str, ...]:
+        """The field names a match of this pattern may carry (named groups, then `rank`)."""
+        groups = dict.fromkeys(name.rstrip("2") for name in self.regex.groupindex)  # op2 is op
+        return tuple(groups) + (("rank",) if self.rank else ())
+
+
+@dataclass(frozen=True)
+class Match:
+    """A line matched by a pattern: the pattern and the fields it extracted (group name -> text;
+    groups that did not take part are absent; `rank` when the pattern extracts it and the line
+    names one)."""
+    pattern: LogPattern
+    fields: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        """The pattern's name (the metric's `pattern` label)."""
+        return self.pattern.name
+
+
+_PCI = r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?"
+
+PATTERNS: tuple[LogPattern, ...] = (
+    # Kernel: "NVRM: Xid (PCI:0000:18:00): 79, pid=..., GPU has fallen off the bus." (older drivers
+    # write the address without "PCI:"). The code says what happened; the address which GPU.
+    LogPattern("nvrm_xid", re.compile(rf"NVRM: Xid \((?:PCI:)?(?P<pci>{_PCI})\): (?P<xid>\d+)\b"),
+               ("Xid",), "critical", "GPUXidFromLogs",
+               "Kernel Xid line of the NVIDIA driver (any code; code and PCI address extracted)."),
+    # PyTorch's ProcessGroupNCCL watchdog: "[Rank 3] Watchdog caught collective operation timeout:
+    # WorkNCCL(SeqNum=5, OpType=ALLREDUCE, ...) ran for 600013 milliseconds before timing out."
+    LogPattern("nccl_timeout", re.compile(
+        r"Watchdog caught collective operation timeout(?::.*?OpType=(?P<op>\w+))?"
+        r"(?:.*?ran for (?P<ms>\d+) milliseconds)?"
+        r"|WorkNCCL\(.*?OpType=(?P<op2>\w+).*?\) ran for (?P<ms2>\d+) milliseconds before timing out"),
+        ("Watchdog caught", "WorkNCCL"), "critical", "TrainingCollectiveTimeout",
+        "A collective did not finish within the process group's timeout (operation and duration "
+        "in ms extracted, and the rank).", rank=True),
+    LogPattern("cuda_oom", re.compile(
+        r"(?:OutOfMemoryError: )?CUDA out of memory(?:\. Tried to allocate (?P<requested>[\d.]+ [KMGT]i?B))?"
+        r"(?:.*?GPU (?P<gpu>\d+)(?: has a total capacity|;))?"
+        r"|CUDA error: out of memory|Cuda failure 'out of memory'|cudaErrorMemoryAllocation"),
+        ("out of memory", "cudaErrorMemoryAllocation"), "critical", "TrainingCudaOOM",
+        "CUDA out of memory: torch.OutOfMemoryError, older RuntimeError, CUDA runtime error "
+        "(requested size and GPU index extracted when given).", rank=True),
+    LogPattern("cuda_illegal_address", re.compile(
+        r"illegal memory access was encountered|cudaErrorIllegalAddress|CUDA_ERROR_ILLEGAL_ADDRESS"),
+        ("illegal memory access", "IllegalAddress", "ILLEGAL_ADDRESS"), "critical", "TrainingCudaIllegalAddress",
+        "CUDA illegal memory access (a kernel bug, or bad memory when it follows ECC errors).", rank=True),
+    LogPattern("ecc_error", re.compile(
+        r"uncorrectable ECC error|cudaErrorECCUncorrectable|CUDA_ERROR_ECC_UNCORRECTABLE"
+        r"|[Rr]ow[ -]?[Rr]emap\w*\b.{0,60}?\b(?:fail\w*|pending|error)\b"),
+        ("ECC", "emap"), "critical", "GPUEccErrorFromLogs",
+        "Uncorrectable ECC error, or a row-remapping failure or pending remap."),
+    LogPattern("nvlink_error", re.compile(
+        r"NVLink\b.{0,80}?\b(?:[Ee]rror|[Ff]atal|[Ff]ail\w*)\b(?!\w*\s*(?:count\w*)?\s*[:=]\s*0\b)"
+        r"|(?:nvidia-fabricmanager|nv-fabricmanager|[Ff]abric ?[Mm]anager)\b.{0,80}?"
+        r"\b(?:[Ee]rror|[Ff]atal|[Ff]ail\w*|not running)\b"
+        r"|NVSwitch\b.{0,80}?\b(?:[Ee]rror|[Ff]atal)\b|system not yet initialized"),
+        ("NVLink", "abric", "NVSwitch", "not yet initialized"), "warning", "GPUNvlinkErrorFromLogs",
+        "NVLink, NVSwitch or fabric manager error (the GPU may lose peer bandwidth or fail CUDA "
+        "init with 'system not yet initialized')."),
+    # Last: the timeout, OOM and illegal-address lines above also mention NCCL or ProcessGroupNCCL.
+    LogPattern("nccl_error", re.compile(
+        r"NCCL WARN\b|nccl(?:InternalError|SystemError|UnhandledCudaError|RemoteError|InvalidUsage"
+        r"|InvalidArgument)\b|NCCL error\b|communicator was aborted|ncclCommWatchdog.{0,40}?"
+        r"(?:terminated|exception)|NCCL watchdog thread terminated"),
+        ("NCCL", "nccl"), "warning", "TrainingNcclError",
+        "NCCL warning or error: WARN lines, ncclInternalError/SystemError/..., an aborted "
+        "communicator, the watchdog thread ending.", rank=True),
+)
+BY_NAME: dict[str, LogPattern] = {p.name: p for p in PATTERNS}
+_KEYWORDS = sorted({k for p in PATTERNS for k in p.keywords}, key=len, reverse=True)
+# One scan per line settles most: a line without any pattern's keyword matches no pattern. The
+# keywords it finds choose the patterns worth trying (most regexes cost µs on a line, the scan
+# well under one): a found keyword selects every pattern with a keyword inside it, since the
+# scan reports "WorkNCCL" and not the "NCCL" within it.
+_PREFILTER = re.compile("|".join(re.escape(k) for k in _KEYWORDS))
+_CANDIDATES: dict[str, frozenset[str]] = {
+    found: frozenset(p.name for p in PATTERNS if any(k in found for k in p.keywords)) for found in _KEYWORDS}
+
+
+def _fields(pattern: LogPattern, found: re.Match[str], line: str) -> dict[str, str]:
+    """The named groups that matched (the timeout's alternative groups op2/ms2 folded into op/ms),
+    plus the line's rank when the pattern extracts it."""
+    fields = {k.rstrip("2"): v for k, v in found.groupdict().items() if v is not None}
+    if pattern.rank:
+        rank = _RANK.search(line)
+        if rank is not None:
+            fields["rank"] = rank.group(1)
+    return fields
+
+
+def match(line: str) -> Match | None:
+    """The first catalog pattern that matches anywhere in `line` (one log line or record message),
+    with its extracted fields; None when none does (most lines: they fail the prefilter). Never
+    raises for a str; costs one regex scan for a line without any pattern's keyword."""
+    keywords = _PREFILTER.findall(line)
+    if not keywords:
+        return None
+    candidates = frozenset().union(*(_CANDIDATES[k] for k in set(keywords)))
+    for pattern in PATTERNS:
+        if pattern.name in candidates:
+            found = pattern.regex.search(line)
+            if found is not None:
+                return Match(pattern, _fields(pattern, found, line))
+    return None
