@@ -76,7 +76,7 @@ PATTERNS: tuple[LogPattern, ...] = (
     # Kernel: "NVRM: Xid (PCI:0000:18:00): 79, pid=..., GPU has fallen off the bus." (older drivers
     # write the address without "PCI:"). The code says what happened; the address which GPU.
     LogPattern("nvrm_xid", re.compile(rf"NVRM: Xid \((?:PCI:)?(?P<pci>{_PCI})\): (?P<xid>\d+)\b"),
-               ("Xid",), "critical", "GPUXidFromLogs",
+               ("Xid",), "critical", "GpuXidFromLogs",
                "Kernel Xid line of the NVIDIA driver (any code; code and PCI address extracted)."),
     # PyTorch's ProcessGroupNCCL watchdog: "[Rank 3] Watchdog caught collective operation timeout:
     # WorkNCCL(SeqNum=5, OpType=ALLREDUCE, ...) ran for 600013 milliseconds before timing out."
@@ -101,14 +101,14 @@ PATTERNS: tuple[LogPattern, ...] = (
     LogPattern("ecc_error", re.compile(
         r"uncorrectable ECC error|cudaErrorECCUncorrectable|CUDA_ERROR_ECC_UNCORRECTABLE"
         r"|[Rr]ow[ -]?[Rr]emap\w*\b.{0,60}?\b(?:fail\w*|pending|error)\b"),
-        ("ECC", "emap"), "critical", "GPUEccErrorFromLogs",
+        ("ECC", "emap"), "critical", "GpuEccErrorFromLogs",
         "Uncorrectable ECC error, or a row-remapping failure or pending remap."),
     LogPattern("nvlink_error", re.compile(
         r"NVLink\b.{0,80}?\b(?:[Ee]rror|[Ff]atal|[Ff]ail\w*)\b(?!\w*\s*(?:count\w*)?\s*[:=]\s*0\b)"
         r"|(?:nvidia-fabricmanager|nv-fabricmanager|[Ff]abric ?[Mm]anager)\b.{0,80}?"
         r"\b(?:[Ee]rror|[Ff]atal|[Ff]ail\w*|not running)\b"
         r"|NVSwitch\b.{0,80}?\b(?:[Ee]rror|[Ff]atal)\b|system not yet initialized"),
-        ("NVLink", "abric", "NVSwitch", "not yet initialized"), "warning", "GPUNvlinkErrorFromLogs",
+        ("NVLink", "abric", "NVSwitch", "not yet initialized"), "warning", "GpuNvlinkErrorFromLogs",
         "NVLink, NVSwitch or fabric manager error (the GPU may lose peer bandwidth or fail CUDA "
         "init with 'system not yet initialized')."),
     # Last: the timeout, OOM and illegal-address lines above also mention NCCL or ProcessGroupNCCL.
