@@ -80,7 +80,7 @@ PATTERNS: tuple[LogPattern, ...] = (
                "Kernel Xid line of the NVIDIA driver (any code; code and PCI address extracted)."),
     # PyTorch's ProcessGroupNCCL watchdog: "[Rank 3] Watchdog caught collective operation timeout:
     # WorkNCCL(SeqNum=5, OpType=ALLREDUCE, ...) ran for 600013 milliseconds before timing out."
-    LogPattern("nccl_timeout", re.compile(
+    LogPattern("collective_timeout", re.compile(
         r"Watchdog caught collective operation timeout(?::.*?OpType=(?P<op>\w+))?"
         r"(?:.*?ran for (?P<ms>\d+) milliseconds)?"
         r"|WorkNCCL\(.*?OpType=(?P<op2>\w+).*?\) ran for (?P<ms2>\d+) milliseconds before timing out"),

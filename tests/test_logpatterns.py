@@ -41,7 +41,7 @@ EXAMPLES: dict[str, tuple[list[tuple[str, dict[str, str]]], list[str]]] = {
         "DCGM: XID errors: 0 (last Xid 0)",
         "gpuobs_gpu_xid_errors_total{gpu=\"0\",xid=\"79\"} 1",
     ]),
-    "nccl_timeout": ([
+    "collective_timeout": ([
         ("[rank1]:[E626 06:24:44.903881913 ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective operation "
          "timeout: WorkNCCL(SeqNum=808, OpType=ALLREDUCE, NumelIn=9801523, NumelOut=9801523, Timeout(ms)=600000) "
          "ran for 600020 milliseconds before timing out.", {"op": "ALLREDUCE", "ms": "600020", "rank": "1"}),
@@ -156,7 +156,7 @@ def test_catalog_entries_are_well_formed():
     for p in lp.PATTERNS:
         assert p.severity in ("critical", "warning") and p.alert and p.summary and p.metric == lp.METRIC
     assert lp.BY_NAME["nvrm_xid"].extracts == ("pci", "xid")
-    assert lp.BY_NAME["nccl_timeout"].extracts == ("op", "ms", "rank")
+    assert lp.BY_NAME["collective_timeout"].extracts == ("op", "ms", "rank")
     assert len({p.alert for p in lp.PATTERNS}) == len(lp.PATTERNS)
 
 
@@ -186,9 +186,9 @@ def test_json_handler_counts_and_marks_matching_records():
         log.info("bad args %d", "x")  # logging's own error path: still no exception into the caller
     finally:
         log.removeHandler(handler)
-    assert _delta(before) == {"nccl_timeout": 1, "nvrm_xid": 1, "cuda_oom": 1}
+    assert _delta(before) == {"collective_timeout": 1, "nvrm_xid": 1, "cuda_oom": 1}
     records = [json.loads(line) for line in stream.getvalue().splitlines()]
-    assert [r.get("log_pattern") for r in records] == ["nccl_timeout", None, "nvrm_xid", "cuda_oom"]
+    assert [r.get("log_pattern") for r in records] == ["collective_timeout", None, "nvrm_xid", "cuda_oom"]
 
 
 def test_a_record_through_two_gpuobs_handlers_counts_once_and_fluentd_counts_too():
@@ -252,7 +252,7 @@ def test_pattern_counts_reach_the_training_metrics_scrape():
     samples = [s for fam in text_string_to_metric_families(proc.stdout) for s in fam.samples
                if s.name == "gpuobs_log_pattern_matches_total"]
     by_pattern = {s.labels["pattern"]: s.value for s in samples}
-    assert by_pattern == {name: {"nccl_timeout": 2.0, "cuda_oom": 1.0}.get(name, 0.0) for name in lp.BY_NAME}
+    assert by_pattern == {name: {"collective_timeout": 2.0, "cuda_oom": 1.0}.get(name, 0.0) for name in lp.BY_NAME}
     assert all(s.labels["rank"] == "1" and s.labels["job_id"] == "job-logs" for s in samples)
 
 
