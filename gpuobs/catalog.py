@@ -394,6 +394,21 @@ XID_ERRORS = _m("gpu_xid_errors", "counter", "", "XID errors reported by the dri
 XID_LAST_SEEN = _m("gpu_xid_last_seen_timestamp_seconds", "gauge", "seconds",
                    "Unix time the XID code was last reported.", "xid", "time of the nvmlEventSetWait_v2 event",
                    labels=XID_LABELS)
+# -------------------------------------------------------------------------------------- kernel log
+# A second XID source beside the NVML events: the driver's own "NVRM: Xid" lines in the kernel log,
+# counted since boot (the watcher keeps its read position across exporter restarts), so XIDs from
+# while the exporter was down, or missed by the event thread, are seen. pci_bus_id is NVML's form
+# (00000000:18:00.0); gpu/uuid are empty for an address no GPU of the pass has (e.g. fell off the bus).
+KERNEL_LABELS = GPU_LABELS + ("pci_bus_id",)
+KERNEL_XID_ERRORS = _m("gpu_kernel_xid_errors", "counter", "", "XID errors the NVIDIA driver wrote to the kernel "
+                       "log since boot, per GPU and XID code (a second source beside gpuobs_gpu_xid_errors_total).",
+                       "kernel_log", "/dev/kmsg (or journalctl -k) lines 'NVRM: Xid (PCI:<address>): <code>'; the "
+                       "address matched to a GPU by nvmlDeviceGetPciInfo_v3 .busId", labels=KERNEL_LABELS + ("xid",))
+KERNEL_LOG_MATCHES = _m("gpu_kernel_log_matches", "counter", "", "NVIDIA driver messages in the kernel log since boot "
+                        "that matched a pattern of the log-pattern catalog (gpuobs.logpatterns: nvrm_xid, ecc_error, "
+                        "nvlink_error, ...), per GPU where the line names one.", "kernel_log",
+                        "/dev/kmsg (or journalctl -k) lines matched by gpuobs.logpatterns.match",
+                        labels=KERNEL_LABELS + ("pattern",))
 # ------------------------------------------------------------------------------------ self-health
 NVML_UP = _m("nvml_up", "gauge", "", "1 if NVML is initialised and answering.", "exporter", "nvmlInit_v2",
              labels=())
@@ -442,6 +457,13 @@ XID_WATCHER_UP = _m("exporter_xid_watcher_up", "gauge", "", "1 if the XID event 
 XID_WATCHER_ERRORS = _m("exporter_xid_watcher_errors", "counter", "", "Errors of the XID event thread, by NVML code "
                         "(restarted: the thread died and was started again).", "exporter",
                         "nvmlEventSetCreate / nvmlDeviceRegisterEvents / nvmlEventSetWait_v2", labels=("code",))
+KERNEL_LOG_UP = _m("exporter_kernel_log_up", "gauge", "", "1 if the kernel-log watcher reads its source; 0 while "
+                   "it cannot (missing, not permitted, failed): kernel-log XIDs and driver messages are not counted "
+                   "then. Absent with the kernel_log family off.", "exporter",
+                   "open/read of /dev/kmsg, a kernel-log file, or journalctl -k", labels=("source",))
+KERNEL_LOG_LOST = _m("exporter_kernel_log_records_lost", "counter", "", "Kernel-log records the kernel overwrote in "
+                     "its ring buffer before the watcher read them (their XIDs and messages are not counted).",
+                     "exporter", "EPIPE from read(2) on /dev/kmsg; sequence-number gaps", labels=())
 ATTRIBUTION_UP = _m("exporter_attribution_up", "gauge", "",
                     "1 if the attribution source answered at its last refresh; only with attribution on.", "exporter",
                     "kubelet PodResources List() (podresources); the job-mapping directory is there (slurm)",

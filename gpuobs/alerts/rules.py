@@ -101,8 +101,8 @@ class Thresholds:
 DEFAULT = Thresholds()
 FAST = Thresholds(profile="fast", eval_interval="1s", rate_window="20s", long_window="1m", baseline_window="2m",
                   for_now="2s", for_short="5s", for_medium="10s", for_idle="15s", for_long="15s", keep_firing="10s",
-                  training_stall="20s", checkpoint_seconds=2.0, trend_step="10s", trend_window="1m",
-                  trend_baseline="2m", temp_trend_window="1m", temp_trend_horizon="2m", power_brake_window="1m")
+                  training_stall="20s", checkpoint_seconds=2.0, trend_step="5s", trend_window="30s",
+                  trend_baseline="1m", temp_trend_window="1m", temp_trend_horizon="2m", power_brake_window="1m")
 
 
 # rule group per scope: cluster-wide alerts (the watchdog's too) evaluate apart, as "meta"
