@@ -8,6 +8,8 @@ them): they never import it.
 - alerts (gpuobs/alerts/build.py): alerts/ and docs/runbooks/
 - dashboards (gpuobs/dashboards/build.py): dashboards/ and dashboards/provisioning/
 - docs (gpuobs/docs.py): docs/metrics.md and docs/cardinality.md
+- fluent-bit (gpuobs/logs/fluentbit.py): deploy/fluent-bit/gpuobs-log-patterns.conf, the log-pattern
+  catalog as a Fluent Bit pipeline
 
 What is a pure transformation of those files is not committed but built where it is used: the
 fast rule profile (written by the demo and the tests: gpuobs.alerts.build.write_fast_rules) and the
@@ -72,10 +74,18 @@ def _docs(root: Path, runbook_base: str | None) -> dict[Path, str]:
     return generated(root)
 
 
+def _fluent_bit(root: Path, runbook_base: str | None) -> dict[Path, str]:
+    from .logs import fluentbit
+
+    return {root / fluentbit.PATH: fluentbit.config()}
+
+
 GENERATORS = (
     Generator("alerts", "gpuobs/alerts", ("alerts", "docs/runbooks"), True, _alerts),
     Generator("dashboards", "gpuobs/dashboards", ("dashboards", "dashboards/provisioning"), True, _dashboards),
     Generator("docs", "gpuobs/docs.py", ("docs",), False, _docs),  # docs/ also holds hand-written pages
+    # deploy/fluent-bit/ also holds the hand-written fluent-bit.conf that includes it
+    Generator("fluent-bit", "gpuobs/logs/fluentbit.py", ("deploy/fluent-bit",), False, _fluent_bit),
 )
 
 

@@ -27,6 +27,7 @@ METRIC = "gpuobs_log_pattern_matches"  # catalog.LOG_PATTERN_MATCHES.name (tests
 # The rank a line names: PyTorch's "[Rank 3]", "[PG 0 Rank 3]", torchrun's "[rank3]:" prefix.
 # \b keeps "headRank 3" and "local_rank" out; the "]" keeps "rank 3 of 8" prose out.
 _RANK = re.compile(r"\b[Rr]ank ?(\d+)\]")
+_DIGITS = "0123456789"  # a group name's trailing digits tell alternatives apart (ms2 is ms)
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class LogPattern:
     @property
     def extracts(self) -> tuple[str, ...]:
         """The field names a match of this pattern may carry (named groups, then `rank`)."""
-        groups = dict.fromkeys(name.rstrip("2") for name in self.regex.groupindex)  # op2 is op
+        groups = dict.fromkeys(name.rstrip(_DIGITS) for name in self.regex.groupindex)  # op2 is op
         return tuple(groups) + (("rank",) if self.rank else ())
 
 
@@ -79,17 +80,28 @@ PATTERNS: tuple[LogPattern, ...] = (
                ("Xid",), "critical", "GpuXidFromLogs",
                "Kernel Xid line of the NVIDIA driver (any code; code and PCI address extracted)."),
     # PyTorch's ProcessGroupNCCL watchdog: "[Rank 3] Watchdog caught collective operation timeout:
-    # WorkNCCL(SeqNum=5, OpType=ALLREDUCE, ...) ran for 600013 milliseconds before timing out."
+    # WorkNCCL(SeqNum=5, OpType=ALLREDUCE, ...) ran for 600013 milliseconds before timing out.",
+    # its blocking-wait form "... timed out in blocking wait." and 2.4's "[PG 0 Rank 3] Timeout at
+    # NCCL work: 12, ..."; gloo's "Timed out waiting 3000ms for recv operation to complete" (the
+    # text of the RuntimeError a collective raises) and monitored_barrier's "Rank 1 failed to pass
+    # monitoredBarrier in 2000 ms". Alternatives name their groups op2, ms3, ...: Python allows a
+    # group name once; the digits are dropped when the fields are read.
     LogPattern("collective_timeout", re.compile(
         r"Watchdog caught collective operation timeout(?::.*?OpType=(?P<op>\w+))?"
         r"(?:.*?ran for (?P<ms>\d+) milliseconds)?"
-        r"|WorkNCCL\(.*?OpType=(?P<op2>\w+).*?\) ran for (?P<ms2>\d+) milliseconds before timing out"),
-        ("Watchdog caught", "WorkNCCL"), "critical", "TrainingCollectiveTimeout",
-        "A collective did not finish within the process group's timeout (operation and duration "
-        "in ms extracted, and the rank).", rank=True),
+        r"|WorkNCCL\(.*?OpType=(?P<op2>\w+).*?\) (?:ran for (?P<ms2>\d+) milliseconds before timing out"
+        r"|timed out in blocking wait)"
+        r"|Timeout at NCCL work: \d+"
+        r"|Timed out waiting (?P<ms3>\d+) ?ms for (?:recv|send) operation to complete"
+        r"|failed to pass monitoredBarrier in (?P<ms4>\d+) ms"),
+        ("Watchdog caught", "WorkNCCL", "Timeout at NCCL work", "Timed out waiting", "monitoredBarrier"),
+        "critical", "TrainingCollectiveTimeout",
+        "A collective did not finish within the process group's timeout: NCCL watchdog or blocking "
+        "wait, gloo send/recv, monitored barrier (operation and duration in ms extracted when given, "
+        "and the rank).", rank=True),
     LogPattern("cuda_oom", re.compile(
         r"(?:OutOfMemoryError: )?CUDA out of memory(?:\. Tried to allocate (?P<requested>[\d.]+ [KMGT]i?B))?"
-        r"(?:.*?GPU (?P<gpu>\d+)(?: has a total capacity|;))?"
+        r"(?:.*?GPU (?P<gpu>\d+)(?: has a total capac|;))?"  # 2.1 wrote "capacty"
         r"|CUDA error: out of memory|Cuda failure 'out of memory'|cudaErrorMemoryAllocation"),
         ("out of memory", "cudaErrorMemoryAllocation"), "critical", "TrainingCudaOOM",
         "CUDA out of memory: torch.OutOfMemoryError, older RuntimeError, CUDA runtime error "
@@ -132,9 +144,9 @@ _CANDIDATES: dict[str, frozenset[str]] = {
 
 
 def _fields(pattern: LogPattern, found: re.Match[str], line: str) -> dict[str, str]:
-    """The named groups that matched (the timeout's alternative groups op2/ms2 folded into op/ms),
+    """The named groups that matched (an alternative's groups op2, ms3, ... folded into op, ms),
     plus the line's rank when the pattern extracts it."""
-    fields = {k.rstrip("2"): v for k, v in found.groupdict().items() if v is not None}
+    fields = {k.rstrip(_DIGITS): v for k, v in found.groupdict().items() if v is not None}
     if pattern.rank:
         rank = _RANK.search(line)
         if rank is not None:

@@ -52,10 +52,44 @@ EXAMPLES: dict[str, tuple[list[tuple[str, dict[str, str]]], list[str]]] = {
          "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=64088, OpType=_REDUCE_SCATTER_BASE, "
          "NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600089 milliseconds before timing out.",
          {"op": "_REDUCE_SCATTER_BASE", "ms": "600089", "rank": "7"}),
+        # 1.8-1.9: no SeqNum, the timeout inside the abort message
+        ("RuntimeError: NCCL communicator was aborted on rank 2. Original reason for failure was: [Rank 2] "
+         "Watchdog caught collective operation timeout: WorkNCCL(OpType=BROADCAST, Timeout(ms)=1800000) ran for "
+         "1800371 milliseconds before timing out.", {"op": "BROADCAST", "ms": "1800371", "rank": "2"}),
+        # 2.2-2.3: "[PG 0 Rank 3]" before the watchdog's exception
+        ("[rank3]:[E ProcessGroupNCCL.cpp:1182] [PG 0 Rank 3] NCCL watchdog thread terminated with exception: "
+         "[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=4410, OpType=ALLGATHER, NumelIn=8, "
+         "NumelOut=64, Timeout(ms)=600000) ran for 600512 milliseconds before timing out.",
+         {"op": "ALLGATHER", "ms": "600512", "rank": "3"}),
+        # 2.4+: the watchdog's summary line, and TORCH_NCCL_BLOCKING_WAIT's
+        ("[rank4]:[E1109 03:12:54.118202341 ProcessGroupNCCL.cpp:1709] [PG 1 Rank 4] Timeout at NCCL work: 5531, "
+         "last enqueued NCCL work: 5533, last completed NCCL work: 5530.", {"rank": "4"}),
+        ("[rank6]:[E1014 11:05:09.552100214 ProcessGroupNCCL.cpp:756] [Rank 6] Work WorkNCCL(SeqNum=902, "
+         "OpType=ALLREDUCE, NumelIn=4096, NumelOut=4096, Timeout(ms)=600000) timed out in blocking wait.",
+         {"op": "ALLREDUCE", "rank": "6"}),
+        # gloo, as torch 2.13 raises it (captured from a real 2-process job, tests/test_logpatterns_torch.py)
+        # and as torch 1.12 and torchrun-prefixed 2.x logs printed it
+        ("[rank1]: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] "
+         "Timed out waiting 3000ms for recv operation to complete", {"ms": "3000", "rank": "1"}),
+        ("RuntimeError: [/opt/conda/conda-bld/pytorch_1656352430114/work/third_party/gloo/gloo/transport/tcp/"
+         "unbound_buffer.cc:136] Timed out waiting 1800000ms for send operation to complete", {"ms": "1800000"}),
+        ("[trainer7|3]:RuntimeError: [../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out "
+         "waiting 1800000ms for recv operation to complete", {"ms": "1800000"}),
+        ("[rank0]:[E1201 20:49:10.307454268 ProcessGroupGloo.cpp:67] [Rank 0]: Rank 1 failed to pass "
+         "monitoredBarrier in 2000 ms", {"ms": "2000", "rank": "0"}),
     ], [
         "[rank0]:[W ProcessGroupNCCL.cpp:1234] Watchdog heartbeat: last completed NCCL work 1579",
         "TORCH_NCCL_ASYNC_ERROR_HANDLING=1: the watchdog aborts the communicator on a collective timeout",
         "WorkNCCL(SeqNum=808, OpType=ALLREDUCE) completed in 12 milliseconds",
+        # a peer that crashed is not a timeout (the peer's own log says why)
+        "[rank1]: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection "
+        "closed by peer [127.0.0.1]:63197. This is typically caused by a remote worker crashing.",
+        # rendezvous, not a collective
+        "torch.distributed.DistStoreError: Timed out after 901 seconds waiting for clients. 1/2 clients joined.",
+        "[rank1]:[E1201 20:49:03.214027089 ProcessGroupGloo.cpp:67] Rank 1 successfully reached monitoredBarrier, "
+        "but received errors while waiting for send/recv from rank 0.",
+        "torch.distributed.DistStoreError: wait timeout after 600000ms, keys: /default_pg/0//cuda//0",
+        "monitoredBarrier(timeout=timedelta(seconds=30)) passed on all ranks",
     ]),
     "cuda_oom": ([
         ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
@@ -63,6 +97,12 @@ EXAMPLES: dict[str, tuple[list[tuple[str, dict[str, str]]], list[str]]] = {
         ("RuntimeError: CUDA out of memory. Tried to allocate 20.00 MiB (GPU 1; 7.79 GiB total capacity; "
          "6.12 GiB already allocated; 3.44 MiB free)", {"requested": "20.00 MiB", "gpu": "1"}),
         ("[rank2]: RuntimeError: CUDA error: out of memory", {"rank": "2"}),
+        # 2.0 (torch.cuda.OutOfMemoryError with 1.x's text), 2.1 (its "capacty" typo)
+        ("torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.50 GiB (GPU 3; 23.69 GiB total "
+         "capacity; 20.11 GiB already allocated; 1.02 GiB free; 21.30 GiB reserved in total by PyTorch)",
+         {"requested": "1.50 GiB", "gpu": "3"}),
+        ("torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 32.00 MiB. GPU 0 has a total capacty "
+         "of 4.00 GiB of which 41.56 MiB is free.", {"requested": "32.00 MiB", "gpu": "0"}),
         ("node1:23:45 [0] NCCL WARN Cuda failure 'out of memory'", {}),  # an OOM first, not an NCCL error
     ], [
         "Out of memory: Killed process 4242 (python) total-vm:82347512kB",  # the host's OOM killer
@@ -110,6 +150,11 @@ EXAMPLES: dict[str, tuple[list[tuple[str, dict[str, str]]], list[str]]] = {
         ("[rank3]:[E ProcessGroupNCCL.cpp:1316] [PG 0 Rank 3] NCCL communicator was aborted on rank 3.",
          {"rank": "3"}),
         ("ncclInternalError: Internal check failed.", {}),
+        # NCCL 2.19+ writes the source file and line before WARN
+        ("gpu-node-3:2211:2650 [5] transport/net_ib.cc:1696 NCCL WARN NET/IB : Got completion from peer "
+         "10.1.4.7<41822> with status=12 opcode=0 len=0 vendor err 129 (Recv) localGid ::ffff:10.1.4.6", {}),
+        ("gpu-node-3:2211:2650 [5] include/socket.h:455 NCCL WARN Net : Connection closed by remote peer "
+         "gpu-node-4<48212>", {}),
     ], [
         "node1:534:1763 [3] NCCL INFO NVLS comm 0x7f19 headRank 3 nHeads 4 buffSize 4194304",
         "NCCL version 2.18.1+cuda12.1",

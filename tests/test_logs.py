@@ -229,14 +229,17 @@ def run_env(monkeypatch):
 
 @pytest.fixture
 def root_logger():
-    """Restores the root logger's handlers and level that configure() replaces."""
+    """Restores the root logger's handlers and level that configure() replaces, and the
+    sys/threading excepthooks it chains."""
     root = logging.getLogger()
     saved = root.handlers[:], root.level
+    hooks = sys.excepthook, threading.excepthook
     yield root
     for h in root.handlers:
         if h not in saved[0]:
             h.close()
     root.handlers[:], root.level = saved[0], saved[1]
+    sys.excepthook, threading.excepthook = hooks
 
 
 @pytest.fixture
@@ -747,3 +750,64 @@ def test_configure_keeps_the_applications_own_handlers(tmp_path, root_logger):
     assert file_handler in root_logger.handlers and ours in root_logger.handlers
     assert console not in root_logger.handlers  # a plain console handler would print every record twice
     file_handler.close()
+
+
+# ------------------------------------------------------------------------------------ uncaught exceptions
+
+def test_uncaught_exceptions_are_logged_counted_and_still_reach_the_original_hooks(root_logger, run_env):
+    """configure() chains a hook in front of sys.excepthook and threading.excepthook: the exception
+    becomes one CRITICAL record (traceback included, matched against the pattern catalog), and the
+    hook it replaced still runs, once; a second configure() does not log it twice."""
+    seen = []
+    sys.excepthook = lambda *exc: seen.append(("sys", exc[1]))
+    threading.excepthook = lambda args: seen.append(("thread", args.exc_value))
+    stream = io.StringIO()
+    logs.configure("info", stream=stream)
+    outer = sys.excepthook
+    sys.excepthook = lambda *exc: outer(*exc)  # as torch.distributed wraps it after configure()
+    logs.configure("info", stream=stream)  # chains again in front of the wrapper
+    before = logs.pattern_matches_total()
+    try:
+        raise RuntimeError("[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out "
+                           "waiting 1800000ms for recv operation to complete")
+    except RuntimeError as exc:
+        timeout = exc
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+    worker = threading.Thread(target=lambda: 1 / 0, name="loader")
+    worker.start()
+    worker.join()
+    sys.excepthook(KeyboardInterrupt, KeyboardInterrupt(), None)  # passed on, not logged
+
+    assert [(where, type(e)) for where, e in seen] == [
+        ("sys", RuntimeError), ("thread", ZeroDivisionError), ("sys", KeyboardInterrupt)]
+    assert seen[0][1] is timeout
+    records = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert [(r["logger"], r["level"], r["message"]) for r in records] == [
+        ("gpuobs.uncaught", "CRITICAL", "Uncaught RuntimeError in the main thread"),
+        ("gpuobs.uncaught", "CRITICAL", "Uncaught ZeroDivisionError in thread loader")]
+    assert records[0]["log_pattern"] == "collective_timeout" and "Timed out waiting" in json.dumps(records[0])
+    after = logs.pattern_matches_total()
+    assert after["collective_timeout"] - before["collective_timeout"] == 1
+
+
+def test_a_failing_handler_never_hides_the_original_traceback(root_logger, run_env):
+    class Broken(logging.Handler):
+        def emit(self, record):
+            raise OSError("disk full")
+
+        def handleError(self, record):  # logging's own fallback would print; make the failure loud
+            raise OSError("disk full")
+
+    seen = []
+    sys.excepthook = lambda *exc: seen.append(exc[1])
+    logs.configure("info", stream=io.StringIO())
+    logging.getLogger().addHandler(Broken())
+    exc = ValueError("boom")
+    sys.excepthook(ValueError, exc, None)
+    assert seen == [exc]
+
+
+def test_configure_without_uncaught_leaves_the_hooks_alone(root_logger, run_env):
+    hooks = sys.excepthook, threading.excepthook
+    logs.configure("info", stream=io.StringIO(), uncaught=False)
+    assert (sys.excepthook, threading.excepthook) == hooks

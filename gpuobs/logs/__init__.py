@@ -10,7 +10,11 @@ decreases. The exporter reads it for its /metrics; the training metrics endpoint
 
 Both handlers also count the records that match the log-pattern catalog (gpuobs.logpatterns:
 NCCL timeouts, CUDA OOM, Xid lines, ...) and mark them with `log_pattern` (PatternFilter, usable
-on any handler); `pattern_matches_total()` is served as gpuobs_log_pattern_matches_total."""
+on any handler); `pattern_matches_total()` is served as gpuobs_log_pattern_matches_total.
+
+`configure()` also logs the exceptions that end the process or a thread (gpuobs.logs.uncaught: a
+hook chained in front of sys.excepthook and threading.excepthook, the original still called), so a
+collective timeout or CUDA OOM raised and never caught is shipped and counted too."""
 
 from __future__ import annotations
 
@@ -23,10 +27,11 @@ from .fields import ContextFilter, RecordFormatter, rfc3339
 from .fluentd import (DroppedRecordsCollector, FluentdHandler, address_from_env, parse_address,
                       records_dropped_total)
 from .patterns import PatternFilter, pattern_matches_total
+from .uncaught import install as install_uncaught_hooks
 
 __all__ = ["ContextFilter", "DroppedRecordsCollector", "FluentdHandler", "PatternFilter",
-           "RecordFormatter", "address_from_env", "configure", "json_handler", "parse_address",
-           "pattern_matches_total", "records_dropped_total", "rfc3339", "setup"]
+           "RecordFormatter", "address_from_env", "configure", "install_uncaught_hooks", "json_handler",
+           "parse_address", "pattern_matches_total", "records_dropped_total", "rfc3339", "setup"]
 
 
 def json_handler(stream: IO[str] | None = None, env: RunEnv | None = None) -> logging.Handler:
@@ -40,14 +45,16 @@ def json_handler(stream: IO[str] | None = None, env: RunEnv | None = None) -> lo
 
 
 def configure(level: str | int = "info", fluentd: str | None = None, tag: str = "gpuobs",
-              stream: IO[str] | None = None, env: RunEnv | None = None,
+              stream: IO[str] | None = None, env: RunEnv | None = None, uncaught: bool = True,
               **fluentd_options: Any) -> logging.Handler:
     """Install one handler on the root logger and return it: a FluentdHandler when `fluentd`
     ('host:port') or the environment (GPUOBS_FLUENTD, or FLUENTD_HOST and FLUENTD_PORT) names a
     Fluentd, else JSON lines on `stream` (default sys.stdout). `fluentd_options` go to
     FluentdHandler (queue_maxsize, timeout, delivery_timeout, connect_timeout, close_timeout,
     bufmax). A handler installed by an earlier call is closed (its drops stay counted in
-    records_dropped_total()); the application's other handlers (files, ...) stay."""
+    records_dropped_total()); the application's other handlers (files, ...) stay. With `uncaught`
+    (default), an exception that ends the process or a thread is logged as a CRITICAL record of
+    `gpuobs.uncaught` before the previous sys/threading excepthook runs (install_uncaught_hooks)."""
     address = fluentd or address_from_env()
     if address:
         host, port = parse_address(address)
@@ -61,6 +68,8 @@ def configure(level: str | int = "info", fluentd: str | None = None, tag: str = 
     old = [h for h in root.handlers if getattr(h, "_gpuobs", False) or type(h) is logging.StreamHandler]
     root.handlers[:] = [h for h in root.handlers if h not in old] + [handler]
     root.setLevel(level.upper() if isinstance(level, str) else level)
+    if uncaught:
+        install_uncaught_hooks()
     for h in old:
         try:
             h.close()
