@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import random
 import time
 
@@ -53,6 +54,40 @@ class Sgd:
         return loss
 
 
+class FaultFile:
+    """Faults a test or the demo asks this rank to play, one name per line of a file (--fault-file),
+    each played once when it appears: `collective_timeout` logs the message PyTorch's NCCL watchdog
+    logs when a collective times out (the job would then abort; this example carries on). Checked
+    once a step by the file's size, so a step without a new fault costs one stat()."""
+
+    MESSAGES = {
+        "collective_timeout": "[PG ID 0 PG GUID 0(default_pg) Rank {rank}] Watchdog caught collective operation "
+                              "timeout: WorkNCCL(SeqNum={step}, OpType=ALLREDUCE, NumelIn=1048576, "
+                              "NumelOut=1048576, Timeout(ms)=600000) ran for 600021 milliseconds before timing out.",
+    }
+
+    def __init__(self, path: str | None):
+        self.path, self.read = path, 0
+
+    def play(self, rank: int, step: int) -> None:
+        """Log each fault added to the file since the last call (unknown names are logged as such)."""
+        try:
+            if self.path is None or os.stat(self.path).st_size <= self.read:
+                return
+            with open(self.path) as f:
+                f.seek(self.read)
+                new = f.read()
+        except OSError:
+            return
+        self.read += len(new.encode())
+        for name in new.split():
+            message = self.MESSAGES.get(name)
+            if message is None:
+                log.warning("unknown fault in the fault file", extra={"fault": name})
+            else:
+                log.error(message.format(rank=rank, step=step))
+
+
 def evaluate(opt: Sgd, xs) -> None:
     """An inference-style request on the current weights, recorded with the GenAI metric names."""
     with instrument.request(model="linear-regression", operation="predict", batch_size=len(xs)) as r:
@@ -75,6 +110,9 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--accumulate", type=int, default=2, help="micro-steps per optimizer step")
     p.add_argument("--eval-every", type=int, default=100, help="steps between evaluation requests")
+    p.add_argument("--slow-every", type=int, default=0, help="every Nth step is slow (0: none), e.g. a straggler")
+    p.add_argument("--slow-ms", type=float, default=100.0, help="extra compute time of a slow step")
+    p.add_argument("--fault-file", help="a file of fault names to play, e.g. collective_timeout (see FaultFile)")
     args = p.parse_args()
 
     telemetry = instrument.configure(service_name="gpuobs-example-train")
@@ -85,12 +123,15 @@ def main() -> None:
     rank = telemetry.env.rank or 0
     log.info("training starts", extra={"steps": args.steps, "rank": rank})
     data = run.data(batches(args.features, args.batch_size, args.data_ms, seed=rank))
+    faults = FaultFile(args.fault_file)
     for step, (xs, ys) in zip(range(1, args.steps + 1), data):
         with run.step(samples=len(xs), tokens=len(xs) * args.tokens_per_sample):
             with run.phase("forward_backward"):
                 for _ in range(args.accumulate):  # gradient accumulation: micro-steps inside the step
                     with run.micro_step():
                         time.sleep(args.compute_ms / 1000 / args.accumulate)
+                if args.slow_every and step % args.slow_every == 0:  # a slow step: its trace is an exemplar
+                    time.sleep(args.slow_ms / 1000)
             with run.phase("optimizer"):
                 loss = opt.step(xs, ys)
             if step % args.checkpoint_every == 0:
@@ -98,6 +139,7 @@ def main() -> None:
                     time.sleep(0.05)  # stand-in for writing the weights
                     log.info("checkpoint saved", extra={"step": step})
         run.report(loss=loss, grad_norm=opt.grad_norm, lr=opt)
+        faults.play(rank, step)
         if step % args.eval_every == 0:
             evaluate(opt, xs)
         if step % 50 == 0:

@@ -1,13 +1,17 @@
 """`gpuobs demo`: the whole stack on loopback, without Docker, and a scripted incident.
 
-A simulated node (4 H100s), the exporter, the example trainer on two ranks, Prometheus with the
-fast alert profile, Alertmanager, and a webhook receiver that prints notifications as on-call
-sees them. The incident: GPU 0 throttles for HW thermal reasons, GPU 2 is held but idle, GPU 1
-reports XID 79 and falls off the bus; then every fault is cleared and the alerts resolve.
+A simulated node (4 H100s), the exporter, the example trainer on two ranks (traces to an OTLP
+receiver here), Prometheus with the fast alert profile and exemplar storage, Alertmanager, and a
+webhook receiver that prints notifications as on-call sees them. The incident: GPU 0 throttles for
+HW thermal reasons, GPU 2 is held but idle, GPU 1 reports XID 79 and falls off the bus, rank 1 logs
+an NCCL watchdog timeout, and GPU 3's corrected ECC errors climb; then the slowest step is followed
+from its exemplar to its trace, every fault is cleared and the alerts resolve.
 """
 
 from __future__ import annotations
 
+import collections
+import gzip
 import json
 import shutil
 import signal
@@ -16,6 +20,8 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -24,12 +30,16 @@ import yaml
 from .alerts.build import alertmanager_config, write_fast_rules
 from .ports import free_port, free_port_run
 from .sim import Simulator
-from .sim.state import set_val
+from .sim.state import set_counter, set_val
 
 REPO = Path(__file__).resolve().parents[1]
 GIB = 1024 ** 3
 NODE = {"gpus": [{"profile": "h100-sxm-80gb", "count": 4}]}
-EXPECTED = ("GpuHwThermalSlowdown", "GpuAllocatedIdle", "GpuXidRebootRequired", "GpuLost")
+EXPECTED = ("GpuHwThermalSlowdown", "GpuAllocatedIdle", "GpuXidRebootRequired", "GpuLost",
+            "TrainingCollectiveTimeout", "GpuEccCorrectedRising")
+JAEGER = "http://localhost:16686"  # docker-compose.yml's Jaeger: where the printed trace link points
+STEP_BUCKETS = "gpuobs_training_step_duration_seconds_bucket"
+ECC_CLIMB_PER_S = 2.0  # GPU 3's corrected ECC errors a second during the incident (none before)
 
 
 class DemoError(RuntimeError):
@@ -99,6 +109,82 @@ class OnCall:
         return next((t for _, n, s, _, t in self.notifications() if n == name and s == status), None)
 
 
+class OTLPReceiver:
+    """An OTLP/HTTP receiver on loopback, standing in for a tracing backend: POST /v1/traces and
+    /v1/metrics with protobuf bodies (gzip or not), decoded with opentelemetry-proto into .traces
+    and .metrics (and passed to on_metrics); other paths answer 404.
+
+    keep: the most requests of each kind kept (oldest dropped), None for all; the demo runs for
+    hours and keeps the last few thousand, tests keep everything."""
+
+    def __init__(self, on_metrics=None, keep: int | None = None):
+        from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
+        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+        self.traces: collections.deque = collections.deque(maxlen=keep)
+        self.metrics: collections.deque = collections.deque(maxlen=keep)
+        self.paths: collections.deque = collections.deque(maxlen=keep)
+        kinds = {"/v1/traces": (trace_service_pb2.ExportTraceServiceRequest,
+                                trace_service_pb2.ExportTraceServiceResponse, self.traces),
+                 "/v1/metrics": (metrics_service_pb2.ExportMetricsServiceRequest,
+                                 metrics_service_pb2.ExportMetricsServiceResponse, self.metrics)}
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if self.headers.get("Content-Encoding") == "gzip":
+                    body = gzip.decompress(body)
+                receiver.paths.append(self.path)
+                if self.path not in kinds:
+                    self.send_response(404)
+                    self.end_headers()
+                    return
+                request_type, response_type, sink = kinds[self.path]
+                message = request_type()
+                message.ParseFromString(body)
+                sink.append(message)
+                if on_metrics is not None and sink is receiver.metrics:
+                    on_metrics(message)
+                reply = response_type().SerializeToString()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def spans(self, trace_id: str) -> list:
+        """The received spans (opentelemetry.proto Span messages) of one trace (32 hex digits)."""
+        wanted = bytes.fromhex(trace_id)
+        return [span for request in list(self.traces) for rs in request.resource_spans
+                for ss in rs.scope_spans for span in ss.spans if span.trace_id == wanted]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def slowest_exemplar(prometheus: str, query: str, window_s: float) -> dict | None:
+    """The exemplar with the largest value among those Prometheus stored for `query` over the last
+    window_s seconds, through its exemplar API (GET /api/v1/query_exemplars): a dict with value
+    (float, the observation), labels (its series') and trace_id/span_id (hex); None when there is
+    none. Raises OSError or ValueError when Prometheus does not answer or answers garbage."""
+    now = time.time()
+    params = urllib.parse.urlencode({"query": query, "start": now - window_s, "end": now})
+    with urllib.request.urlopen(f"{prometheus}/api/v1/query_exemplars?{params}", timeout=5) as r:
+        data = json.load(r)["data"]
+    found = [{"value": float(e["value"]), "labels": series["seriesLabels"], **e["labels"]}
+             for series in data for e in series["exemplars"] if "trace_id" in e["labels"]]
+    return max(found, key=lambda e: e["value"], default=None)
+
+
 class Demo:
     """Starts everything, plays the incident, and stops everything it started."""
 
@@ -107,6 +193,8 @@ class Demo:
         self.procs: list[subprocess.Popen] = []
         self.sim: Simulator | None = None
         self.on_call: OnCall | None = None
+        self.tracing: OTLPReceiver | None = None
+        self.prometheus = ""  # its base URL, once started
 
     def _spawn(self, name: str, cmd: list[str], **kw) -> subprocess.Popen:
         log = open(self.workdir / f"{name}.log", "w")
@@ -126,6 +214,7 @@ class Demo:
         ports = {name: free_port() for name in ("exporter", "prometheus", "alertmanager")}
         train_base = free_port_run(2)  # the two ranks serve on base + local rank
         self.on_call = OnCall()
+        self.tracing = OTLPReceiver(keep=300)  # about the last 10 minutes of spans
         self.sim = Simulator(NODE, directory=self.workdir / "node")
         for i in range(4):  # a busy node: every GPU computing and holding memory
             set_val(self.sim.state.gpu(i).util_gpu, 90)
@@ -135,9 +224,12 @@ class Demo:
                                  "--port", str(ports["exporter"]), "--interval", "1"], env=self.sim.env())
         for rank in (0, 1):
             env = {"PATH": "/usr/bin:/bin", "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
-                   "GPUOBS_JOB_ID": "demo-job", "GPUOBS_PROMETHEUS_PORT": str(train_base)}
+                   "GPUOBS_JOB_ID": "demo-job", "GPUOBS_PROMETHEUS_PORT": str(train_base),
+                   "OTEL_EXPORTER_OTLP_ENDPOINT": self.tracing.url, "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}
+            self._fault_file(rank).touch()
             self._spawn(f"trainer{rank}", [py, str(REPO / "examples" / "train.py"), "--steps", "1000000",
-                                           "--compute-ms", str(20 + 25 * rank)], env=env)
+                                           "--compute-ms", str(20 + 25 * rank),
+                                           "--fault-file", str(self._fault_file(rank))], env=env)
         am_config = self.workdir / "alertmanager.yml"
         urls = {name: f"{self.on_call.url}/{name}" for name in ("pager", "ticket", "watchdog")}
         am_config.write_text(yaml.safe_dump(alertmanager_config(urls, fast=True)))
@@ -157,12 +249,17 @@ class Demo:
         }))
         self._spawn("prometheus", [prometheus, f"--config.file={prom_config}", f"--storage.tsdb.path={self.workdir / 'tsdb'}",
                                    f"--web.listen-address=127.0.0.1:{ports['prometheus']}",
-                                   "--rules.alert.resend-delay=1s"])
+                                   "--rules.alert.resend-delay=1s", "--enable-feature=exemplar-storage"])
+        self.prometheus = f"http://127.0.0.1:{ports['prometheus']}"
         return {"Prometheus": f"http://127.0.0.1:{ports['prometheus']}/alerts",
                 "Alertmanager": f"http://127.0.0.1:{ports['alertmanager']}",
                 "exporter": f"http://127.0.0.1:{ports['exporter']}/metrics",
                 "trainer (rank 0)": f"http://127.0.0.1:{train_base}/metrics",
                 "logs": f"{self.workdir} (removed on a clean exit; --keep-logs keeps it)"}
+
+    def _fault_file(self, rank: int) -> Path:
+        """The file a trainer rank reads faults to play from (examples/train.py --fault-file)."""
+        return self.workdir / f"faults-rank{rank}"
 
     def _wait(self, predicate, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -178,32 +275,71 @@ class Demo:
     def incident(self) -> bool:
         """Play the incident; True when every expected alert fired and then resolved."""
         assert self.sim and self.on_call
-        st, on_call = self.sim.state, self.on_call
+        on_call = self.on_call
         if not self._wait(lambda: "Watchdog" in on_call.status, 60):
             raise DemoError(f"no Watchdog notification: the alert pipeline is not up (see {self.workdir})")
         _say("pipeline up (Watchdog received); letting the exporter learn the node for a few seconds")
         _say("rank 1 of the trainer computes 45 ms per step against rank 0's 20 ms, on purpose: "
              "TrainingStragglerRank arrives as a ticket and stays while the demo runs")
         time.sleep(5)
+        self._break()
+        fired = self._wait(lambda: all(on_call.status.get(n) == "firing" for n in EXPECTED), 150)
+        _say("all expected alerts fired" if fired else "not every expected alert fired in 150 s")
+        self._follow_slowest_step()
+        self._fix()
+        resolved = self._wait(lambda: all(on_call.status.get(n) == "resolved" for n in EXPECTED), 120)
+        _say("all incident alerts resolved (TrainingStragglerRank stays: rank 1 is slow on purpose)" if resolved
+             else "not every incident alert resolved in 120 s")
+        return fired and resolved
+
+    def _break(self) -> None:
+        st = self.sim.state
         _say("INCIDENT: GPU 0 overheats (HW thermal slowdown), GPU 2 sits idle while allocated, "
-             "GPU 1 reports XID 79 and falls off the bus")
+             "GPU 1 reports XID 79 and falls off the bus, rank 1 logs an NCCL watchdog timeout, "
+             f"GPU 3's corrected ECC errors start climbing ({ECC_CLIMB_PER_S:g}/s; a degradation alert "
+             "needs a minute of its own baseline)")
         set_val(st.gpu(0).clock_events, 0x40)
         set_val(st.gpu(0).temp_gpu, 86)
         set_val(st.gpu(2).util_gpu, 0)
+        for counter in (0, 1):  # corrected volatile and aggregate: ecc[error type * 2 + counter]
+            set_counter(st.gpu(3).ecc[counter], rate=ECC_CLIMB_PER_S)
+        with open(self._fault_file(1), "a") as f:
+            f.write("collective_timeout\n")
         st.xid(1, 79)
         time.sleep(3)  # the XID is counted before the GPU disappears
         st.lose_gpu(1)
-        fired = self._wait(lambda: all(on_call.status.get(n) == "firing" for n in EXPECTED), 90)
-        _say("all expected alerts fired" if fired else "not every expected alert fired in 90 s")
-        _say("FIX: GPU 0 cooled, GPU 1 back after a reset, GPU 2 busy again")
+
+    def _fix(self) -> None:
+        st = self.sim.state
+        _say("FIX: GPU 0 cooled, GPU 1 back after a reset, GPU 2 busy again, GPU 3 drained and replaced "
+             "(no new ECC errors), rank 1 restarted from its checkpoint (no new timeouts)")
         set_val(st.gpu(0).clock_events, 0)
         set_val(st.gpu(0).temp_gpu, 60)
         st.lose_gpu(1, False)
         set_val(st.gpu(2).util_gpu, 80)
-        resolved = self._wait(lambda: all(on_call.status.get(n) == "resolved" for n in EXPECTED), 90)
-        _say("all incident alerts resolved (TrainingStragglerRank stays: rank 1 is slow on purpose)" if resolved
-             else "not every incident alert resolved in 90 s")
-        return fired and resolved
+        for counter in (0, 1):
+            set_counter(st.gpu(3).ecc[counter], rate=0.0)
+
+    def _follow_slowest_step(self) -> None:
+        """Print the slowest step of the last minutes as on-call would follow it: the exemplar Prometheus
+        stored on the step-duration histogram, the trace it names, and that trace's spans."""
+        query = f'{STEP_BUCKETS}{{job_id="demo-job"}}'
+        try:
+            slowest = slowest_exemplar(self.prometheus, query, 300)
+        except (OSError, ValueError, KeyError) as e:
+            _say(f"no exemplar: the Prometheus exemplar API did not answer ({e})")
+            return
+        if slowest is None:
+            _say("no exemplar stored yet for the step-duration histogram")
+            return
+        trace_id = slowest["trace_id"]
+        spans = sorted(self.tracing.spans(trace_id), key=lambda span: span.start_time_unix_nano)
+        _say(f"SLOWEST STEP: {slowest['value'] * 1000:.0f} ms on rank {slowest['labels'].get('rank', '?')}; "
+             f"its exemplar names trace {trace_id} (in docker compose: {JAEGER}/trace/{trace_id})")
+        for span in spans[:8]:
+            _say(f"    {span.name:28} {(span.end_time_unix_nano - span.start_time_unix_nano) / 1e6:8.1f} ms")
+        if not spans:
+            _say("    (its spans have not reached the OTLP receiver yet)")
 
     def stop(self) -> None:
         for proc in self.procs:
@@ -221,6 +357,8 @@ class Demo:
                 proc.wait()
         if self.on_call:
             self.on_call.server.shutdown()
+        if self.tracing:
+            self.tracing.close()
         if self.sim:
             self.sim.close()
 

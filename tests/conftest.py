@@ -126,6 +126,7 @@ def start(make_sim):
         config.setdefault("port", 0)
         config.setdefault("interval", 0.2)
         config.setdefault("families", set(REGISTRY))
+        config.setdefault("kernel_log", "off")  # tests never read the host's kernel log or write its state
         exp = Exporter(ExporterConfig(**config)).start()
         running.append(exp)
         deadline = time.monotonic() + 10  # the first pass (not "one more": it may be done already)
@@ -162,13 +163,15 @@ def require_tool(name: str) -> str:
 
 @pytest.fixture
 def prometheus(tmp_path):
-    """Factory: prometheus(["host:port", ...], rule_files=(), alertmanager="host:port") -> query(promql),
-    for a real Prometheus scraping those targets every second (labels: job gpuobs, node sim-node;
-    external label cluster=test), evaluating the rule files; waits until one target is up."""
+    """Factory: prometheus(["host:port", ...], rule_files=(), alertmanager="host:port", exemplars=False)
+    -> query(promql), for a real Prometheus scraping those targets every second (labels: job gpuobs,
+    node sim-node; external label cluster=test), evaluating the rule files, with exemplar storage
+    when exemplars=True (query.url is its base URL, for the other APIs); waits until one target is up."""
     procs = []
     prometheus_bin = require_tool("prometheus")
 
-    def start(targets: list[str], rule_files: tuple[str, ...] = (), alertmanager: str | None = None):
+    def start(targets: list[str], rule_files: tuple[str, ...] = (), alertmanager: str | None = None,
+              exemplars: bool = False):
         port = free_port()
         config = tmp_path / "prometheus.yml"
         text = ("global: {scrape_interval: 1s, evaluation_interval: 1s, external_labels: {cluster: test}}\n"
@@ -184,7 +187,8 @@ def prometheus(tmp_path):
                                  f"--web.listen-address=127.0.0.1:{port}",
                                  # alerts firing before Alertmanager is discovered are re-sent after
                                  # this delay (1m by default): keep it short for tests
-                                 "--rules.alert.resend-delay=1s"],
+                                 "--rules.alert.resend-delay=1s"]
+                                + (["--enable-feature=exemplar-storage"] if exemplars else []),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         procs.append(proc)
 
@@ -195,6 +199,7 @@ def prometheus(tmp_path):
             assert body["status"] == "success", body
             return body["data"]["result"]
 
+        query.url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if proc.poll() is not None:

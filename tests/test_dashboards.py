@@ -195,6 +195,66 @@ def test_links_fleet_to_node_to_job():
         assert {link["url"].split("/")[2] for link in d["links"]} <= set(UIDS.values())
 
 
+def _link_target(url: str) -> tuple[str, dict[str, str]]:
+    """(dashboard uid, {query parameter: value}) of a /d/<uid>/<slug>?... link."""
+    path, _, query = url.partition("?")
+    return path.split("/")[2], dict(p.partition("=")[::2] for p in query.split("&"))
+
+
+def test_gpu_metrics_at_this_time_links_training_series_to_their_nodes():
+    """The step-time panels link each series to the node dashboard for its node, the same cluster and
+    the same time range; every variable the link sets exists there, and the series carry `node`
+    (the live test below checks each one gets a value)."""
+    ds = load()
+    node_vars = {v["name"] for v in ds["node"]["templating"]["list"]}
+    linked = [(p, link) for p in panels(ds["training-job"])
+              for link in p.get("fieldConfig", {}).get("defaults", {}).get("links", [])
+              if link["title"].startswith("GPU metrics at this time")]
+    assert {p["title"] for p, _ in linked} >= {"Step time p50 by rank", "Step time p99 by rank",
+                                               "Slow steps: p99 by rank with exemplars"}
+    for p, link in linked:
+        uid, params = _link_target(link["url"])
+        assert uid == UIDS["node"] and ds["node"]["uid"] == uid
+        assert params.pop("${__url_time_range}") == ""  # Grafana expands it to from=...&to=...
+        assert params == {"var-datasource": "${datasource}", "var-cluster": "${__field.labels.cluster}",
+                          "var-node": "${__field.labels.node}"}
+        assert {k.removeprefix("var-") for k in params} <= node_vars
+        assert all(re.search(r"by \(rank, node(, le)?\)", t["expr"]) for t in p["targets"]), p["targets"]
+
+
+def test_exemplars_on_the_step_time_and_request_latency_buckets():
+    """exemplar: true exactly on queries of the histograms that carry exemplars (their buckets), and
+    on the step-time and request-latency panels of the training and inference dashboards."""
+    from gpuobs.instrument.providers import EXEMPLAR_METRICS
+
+    buckets = {f"{m.name}_bucket" for m in EXEMPLAR_METRICS}
+    on = {(name, p["title"]) for name, d in load().items() for p, t in queries(d) if t.get("exemplar")}
+    assert on == {("training-job", "Step time distribution"), ("training-job", "Slow steps: p99 by rank with exemplars"),
+                  ("inference-service", "Latency distribution"), ("inference-service", "Slow requests: p99 with exemplars")}
+    for name, d in load().items():
+        for p, t in queries(d):
+            if t.get("exemplar"):
+                assert any(b in t["expr"] for b in buckets), (name, p["title"], t["expr"])
+
+
+def test_prometheus_datasource_links_exemplar_trace_ids_to_jaeger(monkeypatch):
+    import yaml
+
+    from gpuobs.dashboards.build import TRACING_URL, datasource_file, outputs as generated
+
+    by_name = {d["name"]: d for d in yaml.safe_load(
+        (REPO / "dashboards" / "provisioning" / "datasources.yaml").read_text())["datasources"]}
+    jaeger = by_name["Jaeger"]
+    assert jaeger["type"] == "jaeger" and jaeger["uid"] == "jaeger" and jaeger["url"] == TRACING_URL
+    assert by_name["Prometheus"]["jsonData"]["exemplarTraceIdDestinations"] == [
+        {"name": "trace_id", "datasourceUid": "jaeger"}]  # the label gpuobs.instrument.exemplars writes
+    monkeypatch.setenv("GPUOBS_TRACING_DATASOURCE_UID", "tempo")  # the uid is configurable
+    text = generated(REPO)[REPO / "dashboards" / "provisioning" / "datasources.yaml"]
+    assert text == datasource_file(trace_uid="tempo")
+    assert {d["uid"] for d in yaml.safe_load(text)["datasources"]} == {"prometheus", "tempo"}
+    assert "datasourceUid: tempo" in text
+
+
 def _exprs(d: dict) -> str:
     return "\n".join(t["expr"] for _, t in queries(d)) + "\n" + "\n".join(
         v["query"] for v in d["templating"]["list"])
@@ -379,8 +439,11 @@ def _panel_checks() -> list[tuple[str, str, str | None]]:
     checks = []
     for name, d in load().items():
         for p, t in queries(d):
+            # a series linked to its node's GPU metrics must carry the node the link opens
+            links = p.get("fieldConfig", {}).get("defaults", {}).get("links", [])
+            label = "node" if any(k["title"].startswith("GPU metrics at this time") for k in links) else None
             if (name, p["title"], t["refId"]) not in EXEMPT:
-                checks.append((f"{name} / {p['title']} / {t['refId']}", substitute(t["expr"], VALUES[name]), None))
+                checks.append((f"{name} / {p['title']} / {t['refId']}", substitute(t["expr"], VALUES[name]), label))
         for var, label, promql in variable_queries(d, VALUES[name]):
             checks.append((f"{name} / variable {var}", promql, label))
     return checks

@@ -14,7 +14,8 @@ import psutil
 
 from conftest import require_tool
 
-EXPECTED = ("GpuHwThermalSlowdown", "GpuAllocatedIdle", "GpuXidRebootRequired", "GpuLost")
+EXPECTED = ("GpuHwThermalSlowdown", "GpuAllocatedIdle", "GpuXidRebootRequired", "GpuLost",
+            "TrainingCollectiveTimeout", "GpuEccCorrectedRising")
 
 
 def test_demo_plays_the_incident_and_leaves_nothing_running():
@@ -31,6 +32,13 @@ def test_demo_plays_the_incident_and_leaves_nothing_running():
         assert any("RESOLVED" in line and name in line for line in lines), f"{name} never resolved"
     assert not any("FIRING" in line and "GpuTemperatureNearSlowdown" in line for line in lines), "inhibited alert paged"
     assert any("GpuHwThermalSlowdown" in line and "GPU 0" in line and "[   pager]" in line for line in lines)
+    assert any("GpuEccCorrectedRising" in line and "GPU 3" in line for line in lines)
+    assert any("TrainingCollectiveTimeout" in line and "job demo-job rank 1" in line for line in lines)
+    # the slowest step, followed from its exemplar to its trace: the trace's spans were received
+    slowest = next(i for i, line in enumerate(lines) if "SLOWEST STEP" in line)
+    trace = re.search(r"trace ([0-9a-f]{32})", lines[slowest])
+    assert trace and f"/trace/{trace[1]}" in lines[slowest], lines[slowest]
+    assert "train.step" in lines[slowest + 1], lines[slowest:slowest + 3]
     assert lines[-1].endswith("stopped")
     assert not leftovers(), leftovers()
 

@@ -101,6 +101,9 @@ TO_NODE = data_link("Node dashboard: ${__data.fields.node}", "node", cluster="${
                     node="${__data.fields.node}")
 TO_NODE_SERIES = data_link("Node dashboard: ${__field.labels.node}", "node",
                            cluster="${__field.labels.cluster}", node="${__field.labels.node}")
+# From a training series (by rank and node) to its node's GPUs over the same time range.
+GPU_METRICS_AT_THIS_TIME = data_link("GPU metrics at this time: ${__field.labels.node}", "node",
+                                     cluster="${__field.labels.cluster}", node="${__field.labels.node}")
 
 
 def dashboard_link(title: str, dashboard: str, tooltip: str = "") -> DashboardLink:
@@ -123,9 +126,26 @@ def variable(name: str, query: str, label: str, multi: bool = True, hide: int = 
 
 
 # -------------------------------------------------------------------------------------- panels
-def target(expr: str, legend: str = "", instant: bool = False, fmt: str = "time_series") -> Target:
-    return Target(expr=expr, legendFormat=legend, instant=instant, format=fmt, datasource=DATASOURCE,
-                  intervalFactor=1)
+@attr.s
+class _Target(Target):
+    """grafanalib's Target has no `exemplar`: with it true, Grafana also asks Prometheus for the
+    exemplars of the query's series (histogram buckets carrying trace ids) and draws them, linked
+    to the trace through the datasource's exemplarTraceIdDestinations."""
+    exemplar = attr.ib(default=False)
+
+    def to_json_data(self):
+        data = super().to_json_data()
+        if self.exemplar:  # only where asked: the other panels' JSON stays as it was
+            data["exemplar"] = True
+        return data
+
+
+def target(expr: str, legend: str = "", instant: bool = False, fmt: str = "time_series",
+           exemplar: bool = False) -> Target:
+    """A Prometheus query on ${datasource}; exemplar=True for histogram bucket queries whose slow
+    observations carry trace ids (gpuobs.instrument.exemplars)."""
+    return _Target(expr=expr, legendFormat=legend, instant=instant, format=fmt, datasource=DATASOURCE,
+                   intervalFactor=1, exemplar=exemplar)
 
 
 def _refs(targets: list[Target]) -> list[Target]:

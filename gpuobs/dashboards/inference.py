@@ -61,8 +61,9 @@ def build():
         target(windowed(0.99, c.REQUEST_DURATION, M, BY), LEGEND + " p99")], "s",
         "Request duration percentiles per model.", min=0), 12, 8)
     L.add(k.heatmap("Latency distribution", [target(
-        f"sum by (le) ({rate(m(c.REQUEST_DURATION, suffix='bucket'), 'increase')})")], "s",
-        "Requests per latency bucket over time."), 12, 8)
+        f"sum by (le) ({rate(m(c.REQUEST_DURATION, suffix='bucket'), 'increase')})", exemplar=True)], "s",
+        "Requests per latency bucket over time; the dots are slow requests' exemplars (click one for its "
+        "trace)."), 12, 8)
     L.add(k.timeseries("Time to first token p50 and p99", [
         target(windowed(0.5, c.TIME_TO_FIRST_TOKEN, M, BY), LEGEND + " p50"),
         target(windowed(0.99, c.TIME_TO_FIRST_TOKEN, M, BY), LEGEND + " p99"),
@@ -82,6 +83,10 @@ def build():
     L.add(k.timeseries("Tokens/s by type", [target(
         f"sum by ({BY}, gen_ai_token_type) ({rate(m(c.INFERENCE_TOKENS))})", LEGEND + " {{gen_ai_token_type}}")],
         "suffix: tokens/s", "Input and output tokens per second.", min=0), 12, 8)
+    L.add(k.timeseries("Slow requests: p99 with exemplars", [target(
+        quantile(0.99, c.REQUEST_DURATION, M, BY), LEGEND + " p99", exemplar=True)], "s",
+        "99th percentile request duration from the histogram buckets; each dot is a slow request (at or above "
+        "its series' p90 and twice its median) whose exemplar links to the request's trace.", min=0), 12, 8)
 
     L.row("GPUs serving")
     L.add(k.timeseries("GPU utilization", [target(f"{sel(c.UTILIZATION)} and {nodes}",

@@ -10,12 +10,13 @@ from __future__ import annotations
 from .. import catalog as c
 from .. import records as r
 from . import common as k
-from .common import rate, sel, target, windowed
+from .common import quantile, rate, sel, target, windowed
 
 JOB = 'job_id="$job_id"'
 RANK = 'rank=~"$rank"'
 J = (JOB, RANK)
 BY_RANK = "rank {{rank}}"
+RANK_NODE = "rank, node"  # by node too: the series' node label feeds the link to its GPU metrics
 TOKENS = "suffix: tokens/s"
 
 
@@ -57,11 +58,14 @@ def build():
                  thresholds=[{"color": "green", "value": None}, {"color": "red", "value": 600}]), 4, 5)
 
     L.row("Step time")
-    L.add(k.timeseries("Step time p50 by rank", [target(windowed(0.5, c.STEP_DURATION, J, "rank"), BY_RANK)], "s",
-                       "Median duration of an optimizer step, data wait included (exact, over each rank's "
-                       "quantile window).", min=0), 12, 8)
-    L.add(k.timeseries("Step time p99 by rank", [target(windowed(0.99, c.STEP_DURATION, J, "rank"), BY_RANK)], "s",
-                       "99th percentile step duration (exact, over each rank's quantile window).", min=0), 12, 8)
+    L.add(k.timeseries("Step time p50 by rank", [target(windowed(0.5, c.STEP_DURATION, J, RANK_NODE), BY_RANK)],
+                       "s", "Median duration of an optimizer step, data wait included (exact, over each rank's "
+                       "quantile window). Click a series for its node's GPU metrics over this time range.", min=0,
+                       links=[k.GPU_METRICS_AT_THIS_TIME]), 12, 8)
+    L.add(k.timeseries("Step time p99 by rank", [target(windowed(0.99, c.STEP_DURATION, J, RANK_NODE), BY_RANK)],
+                       "s", "99th percentile step duration (exact, over each rank's quantile window). Click a "
+                       "series for its node's GPU metrics over this time range.", min=0,
+                       links=[k.GPU_METRICS_AT_THIS_TIME]), 12, 8)
     L.add(k.bargauge("Rank compute vs the other ranks", [target(relative, BY_RANK, instant=True)], "percentunit",
                      "Each rank's compute time per step over the mean of the job's other ranks (recording rule): "
                      "a straggler stands out above 100%, even when collectives make all step times equal.",
@@ -69,14 +73,20 @@ def build():
                      thresholds=[{"color": "green", "value": None}, {"color": "orange", "value": 1.2},
                                  {"color": "red", "value": 1.5}]), 12, 8)
     L.add(k.heatmap("Step time distribution", [target(
-        f"sum by (le) ({rate(m(c.STEP_DURATION, suffix='bucket'), 'increase')})")], "s",
-        "Steps per step-time bucket over time, all selected ranks."), 12, 8)
+        f"sum by (le) ({rate(m(c.STEP_DURATION, suffix='bucket'), 'increase')})", exemplar=True)], "s",
+        "Steps per step-time bucket over time, all selected ranks; the dots are slow steps' exemplars "
+        "(click one for its trace)."), 12, 8)
     L.add(k.timeseries("Compute and collective wait per step by rank", [
         target(f"sum by (rank) ({rate(m(c.COMPUTE))}) / sum by (rank) ({rate(m(c.STEPS))})", BY_RANK + " compute"),
         target(f"sum by (rank) ({rate(m(c.COLLECTIVE_WAIT))}) / sum by (rank) ({rate(m(c.STEPS))})",
                BY_RANK + " collective wait")], "s",
         "Seconds per step each rank computes and waits in collectives: the slow rank computes longest and "
-        "waits least.", min=0), 24, 8)
+        "waits least.", min=0), 12, 8)
+    L.add(k.timeseries("Slow steps: p99 by rank with exemplars", [target(
+        quantile(0.99, c.STEP_DURATION, J, RANK_NODE), BY_RANK, exemplar=True)], "s",
+        "99th percentile step time from the histogram buckets; each dot is a slow step (at or above its rank's "
+        "p90 and twice its median) whose exemplar links to the step's trace. Click a series for its node's GPU "
+        "metrics over this time range.", min=0, links=[k.GPU_METRICS_AT_THIS_TIME]), 12, 8)
 
     L.row("Data loading and throughput")
     L.add(k.timeseries("Data-wait share by rank", [target(sel(r.DATA_WAIT_RATIO, JOB, RANK), BY_RANK)],

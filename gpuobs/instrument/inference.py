@@ -69,7 +69,10 @@ class Request:
             self._span.set_attribute("error.type", type(exc).__name__)
             self._span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
         i(c.REQUEST_DURATION).record(duration, attrs)
-        q(c.REQUEST_DURATION).add(duration, self.attrs)
+        window = q(c.REQUEST_DURATION).window(self.attrs)
+        window.add(duration)
+        if duration >= window.slow:  # a slow request: its span is the exemplar of its bucket
+            self.tel.exemplar(c.REQUEST_DURATION, attrs, duration, self._span)
         if self._first is not None:
             i(c.TIME_TO_FIRST_TOKEN).record(self._first, self.attrs)
             q(c.TIME_TO_FIRST_TOKEN).add(self._first, self.attrs)

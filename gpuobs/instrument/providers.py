@@ -28,6 +28,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
 from .. import catalog as c
 from ..runenv import RunEnv
+from . import exemplars
 from .quantiles import DEFAULT_WINDOW_S
 
 log = logging.getLogger("gpuobs.instrument")
@@ -37,6 +38,8 @@ DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0
                     60.0, 120.0, 300.0, 600.0, 1800.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 SPAN_QUEUE = 8192  # spans waiting for export (~3 s of 500 steps/s); beyond it spans are dropped, never waited for
+# the histograms whose slow observations carry exemplars on the Prometheus endpoint (gpuobs.instrument.exemplars)
+EXEMPLAR_METRICS = (c.STEP_DURATION, c.REQUEST_DURATION)
 
 
 # ------------------------------------------------------------------------------------------ settings
@@ -73,6 +76,8 @@ class Settings:
     metric_readers: Sequence[Any] = ()
     spans: bool = True
     quantile_window_s: float | None = None
+    exemplars: bool | None = None
+    exemplar_min_s: float | None = None
     tracer_provider: Any = None
     meter_provider: Any = None
 
@@ -80,7 +85,8 @@ class Settings:
         """These settings with the variables' values where an argument was not given:
         OTEL_EXPORTER_OTLP_ENDPOINT / _PROTOCOL (default http/protobuf), OTEL_METRIC_EXPORT_INTERVAL
         (ms), GPUOBS_PROMETHEUS_PORT (+ env.local_rank) / _ADDR (default 0.0.0.0),
-        GPUOBS_QUANTILE_WINDOW_S (default 300) and OTEL_SDK_DISABLED. Enabled when not disabled and
+        GPUOBS_QUANTILE_WINDOW_S (default 300), GPUOBS_EXEMPLARS (default true),
+        GPUOBS_EXEMPLAR_MIN_S (default 0) and OTEL_SDK_DISABLED. Enabled when not disabled and
         there is something to export to. Bad values are logged and replaced by the defaults."""
         ms = _env_float("OTEL_METRIC_EXPORT_INTERVAL", None, "a number of milliseconds")
         out = dataclasses.replace(
@@ -89,7 +95,11 @@ class Settings:
             prometheus_port=_prometheus_port(self.prometheus_port, env),
             prometheus_addr=self.prometheus_addr or os.environ.get("GPUOBS_PROMETHEUS_ADDR") or "0.0.0.0",
             export_interval_s=ms / 1000 if ms else self.export_interval_s,
-            quantile_window_s=_quantile_window(self.quantile_window_s))
+            quantile_window_s=_quantile_window(self.quantile_window_s),
+            exemplars=self.exemplars if self.exemplars is not None else _truthy(
+                os.environ.get("GPUOBS_EXEMPLARS", "true")),
+            exemplar_min_s=self.exemplar_min_s if self.exemplar_min_s is not None else _env_float(
+                "GPUOBS_EXEMPLAR_MIN_S", 0.0, "a number of seconds"))
         return out if out.enabled is not None else dataclasses.replace(out, enabled=out.wanted())
 
     def wanted(self) -> bool:
@@ -131,13 +141,15 @@ class Providers:
     is disabled telemetry. span_processor: the CountingBatchSpanProcessor added (its `dropped`);
     http_server: the Prometheus scrape server (closed at shutdown); readers: the metric readers
     added (their exports stop in forked children); owned: False for providers someone else gave,
-    which are flushed at shutdown, never shut down."""
+    which are flushed at shutdown, never shut down; exemplars: the ExemplarStore the Prometheus
+    endpoint serves (None without one, or with exemplars off)."""
     tracer_provider: Any = None
     meter_provider: Any = None
     span_processor: Any = None
     http_server: Any = None
     readers: list = field(default_factory=list)
     owned: bool = True
+    exemplars: Any = None
 
     def shutdown(self, timeout_s: float) -> None:
         """Shut the providers down (or only flush them when not owned) within timeout_s, whatever
@@ -196,7 +208,7 @@ def build(settings: Settings, env: RunEnv) -> Providers:
         span_exporter, reader = _otlp(settings)
         span_exporters.append(span_exporter)
         readers.append(reader)
-    http_server = _serve_prometheus(settings, readers)
+    http_server, store = _serve_prometheus(settings, readers)
     tracer_provider, processor = _tracer_provider(settings, resource, span_exporters)
     meter_provider = settings.meter_provider
     if meter_provider is None:
@@ -204,7 +216,7 @@ def build(settings: Settings, env: RunEnv) -> Providers:
     elif readers:
         log.warning("a MeterProvider was given: the metric readers and endpoint passed along are not added")
     owned = settings.tracer_provider is None and settings.meter_provider is None
-    return Providers(tracer_provider, meter_provider, processor, http_server, readers, owned)
+    return Providers(tracer_provider, meter_provider, processor, http_server, readers, owned, exemplars=store)
 
 
 def _resource(service_name: str | None, env: RunEnv) -> Any:
@@ -249,16 +261,17 @@ def _otlp_exporters(endpoint: str, protocol: str, timeout_s: float):
             OTLPMetricExporter(endpoint=f"{base}/v1/metrics", timeout=timeout_s))
 
 
-def _serve_prometheus(settings: Settings, readers: list) -> Any:
+def _serve_prometheus(settings: Settings, readers: list) -> tuple[Any, Any]:
     """Start the scrape server for the Prometheus port (adding its reader to readers) and return
-    it; None without a port, with a given MeterProvider (its own readers export), or when the port
-    is taken (logged: a taken port must not stop training)."""
+    (it, the ExemplarStore it serves, None with exemplars off); (None, None) without a port, with a
+    given MeterProvider (its own readers export), or when the port is taken (logged: a taken port
+    must not stop training)."""
     port, addr = settings.prometheus_port, settings.prometheus_addr
     if port is None:
-        return None
+        return None, None
     if settings.meter_provider is not None:
         log.warning("a MeterProvider was given: its own readers export; no Prometheus endpoint added")
-        return None
+        return None, None
     from opentelemetry.exporter.prometheus import PrometheusMetricReader
     from prometheus_client import start_http_server
 
@@ -266,9 +279,15 @@ def _serve_prometheus(settings: Settings, readers: list) -> Any:
         http_server, _ = start_http_server(port, addr=addr)
     except OSError as e:
         log.warning("cannot serve metrics for Prometheus", extra={"port": port, "addr": addr, "error": str(e)})
-        return None
-    readers.append(PrometheusMetricReader())
-    return http_server
+        return None, None
+    reader = PrometheusMetricReader()
+    readers.append(reader)
+    store = None
+    if settings.exemplars:
+        store = exemplars.ExemplarStore(DURATION_BUCKETS, exemplars.label_sanitizer())
+        if not exemplars.serve(reader, store, [m.name for m in EXEMPLAR_METRICS]):
+            store = None
+    return http_server, store
 
 
 def _tracer_provider(settings: Settings, resource: Any, span_exporters: list) -> tuple[Any, Any]:

@@ -8,6 +8,9 @@ linear interpolation as `statistics.quantiles(method="inclusive")`) for two dequ
 observation and a sort of at most `max_samples` values per collection. The price: quantiles of
 different ranks or replicas cannot be merged exactly (rules take the median or max of them), and
 the window is the process's, not the query's.
+
+The same collection also sets each window's `slow` threshold (slow_threshold()): observations at
+or above it get an exemplar (gpuobs.instrument.exemplars), so the hot path pays one comparison.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from typing import Iterable
 QUANTILES = (0.5, 0.9, 0.99)
 DEFAULT_WINDOW_S = 300.0  # the default profile's rate window (5m)
 DEFAULT_MAX_SAMPLES = 4096  # at 500 steps/s the window is then the last ~8 s
+SLOW_QUANTILE = 0.9
+SLOW_FACTOR = 2.0  # x the median: a p90 that is plain jitter (a tight distribution) is not slow
 
 
 def quantile(ordered: list[float], q: float) -> float:
@@ -31,15 +36,25 @@ def quantile(ordered: list[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
+def slow_threshold(ordered: list[float], floor: float = 0.0) -> float:
+    """The duration at or above which an observation is slow (and gets an exemplar): the largest of
+    the window's p90, SLOW_FACTOR times its median, and floor (GPUOBS_EXEMPLAR_MIN_S), in the
+    window's unit (seconds). ordered: the window's values, ascending, non-empty."""
+    return max(quantile(ordered, SLOW_QUANTILE), SLOW_FACTOR * quantile(ordered, 0.5), floor)
+
+
 class Window:
     """Observations of one attribute set: the last max_samples, no older than window_s seconds.
 
     add() is called by the instrumented thread (two deque appends, ~0.2 µs); values() by the metric
-    collector thread: `list(deque)` copies in C under the GIL, so no lock is needed."""
-    __slots__ = ("times", "values_", "window_s")
+    collector thread: `list(deque)` copies in C under the GIL, so no lock is needed. slow: the
+    threshold of slow_threshold() as of the last collection (seconds; infinite before the first, or
+    while the window is empty), which the recorder compares each observation with."""
+    __slots__ = ("times", "values_", "window_s", "slow")
 
     def __init__(self, window_s: float, max_samples: int):
         self.window_s = window_s
+        self.slow = math.inf
         self.times: collections.deque = collections.deque(maxlen=max_samples)
         self.values_: collections.deque = collections.deque(maxlen=max_samples)
 
@@ -65,8 +80,8 @@ class WindowedQuantiles:
     """Windows by attribute set for one duration metric; quantiles() feeds an observable gauge."""
 
     def __init__(self, window_s: float = DEFAULT_WINDOW_S, max_samples: int = DEFAULT_MAX_SAMPLES,
-                 quantiles: Iterable[float] = QUANTILES):
-        self.window_s, self.max_samples = window_s, max_samples
+                 quantiles: Iterable[float] = QUANTILES, slow_floor_s: float = 0.0):
+        self.window_s, self.max_samples, self.slow_floor_s = window_s, max_samples, slow_floor_s
         self.qs = tuple(quantiles)
         self.windows: dict[tuple, Window] = {}
 
@@ -83,11 +98,13 @@ class WindowedQuantiles:
 
     def quantiles(self) -> list[tuple[dict, float, float]]:
         """(attributes, q, value) for every attribute set with observations in its window; a set
-        whose window is empty has no points (no stale quantile is reported as current)."""
+        whose window is empty has no points (no stale quantile is reported as current). Updates
+        each window's slow threshold on the way."""
         out = []
         now = time.monotonic()
         for key, window in list(self.windows.items()):
             values = sorted(window.values(now))
+            window.slow = slow_threshold(values, self.slow_floor_s) if values else math.inf
             if values:
                 attrs = dict(key)
                 out.extend((attrs, q, quantile(values, q)) for q in self.qs)

@@ -57,13 +57,16 @@ class Telemetry:
     SDK providers to record into and what exports from them (configure() builds them; default: none,
     disabled). The tracer and meter come from those providers (scope `gpuobs.instrument`, gpuobs's
     version); without a tracer provider no spans are recorded. quantile_window_s: the window of
-    the exact duration quantiles. on_shutdown: callables run first at shutdown (runs end their
-    spans)."""
+    the exact duration quantiles. exemplar_min_s: no observation shorter than this gets an
+    exemplar (GPUOBS_EXEMPLAR_MIN_S); exemplars: the providers' ExemplarStore (None: none kept).
+    on_shutdown: callables run first at shutdown (runs end their spans)."""
 
     def __init__(self, env: RunEnv, providers: Providers | None = None,
-                 quantile_window_s: float = DEFAULT_WINDOW_S):
+                 quantile_window_s: float = DEFAULT_WINDOW_S, exemplar_min_s: float = 0.0):
         self.env = env
         self.providers = providers if providers is not None else Providers()
+        self.exemplars = self.providers.exemplars
+        self.exemplar_min_s = exemplar_min_s
         tracer_provider, meter_provider = self.providers.tracer_provider, self.providers.meter_provider
         self.enabled = tracer_provider is not None or meter_provider is not None
         self.tracer = (tracer_provider.get_tracer(SCOPE, __version__) if tracer_provider is not None
@@ -109,8 +112,16 @@ class Telemetry:
         found = self.windows.get(metric.name)
         if found is None:
             found = self.windows[metric.name] = WindowedQuantiles(
-                self.quantile_window_s if self.enabled else 0.0, DEFAULT_MAX_SAMPLES if self.enabled else 1)
+                self.quantile_window_s if self.enabled else 0.0, DEFAULT_MAX_SAMPLES if self.enabled else 1,
+                slow_floor_s=self.exemplar_min_s)
         return found
+
+    def exemplar(self, metric: c.Metric, attrs: dict, value: float, span: Any) -> None:
+        """Keep an exemplar of span for a slow observation of a histogram (value seconds, the
+        histogram point's attributes), for the Prometheus endpoint; nothing without one. Callers
+        call it only at or above their window's `slow` threshold (gpuobs.instrument.exemplars)."""
+        if self.exemplars is not None:
+            self.exemplars.offer(metric.name, attrs, value, span)
 
     @property
     def spans_dropped(self) -> int:
@@ -204,7 +215,9 @@ def configure(service_name: str | None = None, endpoint: str | None = None, prot
     OTEL_METRIC_EXPORT_INTERVAL (ms), OTEL_METRICS_EXEMPLAR_FILTER (default here: always_off) and
     OTEL_SDK_DISABLED; GPUOBS_PROMETHEUS_PORT (plus the local rank) and GPUOBS_PROMETHEUS_ADDR
     (default 0.0.0.0) serve the metrics for scraping; GPUOBS_QUANTILE_WINDOW_S (default 300) is
-    the window of the exact step/request quantiles. With nothing to export to (no endpoint, port,
+    the window of the exact step/request quantiles; GPUOBS_EXEMPLARS (default true) and
+    GPUOBS_EXEMPLAR_MIN_S (default 0) put exemplars on slow steps and requests at the Prometheus
+    endpoint (gpuobs.instrument.exemplars). With nothing to export to (no endpoint, port,
     exporter, reader or provider), or OTEL_SDK_DISABLED=true, everything stays a no-op.
     spans=False records metrics only.
 
@@ -227,7 +240,7 @@ def configure(service_name: str | None = None, endpoint: str | None = None, prot
     if not settings.enabled:
         _current = Telemetry(run_env)
         return _current
-    tel = Telemetry(run_env, build(settings, run_env), settings.quantile_window_s)
+    tel = Telemetry(run_env, build(settings, run_env), settings.quantile_window_s, settings.exemplar_min_s)
     if set_global:
         install_global(tel.tracer_provider, tel.meter_provider)
     _current = tel

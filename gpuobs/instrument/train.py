@@ -337,6 +337,8 @@ class TrainingRun:
         coll = min(s.coll, busy)
         self._h_step.record(total, a)
         self._q_step.add(total)
+        if total >= self._q_step.slow and s.span is not None:  # one comparison for a fast step
+            self.tel.exemplar(c.STEP_DURATION, a, total, s.span)
         self._n_steps.add(1)
         self._n_good.add(busy)
         self._n_compute.add(busy - coll)
