@@ -8,8 +8,8 @@ them): they never import it.
 - alerts (gpuobs/alerts/build.py): alerts/ and docs/runbooks/
 - dashboards (gpuobs/dashboards/build.py): dashboards/ and dashboards/provisioning/
 - docs (gpuobs/docs.py): docs/metrics.md and docs/cardinality.md
-- fluent-bit (gpuobs/logs/fluentbit.py): deploy/fluent-bit/gpuobs-log-patterns.conf, the log-pattern
-  catalog as a Fluent Bit pipeline
+- fluent-bit (gpuobs/logs/fluentbit.py): deploy/fluent-bit/gpuobs-log-patterns.conf and
+  gpuobs-node-inputs.conf, the log-pattern catalog as a Fluent Bit pipeline
 
 What is a pure transformation of those files is not committed but built where it is used: the
 fast rule profile (written by the demo and the tests: gpuobs.alerts.build.write_fast_rules) and the
@@ -77,14 +77,14 @@ def _docs(root: Path, runbook_base: str | None) -> dict[Path, str]:
 def _fluent_bit(root: Path, runbook_base: str | None) -> dict[Path, str]:
     from .logs import fluentbit
 
-    return {root / fluentbit.PATH: fluentbit.config()}
+    return {root / fluentbit.PATH: fluentbit.config(), root / fluentbit.INPUTS_PATH: fluentbit.node_inputs()}
 
 
 GENERATORS = (
     Generator("alerts", "gpuobs/alerts", ("alerts", "docs/runbooks"), True, _alerts),
     Generator("dashboards", "gpuobs/dashboards", ("dashboards", "dashboards/provisioning"), True, _dashboards),
     Generator("docs", "gpuobs/docs.py", ("docs",), False, _docs),  # docs/ also holds hand-written pages
-    # deploy/fluent-bit/ also holds the hand-written fluent-bit.conf that includes it
+    # deploy/fluent-bit/ also holds the hand-written fluent-bit.conf and node.conf that include them
     Generator("fluent-bit", "gpuobs/logs/fluentbit.py", ("deploy/fluent-bit",), False, _fluent_bit),
 )
 

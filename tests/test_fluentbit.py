@@ -21,6 +21,7 @@ from test_logpatterns import EXAMPLES
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / fluentbit.PATH
+INPUTS = REPO / fluentbit.INPUTS_PATH
 
 # Documented keys per plugin (docs.fluentbit.io/manual, 3.x: pipeline/inputs, filters, outputs), plus
 # the keys every input, filter or output takes. Lower case: Fluent Bit's keys are case-insensitive.
@@ -106,7 +107,10 @@ def python_regex(onigmo: str) -> re.Pattern[str]:
 
 @pytest.fixture(scope="module")
 def conf():
-    return parse(CONF.read_text())
+    """The pipeline of a GPU node: node.conf's includes in order (inputs, then the patterns)."""
+    inputs, inputs_includes = parse(INPUTS.read_text())
+    patterns, includes = parse(CONF.read_text())
+    return inputs + patterns, inputs_includes + includes
 
 
 def pipeline_pattern(line: str, filters: list[tuple[str, str]] | None = None) -> str | None:
@@ -119,17 +123,24 @@ def pipeline_pattern(line: str, filters: list[tuple[str, str]] | None = None) ->
 
 def test_the_committed_config_is_generated_and_included():
     assert CONF.read_text() == fluentbit.config()
-    assert generated.outputs()[CONF] == fluentbit.config()  # gpuobs generate writes it (--check sees drift)
+    assert INPUTS.read_text() == fluentbit.node_inputs()
+    outputs = generated.outputs()  # gpuobs generate writes them (--check sees drift)
+    assert outputs[CONF] == fluentbit.config() and outputs[INPUTS] == fluentbit.node_inputs()
     main, includes = parse((REPO / "deploy/fluent-bit/fluent-bit.conf").read_text())
-    assert includes == [CONF.name]
+    assert includes == [CONF.name]  # compose: no kernel or container input (a kmsg input fails without /dev/kmsg)
     assert [values(k, "name") for kind, k in main if kind == "INPUT"] == [["forward"]]
+    node, includes = parse((REPO / "deploy/fluent-bit/node.conf").read_text())
+    assert includes == [INPUTS.name, CONF.name]  # inputs first: the filters match what they tag
+    assert [kind for kind, _ in node] == ["SERVICE"]
+    assert not [k for kind, k in parse(CONF.read_text())[0] if kind == "INPUT"]
 
 
 def test_every_key_is_documented_for_its_plugin(conf):
     sections, includes = conf
     main, _ = parse((REPO / "deploy/fluent-bit/fluent-bit.conf").read_text())
+    node, _ = parse((REPO / "deploy/fluent-bit/node.conf").read_text())
     assert includes == []
-    for kind, keys in sections + main:
+    for kind, keys in sections + main + node:
         name = (values(keys, "name") or [None])[0]
         allowed = KEYS[(kind, name)] | COMMON.get(kind, set())
         unknown = {k for k, _ in keys if k.lower() not in allowed}
@@ -168,6 +179,13 @@ def test_the_metric_is_the_catalogs_with_a_pattern_label(conf):
     field, regex = values(metrics, "regex")[0].split(" ", 1)
     assert field == "log_pattern"
     assert all(re.fullmatch(regex, p.name) for p in logpatterns.PATTERNS) and not re.fullmatch(regex, "other")
+    # gpuobs.logs' own JSON lines on a container's stdout were counted by the process: excluded here
+    field, exclude = values(metrics, "exclude")[0].split(" ", 1)
+    own = '{"level": "ERROR", "message": "[Rank 1] Watchdog caught collective operation timeout", "log_pattern": ' \
+          '"collective_timeout"}'
+    assert field == "log" and python_regex(exclude).search(own)
+    assert pipeline_pattern(own) == "collective_timeout"  # matched, then excluded from the count
+    assert not python_regex(exclude).search("[Rank 1] Watchdog caught collective operation timeout: log_pattern")
     [exporter] = [keys for kind, keys in sections if values(keys, "name") == ["prometheus_exporter"]]
     assert values(exporter, "port") == [str(fluentbit.PORT)] == ["2021"]
     assert values(exporter, "match") == values(metrics, "tag")
