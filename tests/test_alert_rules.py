@@ -886,6 +886,206 @@ case("GpuPowerBrakeRepeated", "quiet", "one brake of 10 min, and two of 2 min on
      [s(REASON, _brake, "0x30 1x10 0x300"), s(REASON, {**_brake, "gpu": "1", "uuid": "GPU-b"},
                                                f"{_episode} {_episode} 0x300")], (40, []), (100, []), (300, []))
 
+# ---- log patterns: a training job's log lines, per job (its ranks, targets and restarts summed)
+LPM = "gpuobs_log_pattern_matches_total"
+JOB = {"cluster": "c1", "job_id": "j1"}  # what the job-level log alerts keep
+
+
+def lines(pattern: str, rank: int, values: str, **extra) -> dict:
+    """One rank's counter of one log pattern (exported from 0 by each training process)."""
+    return s(LPM, {**TRAIN, "rank": str(rank), "pattern": pattern, **extra}, values)
+
+
+def quiet_patterns(pattern: str, n: int) -> list[dict]:
+    """The other patterns of the same ranks, some of them rising: they must not count."""
+    return [lines(p, r, f"0x10 0+1x{n - 11}") for p in ("nccl_error", "cuda_oom", "collective_timeout")
+            if p != pattern for r in (0, 1)]
+
+
+def _rank(rank: int) -> dict:
+    """What the per-rank log alerts keep: the job, the rank, its node."""
+    return {**JOB, "rank": str(rank), "node": "n1"}
+
+
+def _timeout_exp(*ranks: int) -> list:
+    return [(_rank(r), f"Rank {r} of job j1 on n1 logged a collective operation timeout in the last 5m: a rank "
+                       "stopped taking part in its collectives.") for r in ranks]
+
+
+case("TrainingCollectiveTimeout", "fires", "rank 1 logs a timeout at minute 10 and dies, rank 0 one at 11",
+     [lines("collective_timeout", 1, "0x9 1 1 stale"), lines("collective_timeout", 0, "0x10 1 1 stale")],
+     (9, []), (10, _timeout_exp(1)), (12, _timeout_exp(0, 1)), (25, _timeout_exp(0, 1)), (33, []))
+case("TrainingCollectiveTimeout", "quiet", "counters that appear at 0 mid-job; other patterns rising",
+     [lines("collective_timeout", 0, "0x60"), lines("collective_timeout", 1, "_x20 0x40"),
+      *quiet_patterns("collective_timeout", 60)], (10, []), (21, []), (40, []), (59, []))
+case("TrainingCollectiveTimeout", "quiet", "trainer restarts: a counter back at 0, a series gone and back at 0 "
+     "under a new target", [lines("collective_timeout", 0, "3x20 0x40"),
+                            lines("collective_timeout", 1, "2x20 stale"),
+                            lines("collective_timeout", 1, "_x22 0x38", instance="n1:9465")],
+     (20, []), (21, []), (23, []), (40, []))
+case("TrainingCollectiveTimeout", "gone", "fires, then every rank's series vanish: kept 15m, then resolved",
+     [lines("collective_timeout", 0, "0x10 1 stale")], (11, _timeout_exp(0)), (24, _timeout_exp(0)), (33, []))
+
+
+def _oom_exp(n: int) -> list:
+    return [(JOB, f"Job j1 logged {n} CUDA out-of-memory errors in the last 30m (an alert from 3 in the job, or 2 on "
+                  "one rank): it is not recovering.")]
+
+
+case("TrainingCudaOOM", "fires", "rank 1 OOMs, restarts (series gone, back at 0) and OOMs again 10 min later",
+     [lines("cuda_oom", 0, "0x60"), lines("cuda_oom", 1, "0x10 1 1 stale _ 0x5 1x40")],
+     (12, []), (20, []), (21, _oom_exp(2)), (40, _oom_exp(2)), (66, []))
+case("TrainingCudaOOM", "fires", "three ranks OOM once each within 20 minutes (a batch size that does not fit)",
+     [lines("cuda_oom", r, f"0x{5 + 10 * r} 1x{45 - 10 * r}") for r in range(3)],
+     (15, []), (25, []), (26, _oom_exp(3)), (35, _oom_exp(3)), (45, _oom_exp(3)), (56, []))
+case("TrainingCudaOOM", "quiet", "one OOM that the job's retry logic handled; another rank OOMs once 40 min later",
+     [lines("cuda_oom", 0, "0x10 1x80"), lines("cuda_oom", 1, "0x50 1x40"), lines("cuda_oom", 2, "0x90"),
+      *quiet_patterns("cuda_oom", 90)], (11, []), (20, []), (51, []), (60, []), (89, []))
+case("TrainingCudaOOM", "quiet", "OOMs on three ranks 35 minutes apart: never 3 within 30m",
+     [lines("cuda_oom", r, f"0x{5 + 35 * r} 1x{100 - 35 * r}") for r in range(3)],
+     *((m, []) for m in (6, 41, 76, 90, 100)))
+
+
+_illegal_exp = [(_rank(3), "Rank 3 of job j1 on n1 logged a CUDA illegal memory access in the last 5m: its CUDA "
+                           "context is lost.")]
+
+
+case("TrainingCudaIllegalAddress", "fires", "rank 3 hits an illegal address at minute 10 and exits",
+     [lines("cuda_illegal_address", 3, "0x9 1 1 stale"), lines("cuda_illegal_address", 0, "0x30")],
+     (9, []), (10, _illegal_exp), (20, _illegal_exp), (32, []))
+case("TrainingCudaIllegalAddress", "quiet", "counters at 0 across a restart (gone and back at 0); other patterns",
+     [lines("cuda_illegal_address", 0, "0x20 stale _ 0x20"), *quiet_patterns("cuda_illegal_address", 42)],
+     (10, []), (22, []), (40, []))
+
+
+_nccl_exp = [(_rank(2), "Rank 2 of job j1 on n1 has logged NCCL warnings or errors in every 5m for 15m.")]
+
+
+_nccl_every = lambda gap, n: cum([1 if i >= 10 and (i - 10) % gap == 0 else 0 for i in range(n)])  # noqa: E731
+case("TrainingNcclError", "fires", "rank 2 logs an NCCL error every 3 minutes from minute 10",
+     [lines("nccl_error", 2, _nccl_every(3, 60)), lines("nccl_error", 0, "0x60")],
+     (24, []), (26, _nccl_exp), (45, _nccl_exp))
+case("TrainingNcclError", "quiet", "one NCCL WARN line; a start-up burst, one WARN on each of 8 ranks",
+     [lines("nccl_error", 0, "0x30 1x30"), *(lines("nccl_error", r, "0 0 1x58") for r in range(1, 9))],
+     (3, []), (10, []), (20, []), (31, []), (50, []))
+case("TrainingNcclError", "flap", "an NCCL error every 7 minutes: gaps of 2 min without one, never sustained",
+     [lines("nccl_error", 0, _nccl_every(7, 80))], (20, []), (40, []), (60, []), (79, []))
+
+# ---- XIDs in the kernel log that NVML's event path did not report
+KXID = "gpuobs_gpu_kernel_xid_errors_total"
+KLOG = "gpuobs_exporter_kernel_log_up"
+KLM = "gpuobs_gpu_kernel_log_matches_total"
+_kgpu = {**GPU0, "pci_bus_id": "00000000:18:00.0"}
+_xid_on = {k: GPU0[k] for k in ("cluster", "node", "gpu", "uuid")}
+
+
+def kxid(xid: str, values: str, **extra) -> dict:
+    return s(KXID, {**_kgpu, "xid": xid, **extra}, values)
+
+
+def nxid(xid: str, values: str, **extra) -> dict:
+    return s(XID, {**GPU0, "xid": xid, "gpu_instance_id": "", "compute_instance_id": "", **extra}, values)
+
+
+def watcher(values: str) -> dict:
+    return s(KLOG, {**NODE, "source": "kmsg"}, values)
+
+
+def _unseen_exp(n: int, xid: str) -> list:
+    return [({**_xid_on, "xid": xid}, f"The kernel log counted {n} XID {xid} on {G} in the last 1h, more than the "
+                                      "exporter's NVML event path reported: the XID alerts missed them.")]
+
+
+H2 = 2 * H  # the XID cases run after 2 h of history: NVML's series an hour old, the watcher an hour up
+case("GpuXidFromLogs", "fires", "two XID 13 while the exporter was down (minutes 120-130): the kernel log's count "
+     "since boot jumps when it is back, NVML's counter starts again empty",
+     [kxid("13", f"2x{H2} stale _x8 4x60"), nxid("13", f"2x{H2} stale"), watcher(f"1x{H2} stale _x8 1x60")],
+     (H2 + 10, []), (H2 + 15, _unseen_exp(2, "13")), (H2 + 50, _unseen_exp(2, "13")), (H2 + 72, []))
+case("GpuXidFromLogs", "fires", "XID 79 in the kernel log only: the GPU fell off the bus before NVML reported it",
+     [kxid("79", f"_x{H2} 1x40"), kxid("13", f"2x{H2 + 40}"), nxid("13", f"2x{H2 + 40}"), watcher(f"1x{H2 + 40}")],
+     (H2 + 4, []), (H2 + 6, _unseen_exp(1, "79")), (H2 + 30, _unseen_exp(1, "79")))
+case("GpuXidFromLogs", "fires", "a burst of 3 XID 13 of which NVML's event thread reported 1",
+     [kxid("13", f"2x{H2} 5x60"), nxid("13", f"2x{H2} 3x60"), watcher(f"1x{H2 + 60}")],
+     (H2 + 4, []), (H2 + 6, _unseen_exp(3, "13")), (H2 + 50, _unseen_exp(3, "13")))
+case("GpuXidFromLogs", "quiet", "both sources see the same XIDs: two more XID 13, a first XID 79 (NVML's one "
+     "scrape later), a first XID 43 on both",
+     [kxid("13", f"2x{H2} 4x90"), nxid("13", f"2x{H2} 4x90"), kxid("79", f"_x{H2 + 10} 1x80"),
+      nxid("79", f"_x{H2 + 11} 1x79"), kxid("43", f"_x{H2 + 20} 3x70"), nxid("43", f"_x{H2 + 20} 3x70"),
+      watcher(f"1x{H2 + 90}")], *((H2 + m, []) for m in (1, 6, 11, 12, 16, 21, 30, 60, 89)))
+case("GpuXidFromLogs", "quiet", "exporter restarts: no XID meanwhile, the kernel count goes on; one XID after it "
+     "that both count (NVML's counter from 0 again)",
+     [kxid("13", f"5x{H2} stale _ 5x17 6x40"), nxid("13", f"5x{H2} stale _x18 1x40"),
+      watcher(f"1x{H2} stale _ 1x58")], *((H2 + m, []) for m in (2, 5, 20, 21, 25, 40, 59)))
+case("GpuXidFromLogs", "quiet", "exporter down for 80 minutes, a restarted pod of another name: since-boot counts "
+     "come back under new series; new XIDs seen by both",
+     [kxid("13", f"5x{H2} stale", pod="a"), nxid("13", f"5x{H2} stale", pod="a"), watcher(f"1x{H2} stale"),
+      kxid("13", f"_x{H2 + 80} 5x10 6x30", pod="b"), nxid("13", f"_x{H2 + 90} 1x30", pod="b"),
+      s(KLOG, {**NODE, "source": "kmsg", "pod": "b"}, f"_x{H2 + 80} 1x40")],
+     *((H2 + m, []) for m in (1, 30, 81, 85, 91, 96, 110, 119)))
+
+# ---- driver messages in the kernel log (per GPU), or in training logs where the kernel log counted none
+_line_gpu = {**_xid_on, "pci_bus_id": "00000000:18:00.0"}
+_job_node = {"cluster": "c1", "node": "n1", "job_id": "j1"}
+
+
+def _ecc_log_exp(labels=_line_gpu, who=f"{G} at PCI 00000000:18:00.0") -> list:
+    return [(labels, f"The logs of {who} report uncorrectable ECC or row-remap errors in the last 5m.")]
+
+
+def kline(pattern: str, values: str) -> dict:
+    return s(KLM, {**_kgpu, "pattern": pattern}, values)
+
+
+case("GpuEccErrorFromLogs", "fires", "the kernel log reports an uncorrectable ECC error at minute 10",
+     [kline("ecc_error", "0x10 1x40"), kline("nvlink_error", "0x50"), watcher("1x50")],
+     (10, []), (11, _ecc_log_exp()), (20, _ecc_log_exp()), (25, _ecc_log_exp()), (32, []))
+case("GpuEccErrorFromLogs", "fires", "no kernel log (family off): a training rank logs cudaErrorECCUncorrectable",
+     [lines("ecc_error", 0, "0x10 1 1 stale")],
+     (10, []), (11, _ecc_log_exp(_job_node, "job j1 on n1")), (25, _ecc_log_exp(_job_node, "job j1 on n1")),
+     (32, []))
+case("GpuEccErrorFromLogs", "fires", "the first ECC line since boot: its series appears at 1 (the watcher up)",
+     [kline("ecc_error", "_x10 1x30"), watcher("1x40")], (9, []), (10, _ecc_log_exp()), (25, _ecc_log_exp()),
+     (31, []))
+case("GpuEccErrorFromLogs", "quiet", "the exporter back after 10 minutes down: since-boot counts come back, under "
+     "a pod of another name too", [kline("ecc_error", "2x20 stale"), watcher("1x20 stale"),
+                                   s(KLM, {**_kgpu, "pattern": "ecc_error", "pod": "b"}, "_x30 2x20"),
+                                   s(KLOG, {**NODE, "source": "kmsg", "pod": "b"}, "_x30 1x20")],
+     (21, []), (31, []), (35, []), (50, []))
+case("GpuEccErrorFromLogs", "quiet", "counters at 0 across an exporter restart (since boot: unchanged); NVLink "
+     "lines", [kline("ecc_error", "2x20 stale _ 2x20"), kline("nvlink_error", "0x10 0+1x30"),
+               lines("ecc_error", 0, "0x42")], (10, []), (22, []), (30, []), (41, []))
+
+
+_nvl_log_exp = [(_line_gpu, f"The logs of {G} at PCI 00000000:18:00.0 report NVLink, NVSwitch or fabric manager "
+                             "errors in the last 5m.")]
+
+
+case("GpuNvlinkErrorFromLogs", "fires", "the kernel log reports NVLink errors at minutes 10 and 11",
+     [kline("nvlink_error", "0x10 1 2x30"), watcher("1x40")], (10, []), (11, _nvl_log_exp), (20, _nvl_log_exp),
+     (30, _nvl_log_exp), (33, []))
+case("GpuNvlinkErrorFromLogs", "quiet", "no new lines: a count since boot across an exporter restart; ECC lines",
+     [kline("nvlink_error", "4x20 stale _x3 4x20"), kline("ecc_error", "0x10 1x30")], (10, []), (25, []), (40, []))
+
+health_alert("GpuKernelLogWatcherDown", KLOG, {**NODE, "source": "kmsg"}, 0, 1,
+             "The kernel-log watcher (kmsg) of the exporter on n1 has not read its source for 15m, now or in more "
+             "than 10% of the last 1h's scrapes: XIDs that NVML misses and driver ECC and NVLink messages on this "
+             "node go unseen.")
+case("GpuKernelLogWatcherDown", "quiet", "the kernel_log family off: no series at all", [s("up", NODE, "1x120")],
+     (30, []), (90, []), interval="30s")
+
+
+def test_every_log_pattern_feeds_an_alert_of_its_severity():
+    """Each pattern of gpuobs.logpatterns names the alert that reads its matches (gpuobs/logpatterns.py
+    `alert=`): that alert exists, at the pattern's severity, and reads the pattern's series."""
+    from gpuobs import logpatterns as lp
+
+    for p in lp.PATTERNS:
+        assert p.alert in ALERTS, p.name
+        assert ALERTS[p.alert].severity == p.severity, (p.name, p.alert)
+        if p.name != "nvrm_xid":  # read as XID codes (gpuobs_gpu_kernel_xid_errors_total), not as lines
+            assert f'pattern="{p.name}"' in ALERTS[p.alert].expr, (p.name, p.alert)
+
+
 # ---- meta: always fires (no quiet case can exist)
 case("Watchdog", "fires", "always", [s("up", NODE, "1x10")],
      (0, [({}, "This alert always fires. If it stops arriving, Prometheus or Alertmanager is broken.")]),
@@ -1046,3 +1246,28 @@ def test_degradation_windows_keep_their_order(profile):
     assert f"[{t.for_medium}]" in pack["GpuTemperatureTrendingToSlowdown"].expr
     assert _seconds(t.trend_step) < _seconds(t.trend_window) <= _seconds(t.trend_baseline)
     assert _seconds(t.temp_trend_window) > _seconds(t.for_medium)
+
+
+def test_log_pattern_alerts_fire_in_the_fast_profile(tmp_path):
+    """The demo and the end-to-end test run the FAST rules (1 s evaluations): a collective timeout pages
+    within seconds and a GPU's ECC line in its kernel log too; one OOM stays quiet there as well."""
+    pack = {a.name: a for a in alerts(FAST)}
+    (tmp_path / "fast.yml").write_text(rules_file(FAST))
+    series = [lines("collective_timeout", 1, "0x4 1x30"), lines("cuda_oom", 0, "0x4 1x30"),
+              kline("ecc_error", "0x9 1x25")]
+    timeout = "Rank 1 of job j1 on n1 logged a collective operation timeout in the last 20s: a rank stopped " \
+              "taking part in its collectives."
+    ecc = f"The logs of {G} at PCI 00000000:18:00.0 report uncorrectable ECC or row-remap errors in the last 20s."
+    tests = [{"eval_time": f"{sec}s", "alertname": name, "exp_alerts": [
+        {"exp_labels": {**labels, **alert_rule(pack[name], FAST)["labels"]},
+         "exp_annotations": {**alert_rule(pack[name], FAST)["annotations"], "description": desc}}
+        for labels, desc in want]}
+        for sec, name, want in [(3, "TrainingCollectiveTimeout", []),
+                                (6, "TrainingCollectiveTimeout", [(_rank(1), timeout)]),
+                                (12, "GpuEccErrorFromLogs", [(_line_gpu, ecc)]), (20, "TrainingCudaOOM", [])]]
+    doc = {"rule_files": ["fast.yml"], "evaluation_interval": FAST.eval_interval,
+           "group_eval_order": [g["name"] for g in rule_groups(FAST)],
+           "tests": [{"interval": "1s", "input_series": series, "alert_rule_test": tests}]}
+    (tmp_path / "fast_test.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    out = promtool("test", "rules", "fast_test.yml", cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr

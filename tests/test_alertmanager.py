@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from conftest import REPO, require_tool
-from gpuobs.alerts.build import alertmanager_config, outputs, write_fast_rules
+from gpuobs.alerts.build import RECEIVERS, alertmanager_config, outputs, receiver_urls, write_fast_rules
 from gpuobs.alerts.rules import DEFAULT, DEFAULT_RUNBOOK_BASE, FAST, SEVERITIES, Thresholds, alerts
 
 
@@ -40,14 +40,46 @@ def test_amtool_checks_config_and_routes_each_severity(tmp_path):
     config = REPO / "alerts" / "alertmanager.yml"
     out = subprocess.run([amtool, "check-config", str(config)], capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stdout + out.stderr
-    for labels, receiver in [({"severity": "critical", "alertname": "GpuLost"}, "pager"),
+    job = {"scope": "job", "cluster": "c1", "job_id": "j1"}
+    for labels, receiver in [({"severity": "critical", "alertname": "GpuLost", "scope": "gpu"}, "pager"),
                              ({"severity": "warning", "alertname": "GpuRowRemapPending"}, "ticket"),
                              ({"severity": "info", "alertname": "GpuFleetIdleCapacity"}, "null"),
-                             ({"severity": "none", "alertname": "Watchdog"}, "watchdog")]:
+                             ({"severity": "none", "alertname": "Watchdog", "scope": "cluster"}, "watchdog"),
+                             # a job's critical alerts page its owner; its warnings are tickets
+                             ({"severity": "critical", "alertname": "TrainingCollectiveTimeout", **job}, "job-owner"),
+                             ({"severity": "critical", "alertname": "TrainingStalled", **job}, "job-owner"),
+                             ({"severity": "warning", "alertname": "TrainingNcclError", **job}, "ticket"),
+                             # a GPU's critical alert stays on-call's, whatever job runs on it
+                             ({"severity": "critical", "alertname": "GpuEccErrorFromLogs", "scope": "gpu",
+                               "job_id": "j1"}, "pager")]:
         args = [f"{k}={v}" for k, v in labels.items()]
         out = subprocess.run([amtool, "config", "routes", "test", f"--config.file={config}", *args],
                              capture_output=True, text=True, timeout=30)
         assert out.returncode == 0 and out.stdout.strip() == receiver, (labels, out.stdout, out.stderr)
+
+
+def test_the_job_owner_route_groups_by_job():
+    route = next(r for r in alertmanager_config()["route"]["routes"] if r["receiver"] == "job-owner")
+    assert route["group_by"] == ["cluster", "job_id"] and 'scope="job"' in route["matchers"]
+    pack = {a.name: a for a in alerts(DEFAULT)}
+    for name in ("TrainingCollectiveTimeout", "TrainingCudaOOM", "TrainingCudaIllegalAddress"):
+        assert pack[name].scope == "job" and pack[name].severity == "critical", name
+
+
+def test_receivers_missing_from_the_callers_dict_fall_back_to_the_pager_url():
+    """Callers pass webhook URLs for the receivers they know; one they lack (job-owner, added later)
+    gets the pager's URL with its own name as the last path segment, so no KeyError and its
+    notifications stay apart."""
+    urls = {"pager": "http://127.0.0.1:9/hooks/pager", "ticket": "http://127.0.0.1:9/hooks/ticket",
+            "watchdog": "http://127.0.0.1:9/hooks/watchdog"}
+    config = alertmanager_config(urls, fast=True)
+    got = {r["name"]: r["webhook_configs"][0]["url"] for r in config["receivers"] if "webhook_configs" in r}
+    assert got == {**urls, "job-owner": "http://127.0.0.1:9/hooks/job-owner"}
+    assert set(got) == set(RECEIVERS) and {r["name"] for r in config["receivers"]} == {*RECEIVERS, "null"}
+    assert receiver_urls()["job-owner"] == "http://webhook:5001/job-owner"
+    assert receiver_urls({"job-owner": "http://owner.example/hook"})["job-owner"] == "http://owner.example/hook"
+    routed = {r["receiver"] for r in config["route"]["routes"]} | {config["route"]["receiver"]}
+    assert routed == {*RECEIVERS, "null"}, "every receiver is routed to, and only those"
 
 
 def test_prometheus_rule_and_grafana_alerting_carry_the_same_pack():

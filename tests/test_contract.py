@@ -210,3 +210,105 @@ def _replace(text: str, renames: dict[str, str]) -> str:
     for old, new in renames.items():
         text = text.replace(old, new)
     return text
+
+
+# ------------------------------------------------------------------------------ runbook thresholds
+FENCE = re.compile(r"```.*?```", re.S)  # PromQL examples: their windows are examples, not thresholds
+
+
+def _prose(text: str) -> str:
+    """A runbook text as prose: code blocks and `$thresholds.FIELD` tokens taken out, lines joined."""
+    return " ".join(re.sub(r"\$thresholds\.\w+", "<t>", FENCE.sub(" ", text)).split())
+
+
+def _quotes(t) -> dict[str, list[str]]:
+    """How prose would quote each Thresholds field of t literally: a duration in words (and "5-minute",
+    "an hour"), a share in percent, a temperature in °C, seconds in s, a factor as "1.2 times" or
+    "1.2x", an hourly count; plain strings and small counts are left out (too common to tell)."""
+    values = runbooks.threshold_values(t)
+    quotes: dict[str, list[str]] = {}
+    for key, text in values.items():
+        name = key.removeprefix("thresholds.")
+        raw = getattr(t, name, None)
+        if isinstance(raw, str) and text != raw:  # a duration
+            number, unit = text.split()
+            quotes[name] = [text, f"{number}-{unit.rstrip('s')}"] + (
+                [f"an {unit}", f"last {unit}", f"a {unit}"] if number == "1" else [])
+        elif name.endswith(("_share", "_utilization", "_ratio")) or name.endswith("_bytes"):
+            quotes[name] = [text]
+        elif name.endswith("_c"):
+            quotes[name] = [f"{text} °C"]
+        elif name.endswith("_seconds"):
+            quotes[name] = [f"{text} s"]
+        elif name in ("step_regression", "straggler", "trend_factor"):
+            quotes[name] = [f"{text} times", f"{text}x"]
+        elif name.endswith("_per_h"):
+            quotes[name] = [f"{text} an hour", f"{text} per hour", f"{text} single-bit"]
+    return quotes
+
+
+# Literal quotes of a default value that are not that threshold (checked by hand, each with its reason)
+NOT_THRESHOLDS = {
+    ("Watchdog", "1-minute"),  # the watchdog route's repeat interval, an Alertmanager setting
+    ("TrainingStepTimeRegression", "5-minute"),  # the in-process quantile window of gpuobs.instrument
+    ("InferenceLatencyHigh", "5 minutes"),  # the same in-process window, for requests
+    ("GpuExporterGone", "a minute"),  # how soon a restarted pod is a target again
+}
+
+
+def literal_threshold_quotes(t=DEFAULT) -> list[tuple[str, str, str]]:
+    """(alert, field, quote) for each runbook prose that quotes a value of t's Thresholds literally
+    instead of through its `$thresholds.FIELD` token."""
+    found = []
+    for alert, sections in runbooks.RUNBOOKS.items():
+        prose = _prose("\n".join(sections.values()))
+        for name, quotes in _quotes(t).items():
+            for quote in quotes:
+                if re.search(rf"(?<![\w.]){re.escape(quote)}(?![\w.])", prose) and (alert, quote) not in NOT_THRESHOLDS:
+                    found.append((alert, name, quote))
+    return found
+
+
+def test_runbooks_quote_thresholds_only_through_their_tokens():
+    """A number a runbook quotes from Thresholds is rendered from the Thresholds in use: none is typed."""
+    assert literal_threshold_quotes() == []
+
+
+def test_the_threshold_quote_check_sees_a_typed_number(monkeypatch):
+    text = dict(runbooks.RUNBOOKS["TrainingStalled"])
+    text["meaning"] = "A rank has not finished a step for 10 minutes; over 30 % of the time is data wait."
+    monkeypatch.setitem(runbooks.RUNBOOKS, "TrainingStalled", text)
+    assert {(a, n) for a, n, _ in literal_threshold_quotes()} >= {
+        ("TrainingStalled", "training_stall"), ("TrainingStalled", "data_wait_share")}
+
+
+def test_runbooks_render_the_thresholds_in_use():
+    """Other Thresholds, other numbers in the prose: what the runbook quotes is what the rule uses."""
+    import dataclasses
+
+    other = dataclasses.replace(DEFAULT, training_stall="17m", flap_share=0.25, temp_margin_c=7.0,
+                                ecc_corrected_per_s=30 / 3600, long_window="2h", keep_firing="9m")
+    stalled = runbooks.render("TrainingStalled", other)["meaning"]
+    assert "for 17 minutes" in stalled and "10 minutes" not in stalled
+    assert "25 %" in runbooks.render("GpuLost", other)["meaning"]
+    assert "within 7 °C" in runbooks.render("GpuTemperatureNearSlowdown", other)["meaning"]
+    assert "more than 30 single-bit" in runbooks.render("GpuEccCorrectedRate", other)["meaning"]
+    assert "kept 9 minutes more" in runbooks.render("GpuXidRebootRequired", other)["meaning"]
+    assert alerts_build.runbook(alerts(other)[0], other) != alerts_build.runbook(alerts(DEFAULT)[0], DEFAULT)
+    fast = runbooks.render("TrainingStalled", FAST)["meaning"]
+    assert f"for {FAST.training_stall[:-1]} seconds" in fast
+    with pytest.raises(KeyError):  # a token naming no field
+        runbooks._Text("$thresholds.no_such_field").substitute(runbooks.names() | runbooks.threshold_values())
+
+
+DEGRADATION = ("GpuEccCorrectedRising", "GpuPcieReplaysRising", "GpuNvlinkErrorsRising", "GpuRowRemapBanksDepleting",
+               "GpuTemperatureTrendingToSlowdown", "GpuPowerBrakeRepeated")
+
+
+def test_degradation_alerts_say_drain_and_plan_the_replacement():
+    pack = {a.name: a for a in alerts(DEFAULT)}
+    for name in DEGRADATION:
+        action = runbooks.render(name)["action"]
+        assert action.startswith("The GPU is degrading: drain it and plan its replacement."), name
+        assert "kubectl cordon" in action and "scontrol update" in action, name
+        assert pack[name].severity == "warning" and "drain it and plan its replacement" in pack[name].summary

@@ -19,6 +19,7 @@ from functools import partial
 from urllib.parse import urlsplit
 
 from .. import catalog as c
+from .. import logpatterns as lp
 from .. import records
 from ..records import GPU_BY, per_link
 
@@ -87,6 +88,9 @@ class Thresholds:
     temp_trend_horizon: str = "3h"  # ...reaches the slowdown threshold within this
     power_brake_episodes: int = 3  # times in the HW power brake within power_brake_window
     power_brake_window: str = "6h"
+    # log patterns: a job's CUDA OOMs within for_long (one that its retry logic handled is no alert)
+    oom_repeats_job: int = 3  # OOM lines of all its ranks together
+    oom_repeats_rank: int = 2  # OOM lines of one rank, across its restarts
     exporter_job: str = "gpuobs"
     exporter_daemonset: str = "gpuobs-exporter"  # exporters/kubernetes/daemonset.yaml, as kube-state-metrics names it
     runbook_base: str = DEFAULT_RUNBOOK_BASE  # absolute http(s) URL of docs/runbooks
@@ -207,6 +211,70 @@ def _gpu_unusable(t: Thresholds) -> tuple[str, str]:
 
 
 
+JOB_BY = "cluster, job_id"  # one training job, whatever its ranks, targets and restarts
+RANK_BY = "cluster, job_id, rank, node"  # one rank of a job where it runs, whatever its targets and restarts
+XID_BY = "cluster, node, gpu, uuid, xid"  # one XID code of one GPU, whatever the target labels (pod, instance)
+LINE_BY = "cluster, node, gpu, uuid, pci_bus_id"  # one GPU a kernel-log line names (gpu, uuid empty if none)
+
+
+def _pattern(counter: c.Metric, name: str) -> str:
+    """The selector of one pattern's series of a log-pattern counter (name: a gpuobs.logpatterns pattern;
+    KeyError for another)."""
+    return f'{counter.exposed_name}{{pattern="{lp.BY_NAME[name].name}"}}'
+
+
+def _job_lines(name: str, window: str, by: str = JOB_BY) -> str:
+    """Lines of log pattern `name` that a job's training processes matched within window, summed by
+    `by` (every pattern is exported from 0 by each process). increase() counts across a trainer's
+    restarts (its counter back at 0, its series gone and back) and nothing for a counter that
+    appears at 0 or stays put."""
+    return f"sum by ({by}) (increase({_pattern(c.LOG_PATTERN_MATCHES, name)}[{window}]))"
+
+
+def _counted(sel: str, by: str, w: str, new: str) -> str:
+    """The events a counter counted within window w, summed by `by`, in whole events: the value of a
+    series that `sel unless <new>` calls new within the window (the counters of XIDs and kernel-log
+    lines appear at their first event, so increase() misses that one; all they count is within the
+    window), else increase() of the series (a reset counted: NVML's counter starts again at 0 with
+    its exporter)."""
+    return f"sum by ({by}) (({sel} unless {new}) or round(increase({sel}[{w}])))"
+
+
+def _kernel_counted(sel: str, by: str, w: str) -> str:
+    """_counted for a kernel-log counter (counted since boot, kept across exporter restarts): a series
+    is new only if none of its `by` was there w ago while the node's watcher ran, else an exporter
+    start, or a restarted pod with a name of its own, would count every line since boot."""
+    return _counted(sel, by, w, f"on ({by}) {sel} offset {w} and on (cluster, node) {c.KERNEL_LOG_UP.name} "
+                                f"offset {w} == 1")
+
+
+def _xid_unseen_by_nvml(t: Thresholds) -> str:
+    """XIDs the kernel log counted on a GPU within long_window and NVML's event path did not: more of
+    a code than NVML counted, or a code NVML has no series of. NVML's series count from the exporter's
+    start, so one new within the window (by all its labels) holds only events within it. The kernel's
+    count since boot and go on across exporter restarts, so XIDs while the exporter was down show as
+    their rise (_kernel_counted)."""
+    w, xe = t.long_window, c.XID_ERRORS.exposed_name
+    kernel = _kernel_counted(c.KERNEL_XID_ERRORS.exposed_name, XID_BY, w)
+    nvml = _counted(xe, XID_BY, w, f"{xe} offset {w}")
+    return f"{kernel} > {nvml} or {kernel} > 0 unless on ({XID_BY}) {nvml}"
+
+
+def _gpu_lines(name: str, t: Thresholds) -> str:
+    """Driver messages of log pattern `name` within rate_window: per GPU from the kernel log (a line
+    pattern's series appears at its first line: _kernel_counted), else per node and job from the
+    training processes' own logs (no GPU identity; only where the kernel log
+    counted none on that node, e.g. with the kernel_log family off)."""
+    kernel = f"({_kernel_counted(_pattern(c.KERNEL_LOG_MATCHES, name), LINE_BY, t.rate_window)} > 0)"
+    train = _job_lines(name, t.rate_window, "cluster, node, job_id")
+    return f"{kernel} or {train} > 0 unless on (cluster, node) {kernel}"
+
+
+# A GPU named by a kernel-log line, or the node and job whose training logs matched (_gpu_lines)
+LINE = ("{{ if $labels.job_id }}job {{ $labels.job_id }} on {{ $labels.node }}{{ else }}"
+        + GPU + " at PCI {{ $labels.pci_bus_id }}{{ end }}")
+
+
 # ---------------------------------------------------------------------------------------------- families
 # One function per family, in the pack's order; each returns its alerts for thresholds t.
 def thermal(t: Thresholds) -> list[Alert]:
@@ -300,6 +368,12 @@ def xid(t: Thresholds) -> list[Alert]:
         alert(name="GpuXidNvlinkError", expr=_xid("74", t), severity="warning",
               summary="GPU reported an NVLink error (XID 74).",
               description=f"{GPU} reported XID 74: check its NVLink links."),
+        alert(name=lp.BY_NAME["nvrm_xid"].alert, expr=_xid_unseen_by_nvml(t), for_=t.for_short,
+              severity="critical", keep_firing_for=None,
+              summary="The kernel log has XIDs that NVML's event path did not report.",
+              description=f"The kernel log counted {{{{ $value }}}} XID {{{{ $labels.xid }}}} on {GPU} in the last "
+                          f"{t.long_window}, more than the exporter's NVML event path reported: the XID alerts "
+                          "missed them."),
     ]
 
 
@@ -335,6 +409,11 @@ def memory(t: Thresholds) -> list[Alert]:
               summary="A GPU's memory banks are running out of spare rows. " + DEGRADING,
               description=f"{{{{ $value }}}} more memory banks of {GPU} have few or no spare rows left than "
                           f"at their fewest in the last {t.trend_baseline}."),
+        alert(name=lp.BY_NAME["ecc_error"].alert, expr=_gpu_lines("ecc_error", t), for_="0s", severity="critical",
+              summary="The logs report an uncorrectable ECC error or a failed row remap.",
+              description=f"The logs of {LINE} report uncorrectable ECC or row-remap errors in the last "
+                          f"{t.rate_window}.",
+              keep_firing_for=t.keep_firing),
     ]
 
 
@@ -370,6 +449,11 @@ def interconnect(t: Thresholds) -> list[Alert]:
              severity="warning", summary="PCIe replays on a GPU are rising. " + DEGRADING,
              description=f"{GPU} has {{{{ $value | printf \"%.3g\" }}}} PCIe replays per second over the last "
                          f"{t.trend_window}, over {t.trend_factor:g}x its rate {t.trend_baseline} earlier."),
+        nvlink(name=lp.BY_NAME["nvlink_error"].alert, expr=_gpu_lines("nvlink_error", t), for_="0s",
+               severity="warning", summary="The logs report NVLink, NVSwitch or fabric manager errors.",
+               description=f"The logs of {LINE} report NVLink, NVSwitch or fabric manager errors in the last "
+                           f"{t.rate_window}.",
+               keep_firing_for=t.keep_firing),
     ]
 
 
@@ -454,6 +538,12 @@ def exporter(t: Thresholds) -> list[Alert]:
               summary="The exporter's XID event thread is not running: XIDs may be missed.",
               description="The XID watcher of the exporter on {{ $labels.node }} is down, now or in more than "
                           f"{flapping}: XIDs on this node may be missed."),
+        alert(name="GpuKernelLogWatcherDown", expr=_unreliable(c.KERNEL_LOG_UP.name, 0, t), for_=t.for_medium,
+              severity="warning", scope="node",
+              summary="The exporter cannot read the kernel log: kernel-log XIDs and driver messages are not counted.",
+              description="The kernel-log watcher ({{ $labels.source }}) of the exporter on {{ $labels.node }} has "
+                          f"not read its source for {t.for_medium}, now or in more than {flapping}: XIDs that NVML "
+                          "misses and driver ECC and NVLink messages on this node go unseen."),
     ]
 
 
@@ -513,6 +603,39 @@ def training(t: Thresholds) -> list[Alert]:
     ]
 
 
+def training_logs(t: Thresholds) -> list[Alert]:
+    """Training jobs' log lines that explain a failure (gpuobs.logpatterns, counted by each process): a
+    collective timeout, an illegal address, NCCL errors that keep coming (per rank and node), repeated
+    CUDA OOM (per job). Each sums its series' targets and restarts."""
+    alert = partial(Alert, family="training", scope="job")
+    oom, oom_by_rank = _job_lines("cuda_oom", t.for_long), _job_lines("cuda_oom", t.for_long, f"{JOB_BY}, rank")
+    return [
+        alert(name=lp.BY_NAME["collective_timeout"].alert,
+              expr=f'{_job_lines("collective_timeout", t.rate_window, RANK_BY)} > 0',
+              for_="0s", severity="critical", keep_firing_for=t.keep_firing,
+              summary="A collective of a training job timed out.",
+              description="Rank {{ $labels.rank }} of job {{ $labels.job_id }} on {{ $labels.node }} logged a "
+                          f"collective operation timeout in the last {t.rate_window}: a rank stopped taking part in "
+                          "its collectives."),
+        alert(name=lp.BY_NAME["cuda_oom"].alert,
+              expr=f"{oom} >= {t.oom_repeats_job} or max by ({JOB_BY}) ({oom_by_rank}) >= {t.oom_repeats_rank}",
+              for_="0s", severity="critical", keep_firing_for=t.keep_firing,
+              summary="A training job keeps running out of GPU memory.",
+              description="Job {{ $labels.job_id }} logged {{ $value | printf \"%.0f\" }} CUDA out-of-memory "
+                          f"errors in the last {t.for_long} (an alert from {t.oom_repeats_job} in the job, or "
+                          f"{t.oom_repeats_rank} on one rank): it is not recovering."),
+        alert(name=lp.BY_NAME["cuda_illegal_address"].alert,
+              expr=f'{_job_lines("cuda_illegal_address", t.rate_window, RANK_BY)} > 0', for_="0s", severity="critical",
+              keep_firing_for=t.keep_firing, summary="A training job hit a CUDA illegal memory access.",
+              description="Rank {{ $labels.rank }} of job {{ $labels.job_id }} on {{ $labels.node }} logged a CUDA "
+                          f"illegal memory access in the last {t.rate_window}: its CUDA context is lost."),
+        alert(name=lp.BY_NAME["nccl_error"].alert, expr=f'{_job_lines("nccl_error", t.rate_window, RANK_BY)} > 0',
+              for_=t.for_medium, severity="warning", summary="A training job keeps logging NCCL errors.",
+              description="Rank {{ $labels.rank }} of job {{ $labels.job_id }} on {{ $labels.node }} has logged NCCL "
+                          f"warnings or errors in every {t.rate_window} for {t.for_medium}."),
+    ]
+
+
 def inference(t: Thresholds) -> list[Alert]:
     """Inference services: latency and failing requests, per model."""
     alert = partial(Alert, family="inference", scope="service", for_=t.for_short)
@@ -539,7 +662,7 @@ def meta(t: Thresholds) -> list[Alert]:
 
 
 FAMILIES = (thermal, power, utilization, xid, memory, interconnect, presence, exporter, telemetry, training,
-            inference, meta)
+            training_logs, inference, meta)
 
 
 def alerts(t: Thresholds) -> list[Alert]:

@@ -3,16 +3,21 @@
 The texts name no metric or recording rule literally: `$NAME` stands for the sample name of the catalog
 metric `gpuobs.catalog.NAME` (counters with `_total`; `${NAME}_sum`, `_count`, `_bucket` for a
 histogram's series) or for the name of the record `gpuobs.records.NAME`, filled in when rendered
-(`render`), so that they follow a rename. `$$` writes a dollar sign.
+(`render`), so that they follow a rename. `$thresholds.FIELD` stands for the value of that field of the
+`Thresholds` the runbook is rendered for (`threshold_values`: durations in words, shares in percent),
+so that the prose quotes the thresholds in use and cannot drift from them. `$$` writes a dollar sign.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from string import Template
 from textwrap import dedent
 
 from .. import catalog as c
 from .. import records
+from .rules import DEFAULT, Thresholds
 
 SECTIONS = ("meaning", "impact", "diagnosis", "action")
 # metrics of the catalog without a name of their own there
@@ -29,12 +34,52 @@ def names() -> dict[str, str]:
     return {k: m.exposed_name for k, m in metrics.items()} | {k: r.name for k, r in records.NAMES.items()}
 
 
-def render(alert: str) -> dict[str, str]:
-    """The runbook of alert, section by section (SECTIONS), its `$NAME`s filled in. KeyError for an
-    alert without a runbook or a `$NAME` that is neither a catalog metric nor a record; ValueError
-    for a `$` followed by no name."""
-    values = names()
-    return {section: Template(text).substitute(values) for section, text in RUNBOOKS[alert].items()}
+class _Text(Template):
+    """A runbook text: `$NAME` (a catalog metric or record) or `$thresholds.FIELD` (a Thresholds field)."""
+    idpattern = r"(?a:thresholds\.[a-z][a-z0-9_]*|[_a-z][_a-z0-9]*)"
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
+_UNITS = {"s": "second", "m": "minute", "h": "hour", "d": "day"}
+_PERCENT = ("_share", "_utilization", "_ratio")  # fields that are a share of 1, quoted in percent
+
+
+def _words(duration: str) -> str:
+    """A Prometheus duration in words: "5m" -> "5 minutes", "1h" -> "1 hour"."""
+    number, unit = _DURATION.fullmatch(duration).groups()
+    return f"{number} {_UNITS[unit]}{'' if float(number) == 1 else 's'}"
+
+
+def _quote(name: str, value: object) -> str:
+    """How prose quotes one Thresholds field: durations in words, shares in percent ("10 %"), bytes in
+    GiB, other numbers as %g, other strings as they are."""
+    if isinstance(value, str):
+        return _words(value) if _DURATION.fullmatch(value) else value
+    if name.endswith(_PERCENT):
+        return f"{value * 100:g} %"
+    if name.endswith("_bytes"):
+        return f"{value / 1024 ** 3:g} GiB"
+    return f"{value:g}"
+
+
+def threshold_values(t: Thresholds = DEFAULT) -> dict[str, str]:
+    """What each `$thresholds.FIELD` of the texts stands for under thresholds t (_quote), and two
+    derived quantities: `FIELD_per_h` for each `*_per_s` field (an hourly count), and
+    `power_brake_changes` (the state changes GpuPowerBrakeRepeated counts: 2 per episode, less one)."""
+    values = {f.name: getattr(t, f.name) for f in dataclasses.fields(t)}
+    out = {name: _quote(name, v) for name, v in values.items()}
+    out |= {f"{name[:-len('_per_s')]}_per_h": f"{v * 3600:g}" for name, v in values.items() if name.endswith("_per_s")}
+    out["power_brake_changes"] = f"{2 * t.power_brake_episodes - 1}"
+    return {f"thresholds.{name}": text for name, text in out.items()}
+
+
+def render(alert: str, t: Thresholds = DEFAULT) -> dict[str, str]:
+    """The runbook of alert, section by section (SECTIONS), its `$NAME`s and `$thresholds.FIELD`s filled
+    in for thresholds t. KeyError for an alert without a runbook, or a `$NAME` that is neither a catalog
+    metric nor a record, or a `$thresholds.FIELD` that Thresholds lacks; ValueError for a `$` followed
+    by no name."""
+    values = names() | threshold_values(t)
+    return {section: _Text(text).substitute(values) for section, text in RUNBOOKS[alert].items()}
 
 
 def _md(text: str | list[str]) -> str:
@@ -75,17 +120,20 @@ _THROTTLE_QUERIES = """
 
 _XID_TIMING = """
     The alert reads the event's own time, `$XID_LAST_SEEN` (Unix time of the last
-    event of that code on that GPU and MIG instance), as well as the counter: it fires for 5 minutes after each
-    event and is kept 15 minutes more, so it resolves about 20 minutes after the last one. An XID right after
+    event of that code on that GPU and MIG instance), as well as the counter: it fires for $thresholds.rate_window
+    after each
+    event and is kept $thresholds.keep_firing more, so it resolves that long after the last one. An XID right after
     an exporter restart pages too, even when the same code was counted before the restart (the counter series
     then come back at 1). An exporter restart without a new XID does not: the series are gone until the code
     recurs."""
 
 _FLAPPING = """
-    It also fires when the input flaps: bad in more than 10 % of the samples of the last hour and at least once
-    in the last 15 minutes (every other scrape, or one scrape in five, never stays bad for the whole `for`).
+    It also fires when the input flaps: bad in more than $thresholds.flap_share of the samples of the last
+    $thresholds.long_window and at least
+    once in the last $thresholds.for_medium (every other scrape, or one scrape in five, never stays bad for the
+    whole `for`).
     One failed scrape or an exporter restart stays under that. Once the input is good again, a flapping alert
-    resolves 15 minutes after its last bad sample."""
+    resolves $thresholds.for_medium after its last bad sample."""
 
 _DEGRADING_IMPACT = """
     Nothing fails yet: jobs run. It is the curve that comes before a GPU is pulled, and a GPU that fails
@@ -116,7 +164,7 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             `nvmlDeviceGetCurrentClocksEventReasons`) as active: the hardware itself is cutting the core clocks,
             typically by half or more, because the GPU (or its memory) has reached its thermal protection limit.
             This is the last protection before the thermal shutdown temperature. The bit flaps, so the alert
-            keeps firing for 15 minutes after it clears.""",
+            keeps firing for $thresholds.keep_firing after it clears.""",
         impact="""
             Kernels on this GPU run at a fraction of their normal speed. In synchronous data-parallel training
             every rank waits for this one, so the whole job slows down. If the temperature keeps rising the GPU
@@ -144,7 +192,8 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             the slowdown threshold."""]),
     "GpuSwThermalSlowdown": _rb(
         meaning="""
-            The clock-event reason `SW Thermal Slowdown` (bit 0x20) has been active for 5 minutes: the driver is
+            The clock-event reason `SW Thermal Slowdown` (bit 0x20) has been active for $thresholds.for_short: the
+            driver is
             lowering clocks because the GPU temperature is above its maximum operating temperature, or the memory
             temperature is above the memory maximum operating temperature. It is the gentler, earlier stage
             before the hardware thermal slowdown.""",
@@ -167,8 +216,10 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             actionable by the job owner."""),
     "GpuTemperatureNearSlowdown": _rb(
         meaning="""
-            The GPU core temperature (`nvmlDeviceGetTemperature`) has been within 5 °C of the GPU's own slowdown
-            threshold (`NVML_TEMPERATURE_THRESHOLD_SLOWDOWN`) for 5 minutes. The threshold is read from each GPU,
+            The GPU core temperature (`nvmlDeviceGetTemperature`) has been within $thresholds.temp_margin_c °C of
+            the GPU's own
+            slowdown threshold (`NVML_TEMPERATURE_THRESHOLD_SLOWDOWN`) for $thresholds.for_short. The threshold is
+            read from each GPU,
             so the alert is right for every model. Nothing is throttled yet by the hardware.""",
         impact="""
             No slowdown yet, but a little more heat (higher load, a warmer aisle, a failing fan) will trigger the
@@ -190,8 +241,10 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             `gpuobs generate`."""),
     "GpuMemoryTemperatureNearMax": _rb(
         meaning="""
-            The HBM/GDDR temperature (`NVML_FI_DEV_MEMORY_TEMP`) has been within 5 °C of the memory maximum
-            operating temperature (`NVML_TEMPERATURE_THRESHOLD_MEM_MAX`) for 5 minutes. Above that limit the
+            The HBM/GDDR temperature (`NVML_FI_DEV_MEMORY_TEMP`) has been within $thresholds.temp_margin_c °C of
+            the memory
+            maximum operating temperature (`NVML_TEMPERATURE_THRESHOLD_MEM_MAX`) for $thresholds.for_short. Above
+            that limit the
             driver engages SW thermal slowdown. Memory-bandwidth-bound workloads heat the memory more than the
             core.""",
         impact="""
@@ -238,10 +291,11 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             for PSU replacement. Return the node to service once the bit no longer sets under load."""]),
     "GpuHwSlowdown": _rb(
         meaning="""
-            The clock-event reason `HW Slowdown` (bit 0x8) has been active for 5 minutes. NVML documents it as the
+            The clock-event reason `HW Slowdown` (bit 0x8) has been active for $thresholds.for_short. NVML
+            documents it as the
             hardware reducing core clocks by a factor of two or more because the temperature is too high, an
             external power brake is asserted, or power draw is too high and the fast-trigger protection is
-            reducing clocks. It can also flicker during P-state or clock changes, hence the 5-minute wait.""",
+            reducing clocks. It can also flicker during P-state or clock changes, hence the wait.""",
         impact="""
             Work on this GPU runs at half speed or worse; synchronous jobs slow down to its pace.""",
         diagnosis=["""
@@ -260,7 +314,8 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             If it recurs, open a case with the system vendor (power delivery on the board or baseboard)."""]),
     "GpuSwPowerCapSustained": _rb(
         meaning="""
-            The clock-event reason `SW Power Cap` (bit 0x4) has been active for 15 minutes: the driver's power
+            The clock-event reason `SW Power Cap` (bit 0x4) has been active for $thresholds.for_medium: the
+            driver's power
             management is holding clocks below the requested ones to keep the board's power draw at its enforced
             power limit. Short bursts are normal under heavy load; a sustained cap means the GPU is power-bound.""",
         impact="""
@@ -286,9 +341,10 @@ RUNBOOKS: dict[str, dict[str, str]] = {
     # ------------------------------------------------------------------------------ allocation
     "GpuAllocatedIdle": _rb(
         meaning="""
-            The GPU has held more than 1 GiB of device memory, so some process, pod or job has it, while its
-            utilization (`nvmlDeviceGetUtilizationRates`, the share of time a kernel ran) stayed at or below 1 %
-            for 30 minutes.""",
+            The GPU has held more than $thresholds.allocated_memory_bytes of device memory, so some process, pod or
+            job has it, while its
+            utilization (`nvmlDeviceGetUtilizationRates`, the share of time a kernel ran) stayed at or below
+            $thresholds.idle_utilization for $thresholds.for_idle.""",
         impact="""
             A GPU is reserved and paid for but does no work, while other jobs may be queued waiting for
             capacity. Common causes: an idle notebook or interactive session, an inference server with no traffic,
@@ -311,8 +367,9 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             in `Thresholds` in `gpuobs/alerts/rules.py`."""),
     "GpuFleetIdleCapacity": _rb(
         meaning="""
-            Informational: the given number of GPUs in the cluster have had a utilization at or below 1 % for
-            30 minutes, whether allocated or not. It is routed to the `null` receiver by default and is meant for
+            Informational: the given number of GPUs in the cluster have had a utilization at or below
+            $thresholds.idle_utilization for $thresholds.for_idle, whether allocated or not. It is routed to the
+            `null` receiver by default and is meant for
             dashboards and capacity reviews, not for paging.""",
         impact="""
             Capacity is paid for and unused. When jobs are queued at the same time, the scheduler cannot place
@@ -457,7 +514,8 @@ RUNBOOKS: dict[str, dict[str, str]] = {
     "GpuEccUncorrectable": _rb(
         meaning="""
             The volatile count of uncorrected ECC errors (`NVML_FI_DEV_ECC_DBE_VOL_TOTAL`, double-bit errors) rose
-            in the last 5 minutes: ECC detected an error in device memory that it could not correct. The driver
+            in the last $thresholds.rate_window: ECC detected an error in device memory that it could not correct.
+            The driver
             reports it as XID 48, 94 (contained) or 95 (uncontained); Ampere and newer GPUs mark the DRAM row for
             remapping, older ones retire the page. Volatile counters reset with the driver or a GPU reset; the
             aggregate counters persist.""",
@@ -485,8 +543,10 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             _UNDRAIN]),
     "GpuEccCorrectedRate": _rb(
         meaning="""
-            The GPU has corrected more than 100 single-bit ECC errors per hour, averaged over the last hour, for
-            15 minutes (`NVML_FI_DEV_ECC_SBE_VOL_TOTAL`). ECC fixes these transparently, but a high or rising rate
+            The GPU has corrected more than $thresholds.ecc_corrected_per_h single-bit ECC errors per hour,
+            averaged over the last
+            $thresholds.long_window, for $thresholds.for_medium (`NVML_FI_DEV_ECC_SBE_VOL_TOTAL`). ECC fixes these
+            transparently, but a high or rising rate
             indicates degrading memory cells. Repeated correctable errors can also lead to row remapping (Ampere
             and newer) or page retirement (older GPUs), and the driver may report XID 92 (high single-bit ECC
             error rate).""",
@@ -556,7 +616,8 @@ RUNBOOKS: dict[str, dict[str, str]] = {
     # ------------------------------------------------------------------------------ interconnects
     "GpuNvlinkDown": _rb(
         meaning="""
-            An NVLink link of this GPU reports inactive (`NVML_FI_DEV_NVLINK_GET_STATE` is 0) for 5 minutes: the
+            An NVLink link of this GPU reports inactive (`NVML_FI_DEV_NVLINK_GET_STATE` is 0) for
+            $thresholds.for_short: the
             link failed to train, dropped after errors (often with XID 74), or was disabled.""",
         impact="""
             The GPU has less bandwidth to its peers: NCCL collectives and model-parallel traffic slow down or fall
@@ -580,7 +641,9 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             cards.""", _UNDRAIN]),
     "GpuNvlinkErrorRate": _rb(
         meaning="""
-            An NVLink link of this GPU counts more than 1 data-link error per second over 5 minutes. The
+            An NVLink link of this GPU counts more than $thresholds.nvlink_errors_per_s data-link errors per second
+            over
+            $thresholds.rate_window. The
             `error_type` label says which counter: `crc` (received flits or data with CRC errors), `replay`
             (retransmissions) or `recovery` (link recovery events, where the link retrains).""",
         impact="""
@@ -601,7 +664,8 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             platform team. The threshold is `nvlink_errors_per_s` in `Thresholds` in `gpuobs/alerts/rules.py`."""),
     "GpuPcieLinkDegraded": _rb(
         meaning="""
-            For 15 minutes, while the GPU was more than 50 % busy, its PCIe link ran below the maximum generation
+            For $thresholds.for_medium, while the GPU was more than $thresholds.pcie_busy_utilization busy, its
+            PCIe link ran below the maximum generation
             or width that the GPU and the system support (`nvmlDeviceGetCurrPcieLinkGeneration/Width` against
             `nvmlDeviceGetMaxPcieLinkGeneration/Width`). GPUs lower the link generation at idle to save power,
             which is why only busy GPUs count. A narrower width (x8 instead of x16) means lanes failed to train.""",
@@ -628,7 +692,8 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             `gpuobs/alerts/rules.py`.""", _UNDRAIN]),
     "GpuPcieReplayRate": _rb(
         meaning="""
-            The GPU's PCIe replay counter (`NVML_FI_DEV_PCIE_REPLAY_COUNTER`) rises by more than 1 per second: the
+            The GPU's PCIe replay counter (`NVML_FI_DEV_PCIE_REPLAY_COUNTER`) rises by more than
+            $thresholds.pcie_replays_per_s per second: the
             data-link layer keeps retransmitting packets that arrived corrupted or unacknowledged. It indicates
             signal-integrity problems on the link: seating, riser, retimer, cable or slot.""",
         impact="""
@@ -691,7 +756,8 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             - `unreadable`: its handle or UUID cannot be read.
 
             The exporter withholds the GPU's value series meanwhile. A lost GPU (`GPU_IS_LOST`) is `GpuLost`'s case
-            instead; a GPU seen lost in the last 15 minutes stays `GpuLost` whatever other reason it gives.""",
+            instead; a GPU seen lost in the last $thresholds.for_medium stays `GpuLost` whatever other reason it
+            gives.""",
             _FLAPPING],
         impact="""
             Jobs on the GPU have failed or hang; new ones scheduled onto it fail. Its metrics have gaps or are
@@ -717,7 +783,8 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             `nvidia-bug-report.sh`.""", _UNDRAIN]),
     "GpuSamplingTimeouts": _rb(
         meaning="""
-            In more than 5 % of the exporter's sampling passes over the last hour (held for 15 minutes), the GPU's
+            In more than $thresholds.gpu_timeout_share of the exporter's sampling passes over the last
+            $thresholds.long_window (held for $thresholds.for_medium), the GPU's
             NVML reads missed the sampling deadline (`$GPU_TIMEOUTS` against
             `$SAMPLES`): its series were withheld from those passes. Slow or hanging NVML calls
             on one GPU are often the first sign of a GPU or driver fault. While the GPU is unusable
@@ -796,8 +863,9 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             Escalate to the platform team if the driver fails on several nodes, for example after a rollout."""),
     "GpuExporterDown": _rb(
         meaning=["""
-            Prometheus has failed to scrape the gpuobs exporter on this node (`up{job="gpuobs"} == 0`) for 5
-            minutes. The process is down or crash-looping, the port is unreachable, TLS or basic auth does not
+            Prometheus has failed to scrape the gpuobs exporter on this node (`up{job="gpuobs"} == 0`) for
+            $thresholds.for_short. The process is down or crash-looping, the port is unreachable, TLS or basic auth
+            does not
             match Prometheus's scrape settings, or the node itself is down.""", _FLAPPING, """
             A flapping target usually means scrapes time out now and then (a slow `/metrics`: many GPUs, MIG, the
             `processes` family, or an overloaded node) or the exporter restarts in a loop. A target that left
@@ -825,9 +893,11 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             with its logs attached."""),
     "GpuExporterGone": _rb(
         meaning="""
-            A node's exporter was scraped in the last hour but is no longer a target at all (no `up` series for
+            A node's exporter was scraped in the last $thresholds.long_window but is no longer a target at all (no
+            `up` series for
             its node, nor for its instance when targets carry no node label), while exporters of other nodes
-            still are, for 5 minutes. Service discovery no longer lists it: its DaemonSet pod is gone or not
+            still are, for $thresholds.for_short. Service discovery no longer lists it: its DaemonSet pod is gone
+            or not
             scheduled (node taint or label change, eviction), its Service endpoint is gone, or the node left the
             cluster. A pod that restarts comes back as a target of the same node within a minute or two and does
             not fire. If every target goes, `GpuExporterAbsent` fires instead.""",
@@ -846,15 +916,17 @@ RUNBOOKS: dict[str, dict[str, str]] = {
         action="""
             Bring the exporter back on the node: restore its label or toleration, delete a stuck pod, or fix the
             Service. If the node was removed on purpose (decommissioned, scaled down), nothing is to be done: the
-            alert resolves an hour after the node's last scrape; silence it for that hour in Alertmanager
+            alert resolves $thresholds.long_window after the node's last scrape; silence it for that time in
+            Alertmanager
             (matchers `alertname="GpuExporterGone"`, `node="<node>"`)."""),
     "GpuExporterPodsUnavailable": _rb(
         meaning="""
             kube-state-metrics reports fewer available pods of the exporter DaemonSet (`gpuobs-exporter`,
             `exporter_daemonset` in `Thresholds`) than it should run
-            (`kube_daemonset_status_desired_number_scheduled - kube_daemonset_status_number_available`), for 15
-            minutes, with no rollout progressing (`kube_daemonset_status_updated_number_scheduled` unchanged for 5
-            minutes). Pods are crash-looping, not ready, pending (image pull, resources), or a rollout is stuck.
+            (`kube_daemonset_status_desired_number_scheduled - kube_daemonset_status_number_available`), for
+            $thresholds.for_medium, with no rollout progressing (`kube_daemonset_status_updated_number_scheduled`
+            unchanged for $thresholds.rate_window). Pods are crash-looping, not ready, pending (image pull,
+            resources), or a rollout is stuck.
             A rolling update that keeps moving does not fire.""",
         impact="""
             The GPUs of the nodes without a running exporter are not monitored. Such a node may still be a
@@ -876,7 +948,8 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             Needs kube-state-metrics scraped by the same Prometheus; without it the alert never fires."""),
     "GpuExporterAbsent": _rb(
         meaning="""
-            Prometheus has no target at all for the exporter's job (`absent(up{job="gpuobs"})`) for 5 minutes. The
+            Prometheus has no target at all for the exporter's job (`absent(up{job="gpuobs"})`) for
+            $thresholds.for_short. The
             scrape configuration, service discovery (ServiceMonitor, PodMonitor, labels) or the exporter
             DaemonSet is gone or renamed, or the job name no longer matches `exporter_job` in `Thresholds`.""",
         impact="""
@@ -918,7 +991,7 @@ RUNBOOKS: dict[str, dict[str, str]] = {
         meaning=["""
             `$COLLECTOR_SUCCESS` is 0 for one collector (the `collector` label: a metric family
             such as `power` or `nvlink`, or `sampler`): it raised an exception in the last pass, on at least one
-            GPU, for 15 minutes. The exporter logs each exception (rate-limited) and counts it in
+            GPU, for $thresholds.for_medium. The exporter logs each exception (rate-limited) and counts it in
             `$COLLECTOR_ERRORS`, and serves what the other collectors read.""", _FLAPPING],
         impact="""
             That family's series are missing or partial on the node, so the alerts that read them cannot fire
@@ -940,7 +1013,7 @@ RUNBOOKS: dict[str, dict[str, str]] = {
         meaning=["""
             `$XID_WATCHER_UP` is 0: the exporter's XID event thread is not waiting on its NVML
             event set (it could not create it or register any GPU, its wait fails, or the thread died and waits
-            to be restarted) for 5 minutes. `$XID_WATCHER_ERRORS` counts why, by NVML
+            to be restarted) for $thresholds.for_short. `$XID_WATCHER_ERRORS` counts why, by NVML
             code.""", _FLAPPING],
         impact="""
             XIDs on this node may be missed: the XID alerts cannot fire for them and the XID history has holes.
@@ -961,7 +1034,7 @@ RUNBOOKS: dict[str, dict[str, str]] = {
     "TelemetryLogRecordsDropped": _rb(
         meaning="""
             A process (the exporter, or a training or inference process using `gpuobs.logs`) dropped log records
-            in every 15-minute window for 30 minutes (`$LOGS_DROPPED`): its Fluentd
+            in every window of $thresholds.for_medium for $thresholds.for_long (`$LOGS_DROPPED`): its Fluentd
             forwarder is down, unreachable or too slow, so its queue fills and new records are dropped rather
             than block the process. One short burst (a Fluentd restart) does not fire.""",
         impact="""
@@ -981,7 +1054,7 @@ RUNBOOKS: dict[str, dict[str, str]] = {
     # ------------------------------------------------------------------------------ training
     "TrainingStalled": _rb(
         meaning="""
-            A rank of a training job has not finished an optimizer step for 10 minutes
+            A rank of a training job has not finished an optimizer step for $thresholds.training_stall
             (`time() - $LAST_STEP`). Common causes: a collective waiting on a peer that
             crashed or hung, a GPU fault on one rank, a stuck data loader, a checkpoint stuck on storage, or a long
             phase without steps (evaluation, a big checkpoint).""",
@@ -1013,7 +1086,8 @@ RUNBOOKS: dict[str, dict[str, str]] = {
     "TrainingStepTimeRegression": _rb(
         meaning="""
             The job's median step time (`$JOB_STEP_P50`) has been more than
-            1.2 times its own median over the last 6 hours for 15 minutes. The job compares against itself, so
+            $thresholds.step_regression times its own median over the last $thresholds.baseline_window for
+            $thresholds.for_medium. The job compares against itself, so
             the alert needs some hours of history to be meaningful. Each rank computes the exact median of its
             recent steps in process (`$STEP_QUANTILE`, a 5-minute window), so a
             sustained 1.3x slowdown fires and a 1.1x change stays quiet; the job's value is the median rank's.""",
@@ -1035,12 +1109,15 @@ RUNBOOKS: dict[str, dict[str, str]] = {
         action="""
             Fix the cause that the diagnosis points to: drain a throttling or faulty node and restart the job
             without it, fix the input pipeline, or take up network congestion with the fabric team. If the change
-            is intentional (new configuration), silence the alert until the 6-hour baseline has caught up. The
+            is intentional (new configuration), silence the alert until the baseline of $thresholds.baseline_window
+            has caught up. The
             ratio and baseline are `step_regression` and `baseline_window` in `Thresholds` in
             `gpuobs/alerts/rules.py`."""),
     "TrainingDataLoaderBound": _rb(
         meaning="""
-            For 15 minutes, a rank has spent more than 30 % of its wall time over the last 5 minutes waiting for
+            For $thresholds.for_medium, a rank has spent more than $thresholds.data_wait_share of its wall time
+            over the
+            last $thresholds.rate_window waiting for
             its next batch (`$DATA_WAIT_RATIO`, the rate of the data-wait badput
             counter: an average over the window, so a few slow batches do not fire it and it resolves once
             training stops). The input pipeline cannot keep up with the GPUs.""",
@@ -1064,7 +1141,8 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             `Thresholds` in `gpuobs/alerts/rules.py`."""),
     "TrainingSlowCheckpoint": _rb(
         meaning="""
-            A rank's checkpoint saves averaged more than 600 s over the last hour
+            A rank's checkpoint saves averaged more than $thresholds.checkpoint_seconds s over the last
+            $thresholds.long_window
             (`$CHECKPOINT_DURATION`). The storage is slow or contended, the checkpoint is
             large, or one rank gathers and writes the whole state alone.""",
         impact="""
@@ -1088,7 +1166,8 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             `gpuobs/alerts/rules.py`."""),
     "TrainingStragglerRank": _rb(
         meaning="""
-            For 15 minutes, one rank has computed more than 1.2 times as long per step as the mean of its job's
+            For $thresholds.for_medium, one rank has computed more than $thresholds.straggler times as long per
+            step as the mean of its job's
             other ranks (`$STRAGGLER_RATIO`). In a synchronous job all
             ranks' step times are equal, since the fast ranks wait for the slow one inside the gradient
             all-reduce; gpuobs times that wait (`$COLLECTIVE_WAIT`, from a DDP
@@ -1133,10 +1212,11 @@ RUNBOOKS: dict[str, dict[str, str]] = {
         action="""
             If the job is elastic it may recover by itself; otherwise stop it (the other ranks will only time out)
             and restart from the last checkpoint, without the node if hardware is at fault. The alert resolves when
-            the rank comes back or an hour after it disappeared."""),
+            the rank comes back or $thresholds.long_window after it disappeared."""),
     "TrainingTargetDown": _rb(
         meaning="""
-            A training rank that reported in the last hour is still a scrape target but its endpoint does not
+            A training rank that reported in the last $thresholds.long_window is still a scrape target but its
+            endpoint does not
             answer (`up == 0` for its instance). The process crashed and the target stayed (a static
             configuration, a restarting pod), or it hangs so hard that its metrics server cannot answer.""",
         impact="""
@@ -1158,7 +1238,9 @@ RUNBOOKS: dict[str, dict[str, str]] = {
     "InferenceLatencyHigh": _rb(
         meaning="""
             The p99 of a model's request durations (`$REQUEST_QUANTILE`, exact
-            over each replica's last 5 minutes; the worst replica's) has been above 5 s for 5 minutes. For
+            over each replica's last 5 minutes; the worst replica's) has been above
+            $thresholds.inference_p99_seconds s for
+            $thresholds.for_short. For
             generative models the end-to-end time grows with the number of output tokens, so look at time to first
             token too.""",
         impact="""
@@ -1181,7 +1263,8 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             service's SLO."""),
     "InferenceErrorRate": _rb(
         meaning="""
-            More than 5 % of a model's requests have failed over 5 minutes (`$INFERENCE_ERRORS` against
+            More than $thresholds.inference_error_ratio of a model's requests have failed over
+            $thresholds.rate_window (`$INFERENCE_ERRORS` against
             the request rate). `error_type` carries the GenAI `error.type` (exception type or status).""",
         impact="""
             Users get errors. A bad rollout, GPU out-of-memory on large inputs, a failing replica or a GPU fault
@@ -1201,12 +1284,215 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             owners. If client-side errors (invalid requests) dominate, that is not a serving fault: consider
             excluding them. The threshold is `inference_error_ratio` in `Thresholds` in
             `gpuobs/alerts/rules.py`."""),
+    # ------------------------------------------------------------------------------ log patterns
+    "TrainingCollectiveTimeout": _rb(
+        meaning="""
+            A training process of the job logged a collective timeout in the last $thresholds.rate_window
+            (`$LOG_PATTERN_MATCHES{pattern="collective_timeout"}`, counted by `gpuobs.logs` from PyTorch's
+            ProcessGroupNCCL watchdog: "Watchdog caught collective operation timeout: WorkNCCL(... OpType=...)
+            ran for ... milliseconds before timing out"). A collective waited for a peer longer than the process
+            group's timeout: one rank crashed, hung, or lost its network or GPU. The watchdog then aborts the
+            communicator and the process, so the job is failing. The count is summed over each rank's targets and
+            restarts, per rank (and node: the alert names the rank that logged it); a counter that appears at 0 or
+            a restarted trainer does not fire.""",
+        impact="""
+            The job stops: every rank of a synchronous job fails or waits, holding its GPUs, and the work since
+            the last checkpoint is lost. It pages the job's owner (Alertmanager receiver `job-owner`).""",
+        diagnosis=["""
+            - Which rank timed out first, and which rank did it wait for? The first timeout line of each rank
+              names the operation (`OpType`) and its sequence number; the rank with the lowest `SeqNum` or the
+              one that logged nothing is the one the others waited for.
+            - Hardware on that rank's node at the time: XIDs, `GpuLost`, NVLink or ECC alerts,
+              `GpuXidFromLogs`.
+            - The job's NCCL and network logs (`NCCL_DEBUG=INFO`), and whether the rank's process was killed
+              (OOM killer, preemption).""", """
+            ```promql
+            sum by (rank, node) (increase($LOG_PATTERN_MATCHES{job_id="<job>", pattern="collective_timeout"}[1h]))
+            sum by (pattern) (increase($LOG_PATTERN_MATCHES{job_id="<job>"}[1h]))   # what else it logged
+            time() - $LAST_STEP{job_id="<job>"}
+            ```"""],
+        action="""
+            Restart the job from its last checkpoint, without the node of the rank that stopped if hardware is at
+            fault (drain that node and follow its hardware runbook). If no rank is at fault, look for a
+            network problem between the ranks' nodes before restarting. The alert resolves
+            $thresholds.keep_firing after the job stops logging timeouts."""),
+    "TrainingCudaOOM": _rb(
+        meaning="""
+            The job's processes logged CUDA out-of-memory errors (`torch.OutOfMemoryError`, "CUDA error: out of
+            memory", `cudaErrorMemoryAllocation`; `$LOG_PATTERN_MATCHES{pattern="cuda_oom"}`) again and again:
+            at least $thresholds.oom_repeats_job in the whole job, or $thresholds.oom_repeats_rank on one
+            rank (across its restarts), within $thresholds.for_long. One OOM that the job's retry logic handles
+            (a smaller batch, a skipped sample) does not fire: this is a job that does not recover.""",
+        impact="""
+            The job crash-loops or makes no progress while holding its GPUs; each restart costs its startup time
+            and the work since the last checkpoint.""",
+        diagnosis=["""
+            - The OOM lines say how much was requested and on which GPU ("Tried to allocate ... GPU <n>"):
+              one rank (uneven data, a longer sequence) or all of them (the batch or model does not fit)?
+            - Another process on the same GPU (`nvidia-smi` on the node), or memory left by a previous
+              attempt?""", """
+            ```promql
+            sum by (rank) (increase($LOG_PATTERN_MATCHES{job_id="<job>", pattern="cuda_oom"}[1h]))
+            $MEMORY_USED{node="<node>"} / $MEMORY_TOTAL{node="<node>"}
+            ```"""],
+        action="""
+            The job owner's to fix: lower the batch or micro-batch size, enable activation checkpointing or
+            sharding, cap the sequence length, or set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`
+            against fragmentation. Kill processes that hold the GPU from an earlier attempt. Tunables:
+            `oom_repeats_job`, `oom_repeats_rank` and `for_long` in `Thresholds` in `gpuobs/alerts/rules.py`."""),
+    "TrainingCudaIllegalAddress": _rb(
+        meaning="""
+            A process of the job logged a CUDA illegal memory access ("an illegal memory access was
+            encountered", `cudaErrorIllegalAddress`; `$LOG_PATTERN_MATCHES{pattern="cuda_illegal_address"}`)
+            in the last $thresholds.rate_window. The CUDA context is corrupted: the process cannot continue.
+            Usually a kernel bug (a custom or fused kernel, an out-of-range index); when it follows ECC errors
+            or an XID on the same GPU, bad memory.""",
+        impact="""
+            The rank dies and the job with it (the other ranks time out in their collectives). A restart on the
+            same code and data fails again if it is a bug.""",
+        diagnosis=["""
+            - XIDs on the rank's GPU at the same time (XID 13 or 31 for an application fault, 48/94/95 for
+              ECC) and `GpuEccUncorrectable` or `GpuEccErrorFromLogs`: hardware or software?
+            - Rerun the failing step with `CUDA_LAUNCH_BLOCKING=1` or `compute-sanitizer` to find the kernel.""",
+            """
+            ```promql
+            sum by (rank, node) (increase($LOG_PATTERN_MATCHES{job_id="<job>", pattern="cuda_illegal_address"}[1h]))
+            increase($XID_ERRORS{node="<node>"}[1h])
+            increase($ECC_ERRORS{node="<node>", error_type="uncorrected"}[1h])
+            ```"""],
+        action="""
+            With ECC errors or XIDs on the GPU: drain the node (see those runbooks) and restart the job without
+            it. Without: a software fault for the job's owner; restart from the last checkpoint after the fix,
+            or pin the last working version of the kernels or framework."""),
+    "TrainingNcclError": _rb(
+        meaning="""
+            The job's processes have logged NCCL warnings or errors ("NCCL WARN", `ncclInternalError`,
+            `ncclSystemError`, an aborted communicator; `$LOG_PATTERN_MATCHES{pattern="nccl_error"}`) in every
+            $thresholds.rate_window for $thresholds.for_medium. NCCL logs a WARN line now and then for things
+            it works around (a missing plugin, a network device it skips at start-up): one line, or a burst at
+            start-up, does not fire. Errors that keep coming do.""",
+        impact="""
+            Collectives retry, fall back to slower transports or fail: the job slows down and may end in a
+            collective timeout (`TrainingCollectiveTimeout`, which silences this warning for the rank).""",
+        diagnosis=["""
+            - The lines themselves: NET/IB (InfiniBand or RoCE), a socket error, a CUDA error inside NCCL,
+              `ncclRemoteError` (a peer failed). `NCCL_DEBUG=WARN` or `INFO` says which transport.
+            - Is it one node's ranks (its NIC, its GPUs) or all of them (the fabric, a version mismatch)?""", """
+            ```promql
+            sum by (rank, node) (increase($LOG_PATTERN_MATCHES{job_id="<job>", pattern="nccl_error"}[1h]))
+            $STRAGGLER_RATIO{job_id="<job>"}
+            ```"""],
+        action="""
+            Fix the transport the lines name: the node's NIC or cable for one node, the fabric or the NCCL and
+            driver versions for all. Restart the job without a faulty node if the job slows down. Ticket, not
+            page."""),
+    "GpuXidFromLogs": _rb(
+        meaning="""
+            The kernel log of the node counted XIDs of this code on this GPU in the last $thresholds.long_window
+            (`$KERNEL_XID_ERRORS`, the driver's own "NVRM: Xid" lines, read by the exporter's kernel-log
+            watcher) that the exporter's NVML event path did not report (`$XID_ERRORS`): more of them than NVML
+            counted, or a code NVML did not report at all. So the XID alerts (`GpuXidRebootRequired` and the
+            others) did not fire for them. Typically the exporter was down or restarting when they happened
+            (the kernel-log counter counts since boot, so it catches up when the exporter comes back), the XID
+            event thread was down (`GpuXidWatcherDown`), or the GPU fell off the bus before NVML could report it
+            (then `gpu` and `uuid` are empty and `pci_bus_id` names the device). An exporter restart by itself,
+            and XIDs that both sources saw, do not fire.""",
+        impact="""
+            The XID's own impact (see the XID runbooks: an application error, a GPU reset or a node reboot
+            needed) without the alert that should have said so.""",
+        diagnosis=["""
+            - `dmesg -T | grep -i xid` (or `journalctl -k | grep -i xid`) on the node: the lines, their time and
+              PCI address.
+            - Was the exporter or its XID thread down at that time?""", """
+            ```promql
+            increase($KERNEL_XID_ERRORS{node="<node>"}[1h])
+            increase($XID_ERRORS{node="<node>"}[1h])
+            $XID_WATCHER_UP{node="<node>"}
+            $KERNEL_LOG_UP{node="<node>"}
+            up{job="gpuobs", node="<node>"}
+            ```"""],
+        action="""
+            Act on the XID as its runbook says (`GpuXidRebootRequired` for 79, `GpuXidResetRequired` for
+            48/62/63/64/95/119/120, `GpuXidApplicationError` for 13/31/43/45/94, `GpuXidNvlinkError` for 74),
+            then find out why the exporter missed it: restart a dead XID thread, look at why the exporter was
+            down."""),
+    "GpuEccErrorFromLogs": _rb(
+        meaning="""
+            The logs report an uncorrectable ECC error or a row-remapping failure or pending remap
+            (`$KERNEL_LOG_MATCHES{pattern="ecc_error"}` from the kernel log, per GPU; or, where the kernel log
+            counted none on the node, `$LOG_PATTERN_MATCHES{pattern="ecc_error"}` from a training process,
+            e.g. `cudaErrorECCUncorrectable`, per job) in the last $thresholds.rate_window. The same fault
+            usually shows in NVML's counters too (`GpuEccUncorrectable`, `GpuRowRemapPending`,
+            `GpuRowRemapFailure`); the log sees it when NVML's counters cannot be read or the driver reports
+            it only in text.""",
+        impact="""
+            The process that read the bad memory died; the row is not yet repaired, and further errors can crash
+            the jobs placed on the GPU.""",
+        diagnosis=["""
+            - `dmesg -T | grep -i -E "ecc|remap|xid"` on the node; `nvidia-smi -q -d ECC,ROW_REMAPPER -i <index>`.
+            - For a training-side match (a `job_id`, no GPU): the rank's node and GPU from the job's logs.""", """
+            ```promql
+            increase($KERNEL_LOG_MATCHES{node="<node>", pattern="ecc_error"}[1h])
+            increase($ECC_ERRORS{node="<node>", error_type="uncorrected"}[1h])
+            $REMAP_PENDING{node="<node>"}
+            $REMAP_FAILURE{node="<node>"}
+            ```"""],
+        action=["""
+            Drain the node so no new work lands on the GPU:""", _drain("ECC error in the logs of GPU <index>"),
+            _RESET, """
+            As for `GpuEccUncorrectable`: after the reset `$REMAP_PENDING` and `$REMAP_FAILURE` must be 0;
+            if errors recur or the remap failed, keep the GPU out and RMA it.""", _UNDRAIN]),
+    "GpuNvlinkErrorFromLogs": _rb(
+        meaning="""
+            The logs report NVLink, NVSwitch or fabric manager errors (`$KERNEL_LOG_MATCHES{pattern="nvlink_error"}`
+            from the kernel log, per GPU; or, where the kernel log counted none on the node,
+            `$LOG_PATTERN_MATCHES{pattern="nvlink_error"}` from a training process, per job) in the last
+            $thresholds.rate_window: link errors, a fabric manager that failed or is not running, or CUDA
+            failing with "system not yet initialized" on an NVSwitch system.""",
+        impact="""
+            The GPU may have lost peer bandwidth (NCCL slows down or falls back to PCIe) or cannot start CUDA
+            work at all until the fabric is set up.""",
+        diagnosis=["""
+            - `dmesg -T | grep -i -E "nvlink|nvswitch|xid"`; `nvidia-smi nvlink -s -i <index>`.
+            - On NVSwitch systems: `systemctl status nvidia-fabricmanager`, `journalctl -u nvidia-fabricmanager`.""",
+            """
+            ```promql
+            increase($KERNEL_LOG_MATCHES{node="<node>", pattern="nvlink_error"}[1h])
+            $NVLINK_UP{node="<node>"} == 0
+            rate($NVLINK_ERRORS{node="<node>"}[1h])
+            ```"""],
+        action="""
+            Restart a failed fabric manager; if links stay down or errors keep coming, drain the node, reset
+            its GPUs (all of them on NVSwitch systems) or reboot it, and open a vendor case if they persist
+            (see `GpuNvlinkDown`). Ticket, not page."""),
+    "GpuKernelLogWatcherDown": _rb(
+        meaning=["""
+            `$KERNEL_LOG_UP` is 0 for $thresholds.for_medium: the exporter's kernel-log watcher cannot read its
+            source (the `source` label: /dev/kmsg, a kernel-log file, or `journalctl -k`): it is missing, not
+            permitted (the container lacks the capability or the mount), or failed. With the kernel_log family
+            off the series is absent and nothing fires.""", _FLAPPING],
+        impact="""
+            XIDs that NVML misses (`GpuXidFromLogs`) and the driver's ECC and NVLink messages
+            (`GpuEccErrorFromLogs`, `GpuNvlinkErrorFromLogs`) on this node go unseen. The NVML-based alerts
+            still work.""",
+        diagnosis=["""
+            - The exporter's logs for the watcher's error; `ls -l /dev/kmsg` and the container's capabilities
+              (reading /dev/kmsg needs `CAP_SYSLOG` or `kernel.dmesg_restrict=0`).""", """
+            ```promql
+            $KERNEL_LOG_UP{node="<node>"}
+            increase($KERNEL_LOG_LOST{node="<node>"}[1h])
+            ```"""],
+        action="""
+            Give the exporter access to the kernel log (device mount, capability, or a journal it may read), or
+            turn the kernel_log family off on nodes where it cannot work. Ticket, not page."""),
     # ------------------------------------------------------------------------------ degradation trends
     "GpuEccCorrectedRising": _rb(
         meaning="""
             The GPU's corrected (single-bit) ECC errors come faster: the median of their rate
-            (`$GPU_ECC_CORRECTED_RATE`, per second over the last hour) over the last 2 hours is over 1.5 times its
-            median over the 6 hours that ended 6 hours ago, and over 10 an hour. Medians, so that one burst of
+            (`$GPU_ECC_CORRECTED_RATE`, per second over the last $thresholds.trend_step) over the last
+            $thresholds.trend_window is over $thresholds.trend_factor times its median over the
+            $thresholds.trend_baseline that ended $thresholds.trend_baseline ago, and over
+            $thresholds.ecc_corrected_trend_per_h an hour. Medians, so that one burst of
             errors is no trend. It fires well below `GpuEccCorrectedRate`'s level: the rate's growth, not its
             size, is the sign of memory cells wearing out.""",
         impact=_DEGRADING_IMPACT,
@@ -1224,8 +1510,10 @@ RUNBOOKS: dict[str, dict[str, str]] = {
     "GpuRowRemapBanksDepleting": _rb(
         meaning="""
             More of the GPU's memory banks have few or no spare rows left (`$REMAP_BANKS` with availability
-            `low` or `none`, summed in `$GPU_REMAP_BANKS_LOW`) than at any time in the last 6 hours: at least 2
-            banks moved there. Each remapped row uses a spare row of its bank; a bank with none cannot remap
+            `low` or `none`, summed in `$GPU_REMAP_BANKS_LOW`) than at any time in the last
+            $thresholds.trend_baseline: at
+            least $thresholds.remap_banks_rise banks moved there. Each remapped row uses a spare row of its bank; a
+            bank with none cannot remap
             another failing row, and the next one in it ends in `GpuRowRemapFailure`.""",
         impact=_DEGRADING_IMPACT,
         diagnosis=["""
@@ -1239,8 +1527,10 @@ RUNBOOKS: dict[str, dict[str, str]] = {
     "GpuNvlinkErrorsRising": _rb(
         meaning="""
             The GPU's NVLink CRC or replay errors, summed over its links (`$GPU_NVLINK_ERRORS_RATE`, per second
-            over the last hour), have a median over the last 2 hours over 1.5 times their median over the 6
-            hours that ended 6 hours ago, and over 0.01 a second. A sustained climb, not one burst: a link's
+            over the last $thresholds.trend_step), have a median over the last $thresholds.trend_window over
+            $thresholds.trend_factor times their median over the $thresholds.trend_baseline that ended
+            $thresholds.trend_baseline ago, and over $thresholds.nvlink_errors_trend_per_s a second. A sustained
+            climb, not one burst: a link's
             signal margin shrinking (connector, NVSwitch, baseboard, heat) before `GpuNvlinkErrorRate` or a
             link down.""",
         impact=_DEGRADING_IMPACT,
@@ -1256,9 +1546,11 @@ RUNBOOKS: dict[str, dict[str, str]] = {
                                  "`nvlink_errors_trend_per_s`")),
     "GpuPcieReplaysRising": _rb(
         meaning="""
-            The GPU's PCIe replays (`$GPU_PCIE_REPLAYS_RATE`, per second over the last hour) have a median over
-            the last 2 hours over 1.5 times their median over the 6 hours that ended 6 hours ago, and over 0.01
-            a second: the link retransmits more and more, well below `GpuPcieReplayRate`'s level. Seating,
+            The GPU's PCIe replays (`$GPU_PCIE_REPLAYS_RATE`, per second over the last $thresholds.trend_step) have a
+            median over the last $thresholds.trend_window over $thresholds.trend_factor times their median over the
+            $thresholds.trend_baseline that ended $thresholds.trend_baseline ago, and over
+            $thresholds.pcie_replays_trend_per_s a second: the link retransmits more and more, well below
+            `GpuPcieReplayRate`'s level. Seating,
             riser, retimer, cable or slot losing margin.""",
         impact=_DEGRADING_IMPACT,
         diagnosis=["""
@@ -1273,9 +1565,11 @@ RUNBOOKS: dict[str, dict[str, str]] = {
                                  "`pcie_replays_trend_per_s`")),
     "GpuTemperatureTrendingToSlowdown": _rb(
         meaning="""
-            At its pace over the last hour, and over the last 15 minutes too, `$TEMPERATURE` reaches the GPU's
-            own `$SLOWDOWN_TEMPERATURE` within 3 hours (`predict_linear`), while it is not yet within 5 °C of it
-            (`GpuTemperatureNearSlowdown` takes over there). The pace over 15 minutes keeps a job's start (a
+            At its pace over the last $thresholds.temp_trend_window, and over the last $thresholds.for_medium too,
+            `$TEMPERATURE` reaches the GPU's own `$SLOWDOWN_TEMPERATURE` within $thresholds.temp_trend_horizon
+            (`predict_linear`), while it is not yet within $thresholds.temp_margin_c °C of it
+            (`GpuTemperatureNearSlowdown` takes over there). The pace over $thresholds.for_medium keeps a job's
+            start (a
             step up, then flat) out. A GPU that keeps heating at the same load: a failing fan, a clogged heat
             sink, dried thermal interface, or the node's airflow or coolant.""",
         impact=_DEGRADING_IMPACT,
@@ -1291,8 +1585,10 @@ RUNBOOKS: dict[str, dict[str, str]] = {
         action=_degrading_action("`temp_trend_window`, `temp_trend_horizon` and `temp_margin_c`")),
     "GpuPowerBrakeRepeated": _rb(
         meaning="""
-            `$CLOCK_EVENT_ACTIVE{reason="hw_power_brake_slowdown"}` changed at least 5 times in the last 6 hours:
-            the GPU entered the HW power brake 3 times or more. The brake is an external signal (the node's power
+            `$CLOCK_EVENT_ACTIVE{reason="hw_power_brake_slowdown"}` changed at least
+            $thresholds.power_brake_changes times in the last
+            $thresholds.power_brake_window: the GPU entered the HW power brake $thresholds.power_brake_episodes
+            times or more. The brake is an external signal (the node's power
             supply or baseboard asking the GPUs to slow down); once is an event (`GpuHwPowerBrake`), again and
             again is a supply or a board wearing out.""",
         impact=_DEGRADING_IMPACT,
