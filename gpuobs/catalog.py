@@ -398,7 +398,8 @@ XID_LAST_SEEN = _m("gpu_xid_last_seen_timestamp_seconds", "gauge", "seconds",
 # A second XID source beside the NVML events: the driver's own "NVRM: Xid" lines in the kernel log,
 # counted since boot (the watcher keeps its read position across exporter restarts), so XIDs from
 # while the exporter was down, or missed by the event thread, are seen. pci_bus_id is NVML's form
-# (00000000:18:00.0); gpu/uuid are empty for an address no GPU of the pass has (e.g. fell off the bus).
+# (00000000:18:00.0); gpu/uuid are those of the GPU the exporter saw at that address (also after it
+# fell off the bus), empty for an address no GPU seen since the exporter started has.
 KERNEL_LABELS = GPU_LABELS + ("pci_bus_id",)
 KERNEL_XID_ERRORS = _m("gpu_kernel_xid_errors", "counter", "", "XID errors the NVIDIA driver wrote to the kernel "
                        "log since boot, per GPU and XID code (a second source beside gpuobs_gpu_xid_errors_total).",

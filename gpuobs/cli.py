@@ -202,6 +202,14 @@ def _collection_options(d, opt_in: list) -> list:
         _option("--expected-gpus", envvar="GPUOBS_EXPECTED_GPUS", type=click.IntRange(min=0),
                 help="GPUs this node should have (default: the most seen since start)."),
         _option("--hostname", envvar=["GPUOBS_HOSTNAME", "NODE_NAME"], help="Hostname label for dcgm naming."),
+        _option("--kernel-log", envvar="GPUOBS_KERNEL_LOG", default=d.kernel_log, show_default=True,
+                metavar="auto|PATH|journal|off",
+                help="Kernel log to count XIDs and driver messages from (the kernel_log family): auto is "
+                     "/dev/kmsg if readable, else the journal if journalctl exists; PATH a kmsg device, "
+                     "kernel-log file or FIFO."),
+        _option("--kernel-log-state", envvar="GPUOBS_KERNEL_LOG_STATE", default=d.kernel_log_state,
+                show_default=True, help="State file that keeps kernel-log counts and read position across "
+                                        "restarts ('': none; the directory must exist)."),
     ]
 
 

@@ -81,7 +81,7 @@ def exported_samples(spec: dict, wait_s: float = 10.0) -> list[tuple[str, dict[s
 
     with Simulator(spec), mock.patch.object(processes, "host_view", lambda pids: False):
         exp = Exporter(ExporterConfig(listen_address="127.0.0.1", port=0, interval=0.1, families=set(REGISTRY),
-                                      kubelet_socket=None)).start()
+                                      kubelet_socket=None, kernel_log="off")).start()
         try:
             deadline = time.monotonic() + wait_s
             while exp.sampler.samples < 2 or exp.renderer.snapshot is None:

@@ -142,6 +142,26 @@ def test_compose_prometheus_config_checks_with_promtool(tmp_path):
     assert datasource["url"] == "http://prometheus:9090"
 
 
+def test_compose_traces_from_exemplars_to_jaeger():
+    """Prometheus keeps exemplars; Grafana provisions the generated datasources, whose Jaeger entry
+    is the compose jaeger service's UI port and whose exemplar trace ids open there; the trainer
+    serves the endpoint Prometheus scrapes (exemplars are on by default)."""
+    services = compose()["services"]
+    assert "--enable-feature=exemplar-storage" in services["prometheus"]["command"]
+    found = {(s, t): p for s, p, t in mounts()}
+    assert found["grafana", "/etc/grafana/provisioning/datasources/gpuobs.yaml"] == \
+        REPO / "dashboards/provisioning/datasources.yaml"
+    by_uid = {d["uid"]: d for d in yaml.safe_load(
+        (REPO / "dashboards/provisioning/datasources.yaml").read_text())["datasources"]}
+    destinations = by_uid["prometheus"]["jsonData"]["exemplarTraceIdDestinations"]
+    assert [d["name"] for d in destinations] == ["trace_id"]
+    jaeger = by_uid[destinations[0]["datasourceUid"]]
+    host, port = jaeger["url"].removeprefix("http://").split(":")
+    assert jaeger["type"] == "jaeger" and host in services and "16686:16686" in services[host]["ports"]
+    assert "jaeger" in services["grafana"]["depends_on"]
+    assert "GPUOBS_EXEMPLARS" not in services["trainer"]["environment"]
+
+
 def test_compose_alertmanager_runs_the_generated_config_pointed_at_the_webhook():
     """No hand-made copy: compose mounts alerts/alertmanager.yml, whose receivers are the compose
     stack's webhook service."""

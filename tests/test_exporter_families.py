@@ -37,8 +37,8 @@ def test_every_family_present_for_every_gpu(exporter):
     for name, labels, _ in scrape:
         if "uuid" in labels:
             per_gpu.setdefault(name, set()).add(labels["uuid"])
-    # per GPU, less XIDs (none happened) and what a healthy GPU does not have
-    expected = [m for m in c.ALL if m.identity == c.GPU_LABELS and m.family != "xid"
+    # per GPU, less XIDs and kernel-log lines (none happened) and what a healthy GPU does not have
+    expected = [m for m in c.ALL if m.identity == c.GPU_LABELS and m.family not in ("xid", "kernel_log")
                 and m is not c.GPU_UNHEALTHY]
     missing = {m.exposed_name for m in expected if per_gpu.get(m.exposed_name) != uuids}
     # not in this scenario: no MIG devices, no retired pages on Hopper, no fan on SXM boards, no fabric
@@ -81,7 +81,8 @@ def test_registry_order_defaults_and_uses():
     from gpuobs.collect import default_families, needs_watcher
 
     assert list(REGISTRY) == ["identity", "utilization", "gpm", "memory", "power", "thermal", "clocks",
-                              "clock_events", "ecc", "pcie", "nvlink", "fabric", "mig", "processes", "xid"]
+                              "clock_events", "ecc", "pcie", "nvlink", "fabric", "mig", "processes", "xid",
+                              "kernel_log"]
     assert set(REGISTRY) - default_families() == {"processes"}
     assert REGISTRY["mig"].uses == ("gpm",) and set(REGISTRY["processes"].uses) == {"memory", "mig"}
     for spec in REGISTRY.values():  # a family runs after those whose state it reads
@@ -106,7 +107,7 @@ def test_build_families_wires_what_each_family_uses():
     from gpuobs.nvml import Session
 
     built = {f.name: f for f in build_families(set(REGISTRY), process_cap=7)}
-    assert list(built) == [n for n in REGISTRY if n != "xid"]  # no watcher: xid is left out
+    assert list(built) == [n for n in REGISTRY if n not in ("xid", "kernel_log")]  # no watchers: left out
     assert built["mig"].gpm is built["gpm"]
     assert built["processes"].mig is built["mig"] and built["processes"].memory is built["memory"]
     assert built["processes"].cap == 7

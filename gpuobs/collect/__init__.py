@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from ..nvml import Session
 from . import identity, utilization, gpm, memory, power, thermal, clocks, clock_events, ecc, pcie  # noqa: F401, I001
-from . import nvlink, fabric, mig, processes, xid  # noqa: F401, I001
+from . import nvlink, fabric, mig, processes, xid, kernel_log  # noqa: F401, I001
 from .base import REGISTRY, Family, FamilySpec, Needs, Sample, Snapshot
+from .kernel_log import KernelLogWatcher
 from .sampler import Sampler
 from .xid import XidWatcher
 
-__all__ = ["REGISTRY", "Family", "FamilySpec", "Sample", "Sampler", "Session", "Snapshot", "XidWatcher",
-           "build_families", "default_families", "needs_watcher"]
+__all__ = ["REGISTRY", "Family", "FamilySpec", "KernelLogWatcher", "Sample", "Sampler", "Session", "Snapshot",
+           "XidWatcher", "build_families", "default_families", "needs_watcher"]
 
 
 def default_families() -> set[str]:
@@ -30,17 +31,19 @@ def needs_watcher(enabled: set[str]) -> bool:
     return any(REGISTRY[name].needs_watcher for name in enabled if name in REGISTRY)
 
 
-def build_families(enabled: set[str], *, process_cap: int, watcher: XidWatcher | None = None) -> list[Family]:
+def build_families(enabled: set[str], *, process_cap: int, watcher: XidWatcher | None = None,
+                   kernel_log: KernelLogWatcher | None = None) -> list[Family]:
     """Instances of the enabled families, in registry order, each built with the enabled families
-    it uses (FamilySpec.uses). A family that needs a watcher is left out without one. Raises
-    ValueError for a name not in REGISTRY."""
+    it uses (FamilySpec.uses). A family that needs a watcher (the XID watcher, the kernel-log
+    watcher) is left out without one. Raises ValueError for a name not in REGISTRY."""
     unknown = enabled - set(REGISTRY)
     if unknown:
         raise ValueError(f"unknown metric families: {', '.join(sorted(unknown))}")
     built: dict[str, Family] = {}
     for name, spec in REGISTRY.items():
         if name in enabled:
-            family = spec.cls.build(Needs(built=dict(built), watcher=watcher, process_cap=process_cap))
+            family = spec.cls.build(Needs(built=dict(built), watcher=watcher, kernel_log=kernel_log,
+                                          process_cap=process_cap))
             if family is not None:
                 built[name] = family
     return list(built.values())

@@ -101,9 +101,11 @@ class FieldSpec:
 @dataclass(frozen=True, kw_only=True)
 class Needs:
     """What build() hands a family class: the families built before it (enabled ones, by name),
-    the XID watcher (None when the exporter runs without one), and the most processes per GPU."""
+    the XID watcher and the kernel-log watcher (None when the exporter runs without one), and the
+    most processes per GPU."""
     built: dict[str, "Family"]
     watcher: Any = None
+    kernel_log: Any = None
     process_cap: int
 
 

@@ -18,7 +18,8 @@ import time
 from dataclasses import dataclass, field
 
 from .. import catalog
-from ..collect import Sampler, Session, XidWatcher, build_families, default_families, needs_watcher
+from ..collect import KernelLogWatcher, Sampler, Session, XidWatcher, build_families, default_families, needs_watcher
+from ..collect.kernel_log import DEFAULT_STATE
 from ..collect.base import Sample, Snapshot
 from .render import Renderer
 from .server import HttpServer, WebConfig, make_app
@@ -60,6 +61,15 @@ class ExporterConfig:
     attribution_timeout: float = 2.0      # deadline of one kubelet List() call
     liveness_timeout: float | None = None  # /healthz fails after this long with no completed pass; None: default
     stop_timeout: float = STOP_TIMEOUT_S   # bound of stop(), NVML shutdown included
+    kernel_log: str = "auto"  # kernel-log source: auto, /dev/kmsg or another path, journal, off
+    kernel_log_state: str = DEFAULT_STATE  # its state file ('': none); its directory is not created
+
+
+def _kernel_log_watcher(config: ExporterConfig) -> KernelLogWatcher | None:
+    """The kernel-log watcher when the kernel_log family is on and --kernel-log is not off."""
+    if "kernel_log" not in config.families or config.kernel_log == "off":
+        return None
+    return KernelLogWatcher(config.kernel_log, state_path=config.kernel_log_state or None)
 
 
 class Exporter:
@@ -70,7 +80,9 @@ class Exporter:
         self.web = WebConfig.load(config.web_config) if config.web_config else WebConfig()
         self.session = Session()
         self.watcher = XidWatcher(self.session) if needs_watcher(config.families) else None
-        families = build_families(config.families, watcher=self.watcher, process_cap=config.process_cap)
+        self.kernel_log = _kernel_log_watcher(config)
+        families = build_families(config.families, watcher=self.watcher, kernel_log=self.kernel_log,
+                                  process_cap=config.process_cap)
         self.attribution = []
         if config.kubelet_socket:
             from ..attribution import PodResourcesWatcher
@@ -132,6 +144,8 @@ class Exporter:
     def start(self) -> "Exporter":
         if self.watcher:
             self.watcher.start()
+        if self.kernel_log:
+            self.kernel_log.start()
         for source in self.attribution:
             source.start()
         self.sampler.start()
@@ -146,8 +160,9 @@ class Exporter:
     def stop(self, timeout: float | None = None) -> bool:
         """Stop everything within `timeout` seconds (config.stop_timeout) overall, whatever NVML does.
 
-        The steps run in order on a daemon thread: HTTP, the OTLP push (its final export) and
-        attribution first, which need no NVML, then the sampler, the XID watcher and NVML shutdown,
+        The steps run in order on a daemon thread: HTTP, the OTLP push (its final export),
+        attribution and the kernel-log watcher (which saves its state) first, which need no NVML,
+        then the sampler, the XID watcher and NVML shutdown,
         any of which a wedged driver can hold for ever. True when every step finished; otherwise the
         step in progress and those not reached are logged as abandoned and False is returned: the
         caller should then exit without waiting on anything NVML holds (the threads are daemons).
@@ -157,6 +172,8 @@ class Exporter:
         if self.otlp:
             steps.append(("otlp", self.otlp.stop))
         steps += [(f"attribution:{source.name}", source.stop) for source in self.attribution]
+        if self.kernel_log:  # no NVML: before the steps a wedged driver can hold; saves its state
+            steps.append(("kernel-log", self.kernel_log.stop))
         steps.append(("sampler", self.sampler.stop))
         if self.watcher:
             steps.append(("xid-watcher", self.watcher.stop))
