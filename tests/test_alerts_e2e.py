@@ -4,16 +4,18 @@ not, and each resolves after its fault is cleared."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 import time
 
 import pytest
 import yaml
 
-from conftest import free_port, require_tool, stop
-from gpuobs.alerts.build import alertmanager_config, write_fast_rules
+from conftest import REPO, free_port, require_tool, stop
+from gpuobs.alerts.build import RECEIVERS, alertmanager_config, write_fast_rules
 from gpuobs.demo import OnCall
-from gpuobs.sim.state import set_val
+from gpuobs.sim.state import set_counter, set_val
 
 GIB = 1024 ** 3
 NODE = {"gpus": [{"profile": "h100-sxm-80gb", "count": 4}]}
@@ -24,7 +26,7 @@ def alertmanager(tmp_path):
     binary = require_tool("prometheus-alertmanager")
     hook = OnCall(echo=False)
     config = tmp_path / "alertmanager.yml"
-    urls = {name: f"{hook.url}/{name}" for name in ("pager", "ticket", "watchdog")}
+    urls = {name: f"{hook.url}/{name}" for name in RECEIVERS}
     config.write_text(yaml.safe_dump(alertmanager_config(urls, fast=True)))
     port = free_port()
     proc = subprocess.Popen([binary, f"--config.file={config}", f"--storage.path={tmp_path / 'am'}",
@@ -41,7 +43,7 @@ def wait_until(predicate, timeout: float, what: str):
         if predicate():
             return
         time.sleep(0.5)
-    pytest.fail(f"timed out after {timeout}s waiting for: {what}")
+    pytest.fail(f"timed out after {timeout}s waiting for: {what() if callable(what) else what}")
 
 
 def test_faults_page_the_right_alerts_and_resolve(exporter, prometheus, alertmanager, tmp_path):
@@ -99,3 +101,69 @@ def test_faults_page_the_right_alerts_and_resolve(exporter, prometheus, alertman
     for name, _ in sorted(expected):
         print(f"{name}: resolved {hook.first(name, 'resolved') - t1:.1f} s after the fix")
     assert hook.firing()[("Watchdog", "")] == "firing"
+
+
+def _trainer(tmp_path, port: int, fault_file) -> subprocess.Popen:
+    """The example trainer as rank 1 (local rank 0: it serves on port itself) of job e2e-job, playing the faults
+    written to fault_file."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "SLURM", "TORCHELASTIC", "GPUOBS_"))
+           and k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "JOB_ID", "KUBERNETES_SERVICE_HOST", "POD_NAME")}
+    env.update(RANK="1", LOCAL_RANK="0", WORLD_SIZE="2", GPUOBS_JOB_ID="e2e-job", GPUOBS_PROMETHEUS_PORT=str(port),
+               GPUOBS_PROMETHEUS_ADDR="127.0.0.1", PYTHONPATH=str(REPO))
+    return subprocess.Popen([sys.executable, str(REPO / "examples" / "train.py"), "--steps", "1000000",
+                             "--compute-ms", "10", "--fault-file", str(fault_file)],
+                            env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.timeout(360)  # the ECC trend needs a minute of its own quiet baseline first
+def test_nccl_timeout_and_climbing_ecc_page_through_alertmanager(exporter, prometheus, alertmanager, tmp_path):
+    """A rank's NCCL watchdog timeout (a real log record through gpuobs.logs, counted by the trainer)
+    and one GPU's corrected ECC errors climbing (against its own quiet baseline) reach the webhook
+    through the real Alertmanager, each on its route; nothing else of the kind fires, and both
+    resolve once the faults stop."""
+    am, hook = alertmanager
+    run = exporter(NODE, interval=0.5)
+    st = run.sim.state
+    uuids = [st.gpu(i).uuid.s.decode() for i in range(4)]
+    for i in range(4):
+        set_val(st.gpu(i).util_gpu, 90)
+        set_val(st.gpu(i).mem_used, 40 * GIB)
+    faults = tmp_path / "faults"
+    faults.touch()
+    train_port = free_port()
+    trainer = _trainer(tmp_path, train_port, faults)
+    try:
+        query = prometheus([f"127.0.0.1:{run.exp.http.port}", f"127.0.0.1:{train_port}"],
+                           rule_files=(str(write_fast_rules(tmp_path)),), alertmanager=am)
+        quiet_until = time.monotonic() + 45  # GPU 3's own quiet baseline, which the trend compares with
+        wait_until(lambda: query('gpuobs_log_pattern_matches_total{pattern="collective_timeout"}'), 60,
+                   "the trainer's pattern counters scraped")
+        wait_until(lambda: hook.first("Watchdog") is not None, 30, "the Watchdog notification")
+        time.sleep(max(0.0, quiet_until - time.monotonic()))
+        t0 = time.monotonic()
+        for counter in (0, 1):  # GPU 3: corrected ECC errors, volatile and aggregate, 2 a second
+            set_counter(st.gpu(3).ecc[counter], rate=2.0)
+        with open(faults, "a") as f:
+            f.write("collective_timeout\n")
+        expected = {("TrainingCollectiveTimeout", ""), ("GpuEccCorrectedRising", uuids[3])}
+        # each fires in its own time: the timeout at once (and resolves once the window has passed it),
+        # the trend once the GPU has a minute of quiet baseline behind the climb
+        wait_until(lambda: all(hook.first(name) is not None for name, _ in expected), 150,
+                   lambda: f"notifications for {sorted(expected)}; got {hook.firing()}; Prometheus alerts: "
+                           f"{sorted((r['metric']['alertname'], r['metric']['alertstate']) for r in query('ALERTS'))}")
+        for name, _ in sorted(expected):
+            print(f"{name}: notified {hook.first(name) - t0:.1f} s after its fault")
+        timeout = next(l for _, n, _, l, _ in hook.notifications() if n == "TrainingCollectiveTimeout")
+        assert timeout["job_id"] == "e2e-job" and timeout["rank"] == "1" and timeout["severity"] == "critical"
+        rising = {l.get("uuid") for _, n, _, l, _ in hook.notifications() if n == "GpuEccCorrectedRising"}
+        assert rising == {uuids[3]}, rising  # the other GPUs' flat counters stay quiet
+        routes = {(name, path) for path, name, status, _, _ in hook.notifications() if status == "firing"}
+        assert ("TrainingCollectiveTimeout", "job-owner") in routes, routes
+        assert any(name == "GpuEccCorrectedRising" and path in ("ticket", "pager") for name, path in routes), routes
+
+        for counter in (0, 1):  # the GPU is replaced; the job restarted from its checkpoint
+            set_counter(st.gpu(3).ecc[counter], rate=0.0)
+        wait_until(lambda: all(hook.firing().get(k) == "resolved" for k in expected), 150,
+                   f"resolved notifications for {sorted(expected)}; got {hook.firing()}")
+    finally:
+        stop(trainer)

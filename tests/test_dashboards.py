@@ -394,8 +394,14 @@ def _node_a(exporter, tmp_path):
     jobs = tmp_path / "slurm-jobs"  # Slurm job attribution on node-a, for the attribution panels
     jobs.mkdir()
     (jobs / "0").write_text("4242\n")
-    run = exporter(spec, interval=0.5, slurm_job_dir=str(jobs))
+    kernel_log = tmp_path / "kern.log"  # node-a's kernel log, a file standing in for /dev/kmsg
+    kernel_log.touch()
+    run = exporter(spec, interval=0.5, slurm_job_dir=str(jobs), kernel_log=str(kernel_log), kernel_log_state="")
     st = run.sim.state
+    bus = st.gpu(2).bus_id.s.decode()[4:-2]  # NVML's 00000000:18:00.0 as the kernel writes it: 0000:18:00
+    with open(kernel_log, "a") as f:  # an XID the NVML events missed, and an NVLink message
+        f.write(f"NVRM: Xid (PCI:{bus}): 48, pid=1, name=python, An uncorrectable double bit error\n"
+                f"NVRM: GPU at PCI:{bus}: NVLink: fatal error detected on link 3\n")
     set_val(st.gpu(0).clock_events, 0x4)  # H200 held at its power cap
     set_val(st.gpu(3).mem_used, 20 * GIB)  # L40S allocated but idle
     set_val(st.gpu(3).util_gpu, 0)

@@ -109,6 +109,14 @@ def build():
         f"sum by (node, code) ({rate(m(c.XID_WATCHER_ERRORS))})", NODE + " {{code}}")], "cps",
         "Errors of the XID event thread by NVML code; 'restarted' when it died and was started again.",
         min=0), 12, 8)
+    L.add(k.state_timeline("Kernel-log watcher up", [target(m(c.KERNEL_LOG_UP), NODE + " {{source}}")], "short",
+                           "0 while the kernel-log watcher cannot read /dev/kmsg, its file or the journal "
+                           "(kernel-log XIDs and driver messages are not counted then).",
+                           mappings=UP_MAP, thresholds=k.UP_THRESHOLDS), 12, 8)
+    L.add(k.timeseries("Kernel-log records lost", [target(
+        f"sum by (node) ({rate(m(c.KERNEL_LOG_LOST), 'increase')})", NODE)], "short",
+        "Kernel ring-buffer records overwritten before the watcher read them (their XIDs are not counted).",
+        min=0), 12, 8)
     L.add(k.table("NVML calls unavailable", [target(f"{m(c.NVML_UNAVAILABLE)} > 0")], "short",
                   "Calls that give no value by design, with the number of GPUs: not_supported, no_permission, or "
                   "function_not_found on an older driver (a fallback call serves the value where one exists).",

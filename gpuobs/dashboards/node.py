@@ -252,6 +252,14 @@ def build():
                   merge=True, hide=("cluster", "node"), rename={"Value #A": "count", "Value #B": "last seen"},
                   overrides=[{"matcher": {"id": "byName", "options": "last seen"},
                               "properties": [{"id": "unit", "value": "dateTimeAsIso"}]}]), 12, 7)
+    L.add(k.timeseries("Kernel-log XIDs", [target(rate(m(c.KERNEL_XID_ERRORS), "increase"), GPU + " XID {{xid}}")],
+                       "short", "NVRM Xid lines in the kernel log, per GPU and code: a second source beside the "
+                       "NVML events (also XIDs from while the exporter was down). GpuXidFromLogs fires on those "
+                       "NVML did not count.", bars=True, stack=True, min=0), 12, 7)
+    L.add(k.timeseries("Kernel-log driver messages", [target(rate(m(c.KERNEL_LOG_MATCHES), "increase"),
+                                                             GPU + " {{pattern}}")], "short",
+                       "Kernel-log lines matched by the log-pattern catalog (Xid, ECC, NVLink/fabric), per GPU "
+                       "and pattern.", bars=True, stack=True, min=0), 12, 7)
 
     variables = [
         k.variable("cluster", f"label_values({c.GPUS_EXPECTED.name}, cluster)", "Cluster"),
