@@ -7,6 +7,7 @@ from __future__ import annotations
 import configparser
 import functools
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -333,6 +334,40 @@ def test_daemonset():
     # a read-only root file system needs a writable /tmp for the simulator's cache
     if container["securityContext"].get("readOnlyRootFilesystem"):
         assert any(m["mountPath"] == "/tmp" for m in container["volumeMounts"])
+
+
+def test_kernel_log_is_off_in_the_base_and_on_with_its_component(tmp_path):
+    """The unprivileged base cannot open /dev/kmsg, so it does not run a watcher that could only
+    report itself down (GpuKernelLogWatcherDown on every node); the kernel-log component, rendered
+    here through an overlay by the real kustomize, runs the container privileged as root with
+    /dev/kmsg and the state directory mounted."""
+    (ds,) = k8s_docs()["DaemonSet"]
+    (container,) = ds["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["GPUOBS_KERNEL_LOG"] == "off"
+    assert not container["securityContext"].get("privileged")
+    assert "/dev/kmsg" not in {m["mountPath"] for m in container["volumeMounts"]}
+
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
+        "resources": [os.path.relpath(K8S, overlay)], "components": [os.path.relpath(K8S / "kernel-log", overlay)]}))
+    result = run([shutil.which("kubectl"), "kustomize", str(overlay)])
+    assert result.returncode == 0, result.stderr
+    (ds,) = [d for d in yaml.safe_load_all(result.stdout) if d and d["kind"] == "DaemonSet"]
+    pod = ds["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["GPUOBS_KERNEL_LOG"] == "/dev/kmsg" and env["NVIDIA_VISIBLE_DEVICES"] == "all"  # merged, not replaced
+    sc = container["securityContext"]
+    assert sc["privileged"] is True and sc["runAsUser"] == 0 and sc["runAsNonRoot"] is False
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v["hostPath"] for v in pod["volumes"] if "hostPath" in v}
+    assert volumes[mounts["/dev/kmsg"]] == {"path": "/dev/kmsg", "type": "CharDevice"}
+    from gpuobs.collect.kernel_log import DEFAULT_STATE
+
+    assert volumes[mounts[os.path.dirname(DEFAULT_STATE)]]["path"] == os.path.dirname(DEFAULT_STATE)
+    assert mounts["/var/lib/kubelet/pod-resources"]  # the base's mounts stay
 
 
 def test_service_and_servicemonitor():
