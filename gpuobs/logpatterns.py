@@ -5,8 +5,8 @@ failures, NVLink and fabric errors), defined once, like the metric catalog.
 Each `LogPattern` names what it matches, how severe it is, which fields it extracts, the metric
 it increments (`gpuobs_log_pattern_matches_total{pattern=<name>}`, catalog.LOG_PATTERN_MATCHES,
 named here by its catalog name: this module imports nothing of gpuobs so that `gpuobs.logs` may
-use it) and the alert that will read that metric (named only; the alert and its runbook come
-later).
+use it) and the alert that reads that metric (gpuobs.alerts.rules builds it from this name; its
+runbook is docs/runbooks/<alert>.md).
 
 `match(line)` returns the first pattern that matches, with its extracted fields, or None. It runs
 on every log record of a training process, so most lines are settled by one prefilter scan
@@ -39,7 +39,7 @@ class LogPattern:
     keywords: literal substrings, one of which every matching line contains (the prefilter);
     severity: "critical" (the job fails or a GPU must be drained) or "warning";
     rank: whether the rank the line names (e.g. "[Rank 3]") is extracted as field `rank`;
-    metric: the catalog metric a match increments; alert: the alert (and runbook) it will feed;
+    metric: the catalog metric a match increments; alert: the alert (and runbook) it feeds;
     summary: one line for the docs."""
     name: str
     regex: re.Pattern[str]

@@ -306,4 +306,4 @@ def test_docs_table_lists_every_pattern():
     for p in lp.PATTERNS:
         row = next((line for line in text.splitlines() if line.startswith(f"| `{p.name}` |")), None)
         assert row is not None, p.name
-        assert p.severity in row and p.alert in row and f'pattern="{p.name}"' in row
+        assert p.severity in row and p.alert in row and f'pattern="{p.name}"' in row and p.summary in row
