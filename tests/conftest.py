@@ -3,19 +3,17 @@ on it, and a real Prometheus scraping whatever the test starts."""
 
 from __future__ import annotations
 
-import gzip
 import json
 import subprocess
-import threading
 import time
 import urllib.parse
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pynvml
 import pytest
 
+from gpuobs.demo import OTLPReceiver  # noqa: F401  (tests import it from here)
 from gpuobs.ports import free_port, free_port_run  # noqa: F401  (tests import them from here)
 from gpuobs.sim import Simulator
 
@@ -227,51 +225,3 @@ def stop(proc: subprocess.Popen, timeout: float = 10) -> None:
         proc.wait()
 
 
-class OTLPReceiver:
-    """A minimal OTLP/HTTP receiver on loopback: POST /v1/traces and /v1/metrics, protobuf bodies
-    (gzip or not), decoded into .traces and .metrics (and passed to on_metrics); other paths 404."""
-
-    def __init__(self, on_metrics=None):
-        from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
-        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
-
-        self.traces, self.metrics, self.paths = [], [], []
-        kinds = {"/v1/traces": (trace_service_pb2.ExportTraceServiceRequest,
-                                trace_service_pb2.ExportTraceServiceResponse, self.traces),
-                 "/v1/metrics": (metrics_service_pb2.ExportMetricsServiceRequest,
-                                 metrics_service_pb2.ExportMetricsServiceResponse, self.metrics)}
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                if self.headers.get("Content-Encoding") == "gzip":
-                    body = gzip.decompress(body)
-                receiver.paths.append(self.path)
-                if self.path not in kinds:
-                    self.send_response(404)
-                    self.end_headers()
-                    return
-                request_type, response_type, sink = kinds[self.path]
-                message = request_type()
-                message.ParseFromString(body)
-                sink.append(message)
-                if on_metrics is not None and sink is receiver.metrics:
-                    on_metrics(message)
-                reply = response_type().SerializeToString()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", str(len(reply)))
-                self.end_headers()
-                self.wfile.write(reply)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
