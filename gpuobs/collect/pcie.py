@@ -37,7 +37,9 @@ class Pcie(Family):
 
     def collect(self, gpu: GpuCtx) -> None:
         st = self.state(gpu)
-        if gpu.slow or not st.link:  # link state changes rarely: slow samples only
+        # link state changes rarely: slow samples only, unless a read gave nothing (a failed or
+        # timed-out call is read again next pass; NOT_SUPPORTED costs nothing: remembered by gpuobs.nvml)
+        if gpu.slow or not st.link or any(value is None for _, value in st.link):
             st.link = [(metric, gpu.get(fn)) for metric, fn in LINK]
         for metric, value in st.link:
             gpu.emit(metric, value)
