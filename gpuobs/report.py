@@ -1,0 +1,502 @@
+"""`gpuobs report`: a self-contained HTML report of a time range, read from Prometheus, for a weekly review.
+
+The report is a list of sections (SECTIONS). Each is a small function `section(client, window, settings)
+-> Section` that queries Prometheus' HTTP API through a `Prometheus` client and returns escaped HTML,
+with its plots embedded as base64 PNG data URIs (matplotlib, Agg), so the file needs nothing else to
+open. Sections that read recording rules not every version defines look them up by Python name in
+`gpuobs.records.NAMES` (RECORDS below) and say "no data" when the rule or its series is absent.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import importlib
+import io
+import json
+import math
+import re
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+import yaml
+
+from . import catalog as c
+from . import records
+from .alerts.rules import DEFAULT
+
+# Python names in gpuobs.records.NAMES of the records the MIG and reliability sections read, when the
+# running version defines them (sections say "no data" otherwise). Change a name here if a rule is renamed.
+RECORDS = {
+    "mig": ("GPU_MIG_ADVICE",),
+    "reliability": ("CLUSTER_FAILURE_RATE", "NODE_MTBF", "MODEL_MTBF"),
+}
+PLACEMENT_ALERT = "GpuPodPlacementWithoutNvlink"  # its ALERTS series name the pod placed without NVLink
+ALERT_LABELS_HIDDEN = frozenset({"__name__", "alertname", "alertstate"})  # same on every row of a table
+STEPS_S = (60, 300, 900, 3600)  # range-query steps: the finest one under MAX_POINTS points
+MAX_POINTS = 2500
+UNALLOCATED = "(unallocated)"  # the namespace row of GPUs no pod holds
+DURATION = re.compile(r"^(\d+)([smhdw])$")
+UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+class ReportError(Exception):
+    """Prometheus is unreachable or refused a query, or an option or the settings file is wrong."""
+
+
+# ------------------------------------------------------------------------------------------ input
+@dataclass(frozen=True)
+class Window:
+    """The reviewed range: start and end in Unix seconds, step in seconds between evaluations (each
+    evaluation stands for one step of time, so GPU-hours are sums of values times step)."""
+    start: float
+    end: float
+    step: int
+
+    @property
+    def hours(self) -> float:
+        """The range's length in hours."""
+        return (self.end - self.start) / 3600
+
+
+def parse_duration(text: str) -> int:
+    """Seconds in a Prometheus-style duration of one unit ("90m", "7d"); ReportError if malformed."""
+    m = DURATION.match(text.strip())
+    if not m or int(m.group(1)) == 0:
+        raise ReportError(f"not a duration: {text!r} (use e.g. 7d, 12h, 90m)")
+    return int(m.group(1)) * UNITS_S[m.group(2)]
+
+
+def parse_time(text: str) -> float:
+    """Unix seconds from Unix seconds or an ISO 8601 / RFC 3339 time (UTC when it has no offset)."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ReportError(f"not a time: {text!r} (use Unix seconds or e.g. 2026-11-24T00:00:00Z)") from None
+    return (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp()
+
+
+def make_window(start: str | None, end: str | None, length: str, step: int | None = None) -> Window:
+    """The window from --from/--to/--range: `end` defaults to now, `start` to end minus `length`; the
+    step (s) to the finest of STEPS_S giving at most MAX_POINTS evaluations. ReportError if empty."""
+    stop = parse_time(end) if end else time.time()
+    begin = parse_time(start) if start else stop - parse_duration(length)
+    if stop <= begin:
+        raise ReportError("the range is empty: --from must be before --to")
+    if step is None:
+        step = next((s for s in STEPS_S if (stop - begin) / s <= MAX_POINTS), STEPS_S[-1])
+    return Window(begin, stop, step)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the report cannot read from Prometheus. namespace_label: the label attribution puts the
+    pod's namespace in (k8s_namespace; namespace in dcgm naming). teams: {namespace: team}, a
+    namespace missing is its own team. costs: {GPU model as gpuobs_gpu_info's `name`: cost per
+    GPU-hour}, with default_cost for the other models (None: no cost shown). idle_utilization: a GPU
+    at or below this utilisation (ratio) is idle, the alert pack's threshold by default."""
+    namespace_label: str = "k8s_namespace"
+    teams: dict[str, str] = field(default_factory=dict)
+    costs: dict[str, float] = field(default_factory=dict)
+    default_cost: float | None = None
+    currency: str = "USD"
+    idle_utilization: float = DEFAULT.idle_utilization
+
+    def team(self, namespace: str) -> str:
+        """The team a namespace belongs to (itself unless mapped)."""
+        return self.teams.get(namespace, namespace)
+
+    def cost(self, model: str) -> float | None:
+        """Cost of one GPU-hour of this model, or None when no cost is known."""
+        return self.costs.get(model, self.default_cost)
+
+    @property
+    def priced(self) -> bool:
+        """Whether any cost is configured (else the report shows no money)."""
+        return bool(self.costs) or self.default_cost is not None
+
+
+def load_settings(path: str | Path | None, **overrides) -> Settings:
+    """Settings from a YAML file (keys: cost_per_gpu_hour {model or "default": number}, currency,
+    teams {namespace: team}, namespace_label, idle_utilization), then overrides; ReportError if
+    the file is unreadable or a value has the wrong type."""
+    data = {}
+    if path is not None:
+        try:
+            data = yaml.safe_load(Path(path).read_text()) or {}
+        except (OSError, yaml.YAMLError) as e:
+            raise ReportError(f"cannot read the settings file {path}: {e}") from None
+    try:
+        costs = {str(k): float(v) for k, v in (data.get("cost_per_gpu_hour") or {}).items()}
+        default = costs.pop("default", None)
+        kw = {"costs": costs, "default_cost": default, "teams": {str(k): str(v) for k, v in
+                                                                 (data.get("teams") or {}).items()}}
+        kw.update({k: data[k] for k in ("currency", "namespace_label") if k in data})
+        if "idle_utilization" in data:
+            kw["idle_utilization"] = float(data["idle_utilization"])
+    except (AttributeError, TypeError, ValueError) as e:
+        raise ReportError(f"{path}: {e} (see docs/report.md for its format)") from None
+    kw.update({k: v for k, v in overrides.items() if v is not None})
+    return Settings(**kw)
+
+
+class Prometheus:
+    """A client of Prometheus' HTTP API (urllib). Every method raises ReportError with what went
+    wrong when Prometheus is unreachable, answers an HTTP error or reports a failed query."""
+
+    def __init__(self, url: str, timeout: float = 120):
+        self.url, self.timeout = url.rstrip("/"), timeout
+
+    def _get(self, path: str, **params) -> dict:
+        url = f"{self.url}{path}?{urllib.parse.urlencode(params)}"
+        try:
+            with urllib.request.urlopen(url, timeout=self.timeout) as r:
+                body = json.load(r)
+        except urllib.error.HTTPError as e:  # 400/422/503 carry Prometheus' JSON error
+            raise ReportError(f"Prometheus at {self.url} answered {e.code}: {_error_of(e)}") from None
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            raise ReportError(f"cannot query Prometheus at {self.url}: {getattr(e, 'reason', e)}") from None
+        if body.get("status") != "success":
+            raise ReportError(f"Prometheus at {self.url}: {body.get('error', body)}")
+        return body["data"]
+
+    def instant(self, promql: str, at: float) -> list[dict]:
+        """[{metric: labels, value: [t, "v"]}] of promql evaluated at Unix second `at`."""
+        return self._get("/api/v1/query", query=promql, time=f"{at:.3f}")["result"]
+
+    def range(self, promql: str, window: Window, offset: float = 0.0) -> list[dict]:
+        """[{metric: labels, values: [[t, "v"], ...]}] of promql at each step of the window, from
+        window.start + offset to window.end + offset - step (one evaluation per step of time)."""
+        start = window.start + offset
+        end = max(start, window.end + offset - window.step)
+        return self._get("/api/v1/query_range", query=promql, start=f"{start:.3f}", end=f"{end:.3f}",
+                         step=str(window.step))["result"]
+
+
+def _error_of(e: urllib.error.HTTPError) -> str:
+    try:
+        return json.load(e).get("error", "")
+    except (ValueError, OSError):
+        return e.reason
+
+
+def _values(series: dict) -> list[tuple[float, float]]:
+    """(t, value) pairs of a range-query series, NaN dropped."""
+    return [(float(t), float(v)) for t, v in series["values"] if not math.isnan(float(v))]
+
+
+# ------------------------------------------------------------------------------------------ output
+@dataclass(frozen=True)
+class Section:
+    """One part of the report: key (its HTML id), title, and body, escaped HTML."""
+    key: str
+    title: str
+    body: str
+
+
+def esc(value) -> str:
+    """Text escaped for HTML content and attribute values."""
+    return html.escape(str(value), quote=True)
+
+
+def table(headers: list[str], rows: list[tuple[str, list]], numeric_from: int = 1) -> str:
+    """An HTML table; rows are (key, cells), key in data-key (for tools and tests); cells from
+    numeric_from on are right-aligned."""
+    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
+    body = []
+    for key, cells in rows:
+        tds = "".join(f'<td class="{"num" if i >= numeric_from else "txt"}">{esc(v)}</td>'
+                      for i, v in enumerate(cells))
+        body.append(f'<tr data-key="{esc(key)}">{tds}</tr>')
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def no_data(why: str) -> str:
+    """The paragraph a section shows instead of made-up numbers."""
+    return f'<p class="nodata">No data: {esc(why)}</p>'
+
+
+def png(draw: Callable, width: float = 9, height: float = 3.5, alt: str = "") -> str:
+    """An <img> with a PNG data URI of what draw(ax) plots on a fresh Figure (no pyplot state)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=90, layout="constrained")
+    draw(fig.add_subplot())
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    data = base64.b64encode(buffer.getvalue()).decode("ascii")
+    return f'<img alt="{esc(alt)}" src="data:image/png;base64,{data}">'
+
+
+def hours(x: float) -> str:
+    """GPU-hours as the tables show them."""
+    return f"{x:,.2f}"
+
+
+def money(x: float | None, settings: Settings) -> str:
+    """An amount in the settings' currency, or n/a when no cost is known."""
+    return "n/a" if x is None else f"{x:,.2f} {settings.currency}"
+
+
+# ------------------------------------------------------------------------------ usage and waste
+def _gpus_with_model(settings: Settings, condition: str = "") -> str:
+    """Per GPU, its utilisation (ratio) with its model (gpuobs_gpu_info's `name`) as a label, when
+    known; condition filters the series (e.g. `<= 0.01`)."""
+    util = f"{c.UTILIZATION.name}{condition}"
+    by = records.GPU_BY
+    info = f"max by ({by}, name) ({c.GPU_INFO.exposed_name})"
+    return f"(({util}) * on ({by}) group_left (name) {info}) or (({util}) unless on ({by}) {info})"
+
+
+@dataclass
+class Usage:
+    """GPU-hours of one namespace or team: allocated (held by a pod), used (utilisation-weighted),
+    idle (at or below the idle threshold) and the idle time's cost (None when no cost is known)."""
+    allocated: float = 0.0
+    used: float = 0.0
+    idle: float = 0.0
+    idle_cost: float | None = None
+
+    def add(self, other: "Usage") -> None:
+        """Add other's hours and cost to this one."""
+        self.allocated += other.allocated
+        self.used += other.used
+        self.idle += other.idle
+        if other.idle_cost is not None:
+            self.idle_cost = (self.idle_cost or 0.0) + other.idle_cost
+
+
+def _hours_by(client: Prometheus, window: Window, promql: str, ns: str) -> dict[tuple[str, str], float]:
+    """{(namespace, model): sum of the query's values times step, in hours}, evaluated at the middle
+    of each step so that each evaluation stands for its own step of time."""
+    out: dict[tuple[str, str], float] = defaultdict(float)
+    for series in client.range(promql, window, offset=window.step / 2):
+        key = (series["metric"].get(ns, ""), series["metric"].get("name", ""))
+        out[key] += sum(v for _, v in _values(series)) * window.step / 3600
+    return out
+
+
+def namespace_usage(client: Prometheus, window: Window, settings: Settings) -> dict[str, Usage]:
+    """{namespace or UNALLOCATED: Usage} over the window, from per-GPU utilisation with its namespace
+    label (attribution) and model (gpuobs_gpu_info), priced with settings' cost per GPU-hour per model."""
+    ns, by = settings.namespace_label, f"{settings.namespace_label}, name"
+    allocated = _hours_by(client, window, f"count by ({by}) ({_gpus_with_model(settings)})", ns)
+    used = _hours_by(client, window, f"sum by ({by}) ({_gpus_with_model(settings)})", ns)
+    idle_gpus = _gpus_with_model(settings, f" <= {settings.idle_utilization:g}")
+    idle = _hours_by(client, window, f"count by ({by}) ({idle_gpus})", ns)
+    usage: dict[str, Usage] = defaultdict(Usage)
+    for key in set(allocated) | set(used) | set(idle):
+        cost = settings.cost(key[1])
+        usage[key[0] or UNALLOCATED].add(Usage(allocated.get(key, 0.0), used.get(key, 0.0), idle.get(key, 0.0),
+                                               None if cost is None else cost * idle.get(key, 0.0)))
+    return dict(usage)
+
+
+def team_usage(usage: dict[str, Usage], settings: Settings) -> dict[str, Usage]:
+    """{team: Usage}, the namespaces' usage summed by settings.team (unallocated GPUs left out)."""
+    teams: dict[str, Usage] = defaultdict(Usage)
+    for namespace, u in usage.items():
+        if namespace != UNALLOCATED:
+            teams[settings.team(namespace)].add(u)
+    return dict(teams)
+
+
+def _usage_rows(usage: dict[str, Usage], settings: Settings, team_column: bool) -> list[tuple[str, list]]:
+    rows = []
+    for name, u in sorted(usage.items(), key=lambda kv: -kv[1].idle):
+        cells = [name] + ([settings.team(name) if name != UNALLOCATED else ""] if team_column else [])
+        cells += [hours(u.allocated), hours(u.used), f"{100 * u.used / u.allocated:.1f}" if u.allocated else "n/a",
+                  hours(u.idle)] + ([money(u.idle_cost, settings)] if settings.priced else [])
+        rows.append((name, cells))
+    return rows
+
+
+def _usage_table(usage: dict[str, Usage], settings: Settings, first: str, team_column: bool = False) -> str:
+    headers = [first] + (["team"] if team_column else []) + [
+        "GPU-hours allocated", "GPU-hours used (utilisation-weighted)", "mean utilisation %",
+        f"GPU-hours idle (utilisation <= {settings.idle_utilization:g})"]
+    headers += ["idle cost"] if settings.priced else []
+    return table(headers, _usage_rows(usage, settings, team_column), numeric_from=2 if team_column else 1)
+
+
+def _usage_plot(teams: dict[str, Usage]) -> str:
+    names = sorted(teams, key=lambda t: -teams[t].allocated)[:15]
+
+    def draw(ax):
+        used = [teams[t].used for t in names]
+        ax.barh(names, used, label="used (utilisation-weighted)", color="#3b7dd8")
+        ax.barh(names, [teams[t].allocated - teams[t].used for t in names], left=used,
+                label="allocated, not used", color="#e8a33d")
+        ax.invert_yaxis()
+        ax.set_xlabel("GPU-hours")
+        ax.legend(loc="lower right")
+    return png(draw, height=1.2 + 0.35 * len(names), alt="GPU-hours allocated and used by team")
+
+
+def section_usage(client: Prometheus, window: Window, settings: Settings) -> Section:
+    """Utilisation and waste: GPU-hours allocated, used and idle, and the idle cost, by team and by
+    namespace, with a bar chart per team."""
+    usage = namespace_usage(client, window, settings)
+    if not usage:
+        return Section("usage", "Utilisation and waste by team", no_data(f"no {c.UTILIZATION.name} in this range"))
+    teams = team_usage(usage, settings)
+    parts = [_usage_plot(teams) if teams else no_data(f"no GPU carried a {settings.namespace_label} label"),
+             "<h3>By team</h3>", _usage_table(teams, settings, "team"),
+             "<h3>By namespace</h3>", _usage_table(usage, settings, "namespace", team_column=True)]
+    if not settings.priced:
+        parts.append("<p>No cost per GPU-hour configured (--cost-file): idle time is not priced.</p>")
+    return Section("usage", "Utilisation and waste by team", "".join(parts))
+
+
+# --------------------------------------------------------------------------------------- alerts
+@dataclass
+class Firing:
+    """Of one alert (or one alert's series): episodes (separate firing spells) and seconds firing,
+    at the window's step resolution."""
+    episodes: int = 0
+    seconds: float = 0.0
+
+
+def _spells(times: list[float], step: int) -> int:
+    """How many runs of consecutive steps a sorted list of evaluation times holds."""
+    return sum(1 for i, t in enumerate(times) if i == 0 or t - times[i - 1] > step * 1.5)
+
+
+def firing(client: Prometheus, window: Window, matchers: str = "") -> list[tuple[dict, Firing]]:
+    """[(labels, Firing)] of each firing ALERTS series in the window: a step counts as firing when the
+    series has a sample in it (count_over_time over the step, so no staleness look-back stretches it)."""
+    # 1 ms short of a step: Prometheus 2 closes a range at both ends, and a sample on the boundary
+    # would count in two steps
+    promql = f'count_over_time(ALERTS{{alertstate="firing"{matchers}}}[{window.step * 1000 - 1}ms])'
+    out = []
+    for series in client.range(promql, window, offset=window.step):
+        times = sorted(t for t, v in _values(series) if v > 0)
+        if times:
+            out.append((series["metric"], Firing(_spells(times, window.step), len(times) * window.step)))
+    return out
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 3600:.2f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
+
+
+def section_alerts(client: Prometheus, window: Window, settings: Settings) -> Section:
+    """Top alerts by time firing and by count (firing spells), from the ALERTS series."""
+    by_alert: dict[str, Firing] = defaultdict(Firing)
+    for labels, f in firing(client, window):
+        total = by_alert[labels.get("alertname", "")]
+        total.episodes += f.episodes
+        total.seconds += f.seconds
+    if not by_alert:
+        return Section("alerts", "Top alerts", no_data("no alert fired in this range"))
+    top = sorted(by_alert.items(), key=lambda kv: (-kv[1].seconds, kv[0]))[:20]
+    rows = [(name, [name, f.episodes, _duration(f.seconds)]) for name, f in top]
+
+    def draw(ax):
+        ax.barh([n for n, _ in top][:12], [f.seconds / 3600 for _, f in top][:12], color="#c8453b")
+        ax.invert_yaxis()
+        ax.set_xlabel("hours firing")
+    counts = sorted(by_alert.items(), key=lambda kv: (-kv[1].episodes, kv[0]))[:10]
+    body = (png(draw, height=1.2 + 0.35 * min(len(top), 12), alt="hours firing by alert")
+            + "<h3>By time firing</h3>" + table(["alert", "times fired", "time firing"], rows)
+            + "<h3>By count</h3>" + table(["alert", "times fired", "time firing"],
+                                          [(n, [n, f.episodes, _duration(f.seconds)]) for n, f in counts]))
+    return Section("alerts", "Top alerts by count and time firing", body)
+
+
+def section_placement(client: Prometheus, window: Window, settings: Settings) -> Section:
+    """Placement problems: pods whose GPUs lack NVLink between them, from PLACEMENT_ALERT's ALERTS."""
+    spells = firing(client, window, f',alertname="{PLACEMENT_ALERT}"')
+    if not spells:
+        return Section("placement", "Placement problems",
+                       no_data(f"{PLACEMENT_ALERT} did not fire in this range (or is not in the rule set)"))
+    keys = sorted({k for labels, _ in spells for k in labels} - ALERT_LABELS_HIDDEN)
+    rows = [("/".join(labels.get(k, "") for k in keys), [labels.get(k, "") for k in keys] + [f.episodes,
+             _duration(f.seconds)]) for labels, f in sorted(spells, key=lambda lf: -lf[1].seconds)]
+    return Section("placement", "Placement problems",
+                   f"<p>Pods placed on GPUs without NVLink between them ({esc(PLACEMENT_ALERT)}).</p>"
+                   + table(keys + ["times fired", "time firing"], rows, numeric_from=len(keys)))
+
+
+# ------------------------------------------------------------------- sections read from records
+def record_table(client: Prometheus, window: Window, name: str) -> str:
+    """The last value in the window of each series of the record named `name` in gpuobs.records.NAMES,
+    as a table; "no data" when the record is not defined in this version or has no series."""
+    record = records.NAMES.get(name)
+    if record is None:
+        return no_data(f"gpuobs.records.{name} is not defined in this version")
+    result = client.instant(f"last_over_time({record.name}[{int(window.end - window.start)}s])", window.end)
+    if not result:
+        return no_data(f"{record.name} has no series in this range (are the recording rules loaded?)")
+    keys = sorted({k for s in result for k in s["metric"]} - {"__name__"})
+    rows = [("/".join(s["metric"].get(k, "") for k in keys), [s["metric"].get(k, "") for k in keys]
+             + [f"{float(s['value'][1]):.4g}"]) for s in sorted(result, key=lambda s: sorted(s["metric"].items()))]
+    return f"<h3>{esc(record.name)}</h3>" + table(keys + ["value"], rows, numeric_from=len(keys))
+
+
+def section_mig(client: Prometheus, window: Window, settings: Settings) -> Section:
+    """MIG candidates: GPUs whose peak memory and SM activity would fit a MIG profile (RECORDS["mig"])."""
+    return Section("mig", "MIG candidates", "".join(record_table(client, window, n) for n in RECORDS["mig"]))
+
+
+def section_reliability(client: Prometheus, window: Window, settings: Settings) -> Section:
+    """Failures per 1,000 GPU-hours and MTBF (RECORDS["reliability"])."""
+    return Section("reliability", "Failures and MTBF",
+                   "".join(record_table(client, window, n) for n in RECORDS["reliability"]))
+
+
+SectionFn = Callable[[Prometheus, Window, Settings], Section]
+SECTIONS: tuple[SectionFn, ...] = (section_usage, section_placement, section_mig, section_reliability,
+                                   section_alerts)
+
+# --------------------------------------------------------------------------------------- the page
+STYLE = """
+body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
+h1{margin-bottom:.2em} h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:1.6em}
+table{border-collapse:collapse;margin:.5em 0 1em;font-size:.9em} th,td{border:1px solid #ddd;padding:.25em .6em}
+th{background:#f3f3f3;text-align:left} td.num{text-align:right;font-variant-numeric:tabular-nums}
+.nodata{color:#777;font-style:italic} .meta{color:#555} img{max-width:100%}
+"""
+
+
+def _utc(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def render(client: Prometheus, window: Window, settings: Settings,
+           sections: tuple[SectionFn, ...] = SECTIONS) -> str:
+    """The whole report as one HTML document; ReportError without matplotlib, or from the first
+    query that fails."""
+    try:
+        importlib.import_module("matplotlib")  # the plots: an extra, which the exporter does not need
+    except ImportError:
+        raise ReportError("the report's plots need matplotlib: pip install 'gpuobs[report]'") from None
+    parts = [section(client, window, settings) for section in sections]
+    toc = "".join(f'<li><a href="#{esc(s.key)}">{esc(s.title)}</a></li>' for s in parts)
+    body = "".join(f'<section id="{esc(s.key)}"><h2>{esc(s.title)}</h2>{s.body}</section>' for s in parts)
+    meta = (f"{esc(_utc(window.start))} to {esc(_utc(window.end))} ({window.hours:.1f} h, step {window.step} s), "
+            f"from Prometheus at {esc(client.url)}; generated {esc(_utc(time.time()))}.")
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>GPU fleet report {esc(_utc(window.start))} to {esc(_utc(window.end))}</title>"
+            f"<style>{STYLE}</style></head><body><h1>GPU fleet report</h1><p class=\"meta\">{meta}</p>"
+            f"<nav><ul>{toc}</ul></nav>{body}</body></html>\n")
+
+
+def write(url: str, window: Window, settings: Settings, out: str | Path) -> Path:
+    """Render the report from the Prometheus at url and write it to out; ReportError on failure
+    (nothing is written then)."""
+    text = render(Prometheus(url), window, settings)
+    path = Path(out)
+    path.write_text(text, encoding="utf-8")
+    return path

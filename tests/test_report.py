@@ -1,0 +1,298 @@
+"""`gpuobs report` against a real Prometheus holding a known history (written here as OpenMetrics,
+backfilled with promtool), and the report opened in headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import free_port, require_tool, stop
+from gpuobs import report
+from gpuobs.cli import main
+
+HOURS = 3
+STEP = 60  # seconds between the history's samples, and the report's step
+H100, A100 = "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"
+# (node, model, [namespace of each GPU, "" when no pod holds it]); n2 exports no gpuobs_gpu_info (model unknown)
+NODES = [("n0", H100, ["llm-train", "llm-train", "llm-train", "vision"]),
+         ("n1", A100, ["vision", "research", "", ""]),
+         ("n2", None, ["research", "research"])]
+UTIL_BY_HOUR = (0.9, 0.0, 0.5, 0.3)  # a GPU's utilisation in hour h is UTIL_BY_HOUR[(2 * gpu + h + node) % 4]
+TEAMS = {"llm-train": "foundation", "research": "foundation", "vision": "perception"}
+COSTS = {H100: 4.0, "default": 2.0}
+# (labels, firing minutes [from, to)); each tuple of spans is one ALERTS series
+ALERT_SPELLS = [
+    ({"alertname": "GpuXidError", "severity": "page", "node": "n1", "gpu": "0"}, [(10, 100)]),
+    ({"alertname": "GpuAllocatedIdle", "severity": "ticket", "node": "n0", "gpu": "1"}, [(20, 40), (120, 140)]),
+    ({"alertname": report.PLACEMENT_ALERT, "severity": "ticket", "k8s_namespace": "llm-train", "k8s_pod": "llm-0"},
+     [(30, 60)]),
+]
+FIT_RECORD = "uuid:gpuobs_test_fit:profile"  # a record's series in the history, for the record sections
+
+
+def _util(labels: dict, minute: int) -> float:
+    return UTIL_BY_HOUR[(2 * int(labels["gpu"]) + minute // 60 + int(labels["node"][1:])) % 4]
+
+
+def _labels(d: dict) -> str:
+    return "{" + ",".join(f'{k}="{v}"' for k, v in d.items()) + "}"
+
+
+def _gpus():
+    for node, model, namespaces in NODES:
+        for gpu, ns in enumerate(namespaces):
+            labels = {"cluster": "test", "node": node, "instance": f"{node}:9445", "gpu": str(gpu),
+                      "uuid": f"GPU-{node}-{gpu}"}
+            yield labels, model, ns
+
+
+def openmetrics(t0: int) -> str:
+    """The history: per GPU one sample a minute of utilisation (with its namespace) and identity,
+    and the ALERTS series, as OpenMetrics with timestamps (one family after the other)."""
+    minutes = range(HOURS * 60)
+    lines = ["# TYPE gpuobs_gpu_utilization_ratio gauge"]
+    for labels, _, ns in _gpus():
+        series = _labels({**labels, **({"k8s_namespace": ns} if ns else {})})
+        lines += [f"gpuobs_gpu_utilization_ratio{series} {_util(labels, m)} {t0 + STEP * m}" for m in minutes]
+    lines.append("# TYPE gpuobs_gpu_info gauge")
+    for labels, model, _ in _gpus():
+        if model:
+            lines += [f"gpuobs_gpu_info{_labels({**labels, 'name': model})} 1 {t0 + STEP * m}" for m in minutes]
+    lines.append("# TYPE ALERTS gauge")
+    for labels, spans in ALERT_SPELLS:
+        series = _labels({**labels, "alertstate": "firing"})
+        lines += [f"ALERTS{series} 1 {t0 + STEP * m}" for a, b in spans for m in range(a, b)]
+    pending = _labels({"alertname": "GpuOnlyPending", "alertstate": "pending", "severity": "page"})
+    lines += [f"ALERTS{pending} 1 {t0 + STEP * m}" for m in range(0, 50)]
+    lines += ["# TYPE uuid:gpuobs_test_fit:profile gauge",
+              f'{FIT_RECORD}{{uuid="GPU-n0-2",profile="3g.40gb"}} 1 {t0 + 3600}']
+    return "\n".join(lines) + "\n# EOF\n"
+
+
+def expected_usage() -> dict[str, dict[str, float]]:
+    """{namespace: {allocated, used, idle, idle_cost}} computed from the history above."""
+    out: dict[str, dict[str, float]] = {}
+    for labels, model, ns in _gpus():
+        row = out.setdefault(ns or report.UNALLOCATED, {"allocated": 0.0, "used": 0.0, "idle": 0.0, "idle_cost": 0.0})
+        utils = [_util(labels, m) for m in range(HOURS * 60)]
+        idle = sum(1 for u in utils if u <= 0.01) / 60
+        row["allocated"] += len(utils) / 60
+        row["used"] += sum(utils) / 60
+        row["idle"] += idle
+        row["idle_cost"] += idle * COSTS.get(model or "", COSTS["default"])
+    return out
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory):
+    """(Prometheus base URL, t0, t1) of a real Prometheus on the backfilled history."""
+    promtool, prometheus = require_tool("promtool"), require_tool("prometheus")
+    work = tmp_path_factory.mktemp("report")
+    t1 = int(time.time()) // 3600 * 3600 - 3600
+    t0 = t1 - HOURS * 3600
+    (work / "history.om").write_text(openmetrics(t0))
+    subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(work / "history.om"),
+                    str(work / "data")], check=True, capture_output=True, timeout=120)
+    (work / "prometheus.yml").write_text("global: {scrape_interval: 1m}\n")
+    port = free_port()
+    proc = subprocess.Popen([prometheus, f"--config.file={work / 'prometheus.yml'}",
+                             f"--storage.tsdb.path={work / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(url + "/-/ready", timeout=2) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            assert time.monotonic() < deadline, "prometheus never became ready"
+            time.sleep(0.3)
+    yield url, t0, t1
+    stop(proc)
+
+
+@pytest.fixture(scope="module")
+def rendered(history, tmp_path_factory) -> Path:
+    """The report of the whole history, written by the CLI with a cost and team file."""
+    url, t0, t1 = history
+    work = tmp_path_factory.mktemp("out")
+    costs = work / "costs.yaml"
+    costs.write_text(json.dumps({"cost_per_gpu_hour": COSTS, "currency": "EUR", "teams": TEAMS}))  # JSON is YAML
+    out = work / "report.html"
+    result = CliRunner().invoke(main, ["report", "--prometheus", url, "--from", str(t0), "--to", str(t1),
+                                       "--cost-file", str(costs), "--out", str(out)])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    return out
+
+
+class Rows(HTMLParser):
+    """{(section id, data-key of the row): [cell texts]} of the first row with that key in each
+    section, and the section ids."""
+
+    def __init__(self, text: str):
+        super().__init__()
+        self.rows: dict[tuple[str, str], list[str]] = {}
+        self.sections: list[str] = []
+        self._section, self._row, self._cell = "", None, None
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "section":
+            self._section = a["id"]
+            self.sections.append(a["id"])
+        elif tag == "tr" and "data-key" in a:  # a key's first row in its section (by time before by count)
+            key = (self._section, a["data-key"])
+            self._row = [] if key in self.rows else self.rows.setdefault(key, [])
+        elif tag == "td" and self._row is not None:
+            self._cell = ""
+
+    def handle_endtag(self, tag):
+        if tag == "td" and self._row is not None:
+            self._row.append(self._cell)
+            self._cell = None
+        elif tag == "tr":
+            self._row = None
+
+    def handle_data(self, data):
+        if self._cell is not None:
+            self._cell += data
+
+
+def _num(cell: str) -> float:
+    return float(cell.split()[0].replace(",", ""))
+
+
+def test_report_has_the_gpu_hours_per_namespace_and_team(rendered):
+    rows = Rows(rendered.read_text()).rows
+    expected = expected_usage()
+    # every row differs from the others (so a mixed-up row fails) and some GPUs sat idle
+    assert len({tuple(row.values()) for row in expected.values()}) == len(expected) == 4
+    assert all(row["idle"] > 0 for row in expected.values())
+    for ns, want in expected.items():
+        cells = rows[("usage", ns)]  # namespace, team, allocated, used, mean %, idle, idle cost
+        assert cells[1] == ("" if ns == report.UNALLOCATED else TEAMS[ns])
+        assert _num(cells[2]) == pytest.approx(want["allocated"], abs=0.005), ns
+        assert _num(cells[3]) == pytest.approx(want["used"], abs=0.005), ns
+        assert _num(cells[5]) == pytest.approx(want["idle"], abs=0.005), ns
+        assert _num(cells[6]) == pytest.approx(want["idle_cost"], abs=0.005) and cells[6].endswith("EUR"), ns
+    foundation = rows[("usage", "foundation")]
+    assert _num(foundation[1]) == pytest.approx(expected["llm-train"]["allocated"] + expected["research"]["allocated"])
+
+
+def test_report_ranks_alerts_by_time_firing_and_count(rendered):
+    text = rendered.read_text()
+    rows = Rows(text).rows
+    assert rows[("alerts", "GpuXidError")] == ["GpuXidError", "1", "1.50 h"]
+    assert rows[("alerts", "GpuAllocatedIdle")] == ["GpuAllocatedIdle", "2", "40 min"]
+    assert rows[("alerts", report.PLACEMENT_ALERT)][1:] == ["1", "30 min"]
+    alerts = text[text.index('<section id="alerts"'):]
+    by_time = alerts[:alerts.index("By count")]
+    assert by_time.index("GpuXidError") < by_time.index("GpuAllocatedIdle") < by_time.index(report.PLACEMENT_ALERT)
+    assert "GpuOnlyPending" not in text  # pending is not firing
+    placement = [cells for (section, _), cells in rows.items() if section == "placement"]
+    assert placement == [["llm-train", "llm-0", "ticket", "1", "30 min"]]  # namespace, pod, severity, ...
+
+
+def test_sections_whose_records_have_no_series_say_no_data(rendered):
+    sections = Rows(rendered.read_text())
+    assert sections.sections == ["usage", "placement", "mig", "reliability", "alerts"]
+    text = rendered.read_text()
+    mig = text[text.index('<section id="mig"'):text.index('<section id="reliability"')]
+    assert "No data" in mig and "<table" not in mig
+
+
+def test_a_record_section_reads_the_record_by_its_python_name(history, monkeypatch):
+    from gpuobs import records
+
+    url, t0, t1 = history
+    # a record defined under a Python name, whose series the history holds (FIT_RECORD)
+    fake = records.Record(("uuid",), "gpuobs_test_fit", "profile", lambda t: "unused")
+    assert fake.name == FIT_RECORD
+    monkeypatch.setitem(records.NAMES, "TEST_MIG", fake)
+    monkeypatch.setitem(report.RECORDS, "mig", ("TEST_MIG", "NO_SUCH_RECORD"))
+    section = report.section_mig(report.Prometheus(url), report.Window(t0, t1, STEP), report.Settings())
+    rows = Rows(f'<section id="mig">{section.body}</section>').rows
+    assert rows == {("mig", "3g.40gb/GPU-n0-2"): ["3g.40gb", "GPU-n0-2", "1"]}
+    assert "gpuobs.records.NO_SUCH_RECORD is not defined" in section.body
+
+
+def test_unreachable_prometheus_exits_2_with_a_message(tmp_path):
+    result = CliRunner().invoke(main, ["report", "--prometheus", f"http://127.0.0.1:{free_port()}",
+                                       "--range", "1h", "--out", str(tmp_path / "r.html")])
+    assert result.exit_code == 2
+    assert "cannot query Prometheus at http://127.0.0.1:" in result.output
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_without_matplotlib_the_report_says_what_to_install(history, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    result = CliRunner().invoke(main, ["report", "--prometheus", history[0], "--out", str(tmp_path / "r.html")])
+    assert result.exit_code == 2 and "pip install 'gpuobs[report]'" in result.output
+
+
+def test_a_bad_range_exits_2(tmp_path):
+    result = CliRunner().invoke(main, ["report", "--prometheus", "http://127.0.0.1:1", "--range", "7x"])
+    assert result.exit_code == 2 and "not a duration" in result.output
+    result = CliRunner().invoke(main, ["report", "--prometheus", "http://127.0.0.1:1", "--from", "200", "--to", "100"])
+    assert result.exit_code == 2 and "range is empty" in result.output
+
+
+CHECK = """<script>
+window.onerror = function (m) { document.documentElement.setAttribute("data-js-error", String(m)); };
+window.addEventListener("load", function () {
+  var images = Array.prototype.slice.call(document.images);
+  var broken = images.filter(function (i) { return !(i.complete && i.naturalWidth > 0); }).length;
+  var ids = Array.prototype.map.call(document.querySelectorAll("section"), function (s) { return s.id; });
+  var d = document.createElement("div");
+  d.id = "render-check";
+  d.textContent = "images=" + images.length + " broken=" + broken + " sections=" + ids.join(",");
+  document.body.appendChild(d);
+});
+</script>"""
+
+
+def _open_in_chromium(html_text: str, work: Path) -> tuple[re.Match, str, str]:
+    """(the render check's match, the dumped DOM, Chromium's log) of a page opened in headless Chromium
+    with CHECK appended: the report itself has no script."""
+    chromium = require_tool("chromium")
+    page = work / "page.html"
+    page.write_text(html_text.replace("<body>", "<body>" + CHECK, 1))  # first, to see every script's error
+    run = subprocess.run([chromium, "--headless", "--disable-gpu", "--no-sandbox", "--disable-dev-shm-usage",
+                          f"--user-data-dir={work / 'p'}",
+                          "--enable-logging=stderr", "--v=0", "--virtual-time-budget=5000", "--dump-dom",
+                          page.as_uri()], capture_output=True, text=True, timeout=90)
+    assert run.returncode == 0, run.stderr[-2000:]
+    check = re.search(r'<div id="render-check">images=(\d+) broken=(\d+) sections=([\w,]*)</div>', run.stdout)
+    assert check, run.stdout[-2000:] + run.stderr[-2000:]
+    return check, run.stdout, run.stderr
+
+
+JS_ERROR = re.compile(r"<html[^>]*data-js-error")
+CONSOLE_ERROR = re.compile(r"CONSOLE\(\d+\)|Uncaught")  # what Chromium logs of a page's console and errors
+
+
+def test_the_report_renders_in_headless_chromium(rendered, tmp_path):
+    check, dom, log = _open_in_chromium(rendered.read_text(), tmp_path)
+    assert int(check.group(1)) >= 2 and check.group(2) == "0"
+    assert check.group(3).split(",") == ["usage", "placement", "mig", "reliability", "alerts"]
+    assert not JS_ERROR.search(dom)
+    assert not CONSOLE_ERROR.search(log), log[-2000:]
+
+
+def test_the_browser_check_sees_a_broken_image_and_a_script_error(tmp_path):
+    page = ('<!DOCTYPE html><html><body><section id="s"><img src="data:image/png;base64,AAAA"></section>'
+            "<script>undefined_function();</script></body></html>")
+    check, dom, log = _open_in_chromium(page, tmp_path)
+    assert check.group(1, 2, 3) == ("1", "1", "s")
+    assert JS_ERROR.search(dom) and CONSOLE_ERROR.search(log), log[-2000:]
