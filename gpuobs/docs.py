@@ -171,11 +171,15 @@ def cardinality_markdown(measured: dict | None = None) -> str:
     out += ["", f"Per node, on top: **{node}** exporter self-health series (`gpuobs_nvml_up`, `gpuobs_gpus_*`, "
             "`gpuobs_exporter_*`, `gpuobs_nvml_info`), plus one per NVML error seen (by call and code) and one "
             "per kind of dropped value (by metric and reason).", "",
-            "A node of N such GPUs serves N × (per GPU) + per node; for example 8 × H100 SXM with the default "
-            f"families: 8 × {per_gpu} + {node} = {8 * per_gpu + node} series.", "",
+            "A node of N such GPUs serves N × (per GPU) + per node + N × (N − 1) GPU pairs (topology); for "
+            f"example 8 × H100 SXM with the default families: 8 × {per_gpu} + {node} + 56 = "
+            f"{8 * per_gpu + node + 56} series.", "",
             "## What multiplies", ""]
     out += [f"- **NVLink links**: {_n(m['per_link'])} series per link ({m['links']} links on an H100 SXM); a GPU "
             "without NVLink, or in MIG mode, has none.",
+            "- **GPU pairs** (topology): one series per ordered pair of GPUs on a node, N × (N − 1) (56 on an "
+            "8-GPU node, 7 per GPU), not in the per-GPU column above (measured on a node of one GPU); bounded by "
+            "the node's GPU count, read at probe.",
             f"- **MIG instances**: {_n(m['per_mig'])} series per MIG device (identity, memory and GPM activity per "
             "GPU instance), on top of the physical GPU's own series (the MIG column shows the net effect).",
             f"- **XID codes**: {_n(m['per_xid'])} series per distinct XID code a GPU has reported since the "

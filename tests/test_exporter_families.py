@@ -81,8 +81,8 @@ def test_registry_order_defaults_and_uses():
     from gpuobs.collect import default_families, needs_watcher
 
     assert list(REGISTRY) == ["identity", "utilization", "gpm", "memory", "power", "thermal", "clocks",
-                              "clock_events", "ecc", "pcie", "nvlink", "fabric", "mig", "processes", "xid",
-                              "kernel_log"]
+                              "clock_events", "ecc", "pcie", "nvlink", "fabric", "topology", "mig", "processes",
+                              "xid", "kernel_log"]
     assert set(REGISTRY) - default_families() == {"processes"}
     assert REGISTRY["mig"].uses == ("gpm",) and set(REGISTRY["processes"].uses) == {"memory", "mig"}
     for spec in REGISTRY.values():  # a family runs after those whose state it reads

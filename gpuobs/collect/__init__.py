@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ..nvml import Session
 from . import identity, utilization, gpm, memory, power, thermal, clocks, clock_events, ecc, pcie  # noqa: F401, I001
-from . import nvlink, fabric, mig, processes, xid, kernel_log  # noqa: F401, I001
+from . import nvlink, fabric, topology, mig, processes, xid, kernel_log  # noqa: F401, I001
 from .base import REGISTRY, Family, FamilySpec, Needs, Sample, Snapshot
 from .kernel_log import KernelLogWatcher
 from .sampler import Sampler

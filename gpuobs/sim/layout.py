@@ -14,7 +14,7 @@ import ctypes as C
 import re
 
 MAGIC = 0x4F42534E  # "NSBO"
-LAYOUT_VERSION = 4
+LAYOUT_VERSION = 5
 
 MAX_GPUS = 64
 MAX_MIG = 7
@@ -25,6 +25,7 @@ MAX_FAULTS = 64
 MAX_EVENTS = 256
 MAX_FUNCS = 256
 STR_LEN = 96
+CPU_WORDS = 4  # 64-bit words of a GPU's CPU affinity mask: 256 logical CPUs
 
 # Value shapes, evaluated by C at call time (t = CLOCK_REALTIME seconds).
 SHAPE_CONST = 0  # base
@@ -65,7 +66,8 @@ class Link(C.Structure):
     _fields_ = [("state", Val), ("version", Val), ("speed_mbps", Val),
                 ("tx_bytes", Val), ("rx_bytes", Val), ("crc_errors", Val),
                 ("replay_errors", Val), ("recovery_errors", Val), ("ecc_errors", Val),
-                ("remote_bus_id", Str)]
+                ("remote_bus_id", Str),
+                ("remote_type", C.c_int32)]  # nvmlIntNvLinkDeviceType_t: 0 GPU, 2 NVSwitch
 
 
 class Mig(C.Structure):
@@ -134,6 +136,11 @@ class Gpu(C.Structure):
         ("link_count", C.c_int32), ("mig_count", C.c_int32), ("proc_count", C.c_int32),
         ("reset_required", C.c_int32),  # 1: every call with its handle answers NVML_ERROR_RESET_REQUIRED
         ("supported_events", C.c_uint64),
+        # topology: NUMA node (nvmlDeviceGetNumaNodeId), CPU affinity bitmask (nvmlDeviceGetCpuAffinity; all 0:
+        # NOT_SUPPORTED) and, per peer slot, nvmlGpuTopologyLevel_t + 1 (0: not modelled, NOT_SUPPORTED)
+        ("numa_node", Val),
+        ("cpu_affinity", C.c_uint64 * CPU_WORDS),
+        ("topo_level", C.c_int32 * MAX_GPUS),
         ("links", Link * MAX_LINKS),
         ("migs", Mig * MAX_MIG),
         ("procs", Proc * MAX_PROCS),
@@ -194,7 +201,7 @@ def c_header(func_names: list[str], field_ids: dict[str, int] | None = None) -> 
            f"#define SIM_MAGIC 0x{MAGIC:08X}u", f"#define SIM_LAYOUT_VERSION {LAYOUT_VERSION}"]
     out.extend(f"#define {name} {value}u" for name, value in sorted((field_ids or {}).items()))
     for const in ("MAX_GPUS", "MAX_MIG", "MAX_LINKS", "MAX_PROCS", "MAX_FANS", "MAX_FAULTS",
-                  "MAX_EVENTS", "MAX_FUNCS", "STR_LEN", "GPM_SLOTS", "PERF_POLICIES"):
+                  "MAX_EVENTS", "MAX_FUNCS", "STR_LEN", "GPM_SLOTS", "PERF_POLICIES", "CPU_WORDS"):
         out.append(f"#define SIM_{const} {globals()[const]}")
     for name, value in SHAPES.items():
         out.append(f"#define SIM_SHAPE_{name.upper()} {value}")

@@ -908,6 +908,89 @@ API nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t dev, unsigned 
     return NVML_SUCCESS;
 }
 
+/* ---- topology ------------------------------------------------------------------------------ */
+
+/* The second GPU of a pair call: a full GPU's handle (a MIG device has no topology of its own). */
+static nvmlReturn_t peer_of(nvmlDevice_t dev2, sim_gpu_t *g, sim_gpu_t **out) {
+    int slot, mig;
+    if (!dev2 || !resolve(dev2, &slot, &mig) || slot >= S->gpu_slots || mig >= 0) return NVML_ERROR_INVALID_ARGUMENT;
+    sim_gpu_t *p = &S->gpus[slot];
+    if (!p->present || p->lost) return NVML_ERROR_GPU_IS_LOST;
+    if (p == g) return NVML_ERROR_INVALID_ARGUMENT;
+    *out = p;
+    return NVML_SUCCESS;
+}
+
+static int link_active(const sim_link_t *l) { return !l->state.ret && u32(&l->state) == 1; }
+
+/* NVLink links of g that reach p: its active links whose far end is p (an NVLink bridge, a direct
+   mesh), else, when both have active links into NVSwitches, all of g's switch links (as
+   `nvidia-smi topo -m` prints NV18 for every pair of a DGX H100). */
+static int nvlinks_to(const sim_gpu_t *g, const sim_gpu_t *p) {
+    int direct = 0, g_sw = 0, p_sw = 0;
+    for (int i = 0; i < g->link_count && i < SIM_MAX_LINKS; i++) {
+        const sim_link_t *l = &g->links[i];
+        if (!link_active(l)) continue;
+        if (l->remote_type == 2) g_sw++;
+        else if (!l->remote_bus_id.ret && !p->bus_id.ret && strncmp(l->remote_bus_id.s, p->bus_id.s, SIM_STR_LEN) == 0)
+            direct++;
+    }
+    for (int i = 0; i < p->link_count && i < SIM_MAX_LINKS; i++)
+        if (link_active(&p->links[i]) && p->links[i].remote_type == 2) p_sw++;
+    return direct ? direct : (g_sw && p_sw ? g_sw : 0);
+}
+
+API nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t dev, nvmlDevice_t dev2, int *level) {
+    DEV(F_nvmlDeviceGetTopologyCommonAncestor, 0);
+    NEED(level);
+    sim_gpu_t *p;
+    nvmlReturn_t r = peer_of(dev2, g, &p);
+    if (r) return r;
+    int stored = g->topo_level[slot_of(p)];
+    if (stored <= 0) return NVML_ERROR_NOT_SUPPORTED;
+    *level = stored - 1;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t dev, nvmlDevice_t dev2, int index, int *status) {
+    DEV(F_nvmlDeviceGetP2PStatus, 0);
+    NEED(status);
+    sim_gpu_t *p;
+    nvmlReturn_t r = peer_of(dev2, g, &p);
+    if (r) return r;
+    if (index < 0 || index > 4) return NVML_ERROR_INVALID_ARGUMENT;
+    int level = g->topo_level[slot_of(p)] - 1;
+    /* nvmlGpuP2PStatus_t: 0 OK, 3 IOH topology not supported, 5 not supported; index 2 is NVLink */
+    if (index == 2) *status = nvlinks_to(g, p) ? 0 : 5;
+    else *status = nvlinks_to(g, p) || (level >= 0 && level <= 40) ? 0 : 3;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t dev, unsigned link, int *type) {
+    LINK_DEV(F_nvmlDeviceGetNvLinkRemoteDeviceType);
+    NEED(type);
+    *type = l->remote_type;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t dev, int *node) {
+    DEV(F_nvmlDeviceGetNumaNodeId, 0);
+    NEED(node);
+    GET(&g->numa_node);
+    *node = i32(&g->numa_node);
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetCpuAffinity(nvmlDevice_t dev, unsigned words, unsigned long long *set) {
+    DEV(F_nvmlDeviceGetCpuAffinity, 0);
+    NEED(set);
+    uint64_t any = 0;
+    for (int i = 0; i < SIM_CPU_WORDS; i++) any |= g->cpu_affinity[i];
+    if (!any) return NVML_ERROR_NOT_SUPPORTED;
+    for (unsigned i = 0; i < words; i++) set[i] = i < SIM_CPU_WORDS ? g->cpu_affinity[i] : 0;
+    return NVML_SUCCESS;
+}
+
 /* ---- NVSwitch fabric -------------------------------------------------------------------------- */
 
 /* v1 (R525+), and the versioned struct of nvmlDeviceGetGpuFabricInfoV (v2 adds healthMask, v3 healthSummary). */

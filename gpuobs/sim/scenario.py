@@ -16,6 +16,7 @@ gpus:
     phase: load                   # idle | load
 processes:                        # optional, per GPU slot
   - {gpu: 0, pid: 4242, name: python train.py, used_mib: 30000, sm_util: 90}
+topology: nvswitch                # optional: nvswitch | nvlink-pairs | pcie, or a mapping (gpuobs.sim.topology)
 ```
 Relative capture paths resolve against the scenario file's folder, then the current directory.
 """
@@ -31,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from . import builder, layout, profiles
+from . import builder, layout, profiles, topology
 from .layout import Gpu, Val
 from .state import SimState, set_counter, set_val
 
@@ -577,6 +578,10 @@ def _apply(st: SimState, spec: dict, base: Path | None, node: str) -> None:
     for slot, (p, behaviour, period) in enumerate(slots):
         apply_profile(st, slot, p, node)
         behave(st.s.gpus[slot], p, behaviour, period)
+    try:
+        topology.apply(st, spec.get("topology"), len(slots))
+    except topology.TopologyError as e:
+        raise ScenarioError(str(e)) from None
 
 
 def load(path: str | Path) -> dict:

@@ -1,0 +1,159 @@
+"""Topology: per pair of GPUs on the node the closest path between them (NVLink straight to the
+peer, through NVSwitches, or the PCIe path) and its NVLink link count, and each GPU's NUMA node and
+CPU affinity, as `nvidia-smi topo -m` shows them. Read at probe (the wiring is fixed for the GPUs'
+life; re-read after NVML re-initialises and every Session.reprobe_after seconds); on slow samples
+only the NVLink P2P status of each pair is asked again, and a change re-reads the whole topology
+(a link that went down takes its pairs off NVLink)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import pynvml as N
+
+from .. import catalog as c
+from .base import Family, GpuCtx, register
+
+MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS: links are asked for until one answers none
+CPU_WORDS = 16  # 64-bit words of the affinity mask asked for: 1024 logical CPUs
+SWITCH = getattr(N, "NVML_NVLINK_DEVICE_TYPE_SWITCH", 2)
+P2P_NVLINK = getattr(N, "NVML_P2P_CAPS_INDEX_NVLINK", 2)  # pynvml 11.4.1 lacks the P2P constants
+P2P_OK = getattr(N, "NVML_P2P_STATUS_OK", 0)
+
+
+def _nvml(name: str) -> Callable[..., Any]:
+    """pynvml's function of that name, looked up now; one an older binding lacks (11.4.1 has no
+    nvmlDeviceGetNumaNodeId) answers FUNCTION_NOT_FOUND, which GpuCtx.get remembers as unavailable."""
+    fn = getattr(N, name, None)
+    if fn is not None:
+        return fn
+
+    def missing(*_args: Any) -> Any:
+        raise N.NVMLError(N.NVML_ERROR_FUNCTION_NOT_FOUND)
+    missing.__name__ = name
+    return missing
+
+
+@dataclass(frozen=True)
+class Peer:
+    """Another GPU of the node: its NVML index, UUID, handle and PCI bus id (NVML's form)."""
+    index: int
+    uuid: str
+    handle: Any
+    bus_id: str
+
+
+@dataclass
+class TopologyState:
+    """One GPU's topology as last probed: its peers, each pair's NVLink P2P answer, the pair series'
+    label values and NVLink link counts (same order), its NUMA node and CPU list (None: not reported)."""
+    peers: list[Peer] = field(default_factory=list)
+    p2p: dict[str, bool | None] = field(default_factory=dict)  # peer UUID -> NVLink P2P status (None: unknown)
+    pairs: list[tuple[str, ...]] = field(default_factory=list)  # label values after the GPU's own, per peer
+    counts: list[int] = field(default_factory=list)  # NVLink links per pair, in pairs' order
+    numa: int | None = None
+    cpus: str | None = None
+
+
+def cpu_list(words: Any) -> str:
+    """A CPU bitmask (64-bit words, CPU 0 the lowest bit of the first) as a Linux CPU list: "0-55,112-167"."""
+    cpus = [w * 64 + b for w, word in enumerate(words) for b in range(64) if int(word) >> b & 1]
+    ranges: list[list[int]] = []
+    for cpu in cpus:
+        if ranges and cpu == ranges[-1][1] + 1:
+            ranges[-1][1] = cpu
+        else:
+            ranges.append([cpu, cpu])
+    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in ranges)
+
+
+def _peers(gpu: GpuCtx) -> list[Peer]:
+    """The node's other GPUs; one that cannot be looked up (lost, unreadable) is left out."""
+    session = gpu.session
+    try:
+        count = session.call(N.nvmlDeviceGetCount, name="nvmlDeviceGetCount_v2")
+    except N.NVMLError:
+        return []
+    peers = []
+    for index in range(count):
+        if index == gpu.index:
+            continue
+        try:
+            handle = session.call(N.nvmlDeviceGetHandleByIndex, index, name="nvmlDeviceGetHandleByIndex_v2")
+            uuid = session.call(N.nvmlDeviceGetUUID, handle)
+            bus_id = session.call(N.nvmlDeviceGetPciInfo_v3, handle).busId
+        except (N.NVMLError, UnicodeDecodeError, ValueError, TypeError):
+            continue
+        if uuid != gpu.uuid:
+            peers.append(Peer(index, uuid, handle, bus_id.decode() if isinstance(bus_id, bytes) else str(bus_id)))
+    return peers
+
+
+def _links(gpu: GpuCtx) -> tuple[dict[str, int], int]:
+    """This GPU's active NVLink links: ({peer PCI bus id: links straight to it}, links into NVSwitches)."""
+    direct: dict[str, int] = {}
+    switch = 0
+    for link in range(MAX_LINKS):
+        state = gpu.get(_nvml("nvmlDeviceGetNvLinkState"), link, expected=(N.NVML_ERROR_INVALID_ARGUMENT,))
+        if state is None:
+            break  # past the last link, or no NVLink
+        if state != N.NVML_FEATURE_ENABLED:
+            continue
+        if gpu.get(_nvml("nvmlDeviceGetNvLinkRemoteDeviceType"), link) == SWITCH:
+            switch += 1
+            continue
+        remote = gpu.get(_nvml("nvmlDeviceGetNvLinkRemotePciInfo"), link, name="nvmlDeviceGetNvLinkRemotePciInfo_v2")
+        if remote is not None:
+            bus = remote.busId.decode() if isinstance(remote.busId, bytes) else str(remote.busId)
+            direct[bus.upper()] = direct.get(bus.upper(), 0) + 1
+    return direct, switch
+
+
+def _p2p(gpu: GpuCtx, peer: Peer) -> bool | None:
+    """Whether the driver reports an NVLink P2P path to the peer (None: it cannot tell)."""
+    status = gpu.get(_nvml("nvmlDeviceGetP2PStatus"), peer.handle, P2P_NVLINK)
+    return None if status is None else status == P2P_OK
+
+
+def _pair(gpu: GpuCtx, peer: Peer, p2p: bool | None, direct: dict[str, int], switch: int) -> tuple[tuple, int]:
+    """(label values after the GPU's own, NVLink links) of one pair. Without a P2P answer the links
+    decide: straight to the peer, or into NVSwitches (assumed to reach it)."""
+    level = gpu.get(_nvml("nvmlDeviceGetTopologyCommonAncestor"), peer.handle)
+    pcie = c.TOPOLOGY_PCIE_PATHS.get(level, "") if level is not None else ""
+    links, kind = direct.get(peer.bus_id.upper(), 0), "nvlink"
+    if not links and switch:
+        links, kind = switch, "nvswitch"
+    if p2p and not links:  # the driver reports an NVLink path but not over which links: at least one
+        links, kind = 1, "nvlink"
+    if p2p is False or not links:
+        links, kind = 0, pcie or "unknown"
+    return (str(peer.index), peer.uuid, kind, pcie), links
+
+
+@register("topology", summary="GPU pairs' NVLink/PCIe paths, NUMA node and CPU affinity")
+class Topology(Family):
+    """Absent pairs on a single-GPU node; the NUMA node and CPU affinity where NVML reports them."""
+    State = TopologyState
+
+    def probe(self, gpu: GpuCtx) -> None:
+        st = self.state(gpu)
+        st.peers = _peers(gpu)
+        st.p2p = {p.uuid: _p2p(gpu, p) for p in st.peers}
+        direct, switch = _links(gpu) if st.peers else ({}, 0)
+        pairs = [_pair(gpu, p, st.p2p[p.uuid], direct, switch) for p in st.peers]
+        st.pairs, st.counts = [labels for labels, _ in pairs], [links for _, links in pairs]
+        numa = gpu.get(_nvml("nvmlDeviceGetNumaNodeId"))
+        st.numa = numa if isinstance(numa, int) and numa >= 0 else None  # -1: no NUMA information
+        mask = gpu.get(_nvml("nvmlDeviceGetCpuAffinity"), CPU_WORDS)
+        st.cpus = cpu_list(mask) if mask is not None else None
+
+    def collect(self, gpu: GpuCtx) -> None:
+        st = self.state(gpu)
+        if gpu.slow and st.peers and any(_p2p(gpu, p) != st.p2p.get(p.uuid) for p in st.peers):
+            self.probe(gpu)
+        for labels, links in zip(st.pairs, st.counts):
+            gpu.emit(c.TOPOLOGY_NVLINK, links, *labels)
+        gpu.emit(c.NUMA_NODE, st.numa)
+        if st.cpus:
+            gpu.emit(c.CPU_AFFINITY, 1, st.cpus)

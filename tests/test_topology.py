@@ -1,0 +1,131 @@
+"""The topology family on the simulator's DGX/HGX (NVSwitch), NVLink-bridged and PCIe-only nodes, and
+the placement alert end to end: an in-process exporter with pod attribution from a fake kubelet,
+scraped by a real Prometheus evaluating the fast rule profile."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from conftest import require_tool
+from gpuobs import records
+from gpuobs.alerts.build import write_fast_rules
+from gpuobs.collect.topology import cpu_list
+from gpuobs.sim import scenario
+from gpuobs.sim.state import set_val
+from test_attribution import FAST, kubelet  # noqa: F401 - kubelet is a fixture
+
+LINKS = "gpuobs_gpu_topology_nvlink_links"
+ALERT = "GpuPodPlacementWithoutNvlink"
+
+
+def pairs(run, expect: int = 0) -> dict[tuple[str, str], tuple[float, str, str]]:
+    """{(gpu, peer_gpu): (NVLink links, link_type, pcie_path)} of a scrape with `expect` pair series at
+    least (a GPU whose read missed a loaded machine's pass deadline is absent from that snapshot)."""
+    scrape = run.wait_for(lambda s: sum(n == LINKS for n, _, _ in s) >= expect, 10, f"{expect} pair series")
+    return {(l["gpu"], l["peer_gpu"]): (v, l["link_type"], l["pcie_path"]) for n, l, v in scrape if n == LINKS}
+
+
+def by_gpu(run, name: str, expect: int, label: str | None = None) -> dict[str, object]:
+    """{gpu: value, or the label's value} of one per-GPU metric, from a scrape with all `expect` GPUs."""
+    scrape = run.wait_for(lambda s: sum(n == name for n, _, _ in s) >= expect, 10, f"{name} of {expect} GPUs")
+    return {l["gpu"]: (l[label] if label else v) for n, l, v in scrape if n == name}
+
+
+def test_nvswitch_board_every_pair_over_nvswitch_with_sockets_and_affinity(exporter):
+    """DGX H100: 8 GPUs, every pair NV18 through the NVSwitches; PXB within a board pair, NODE on a
+    socket, SYS across; GPUs 0-3 on NUMA node 0 (cores 0-55 and their threads 112-167), 4-7 on 1."""
+    run = exporter({"gpus": [{"profile": "h100-sxm-80gb", "count": 8}], "topology": "nvswitch"})
+    got = pairs(run, 8 * 7)
+    assert len(got) == 8 * 7
+    assert all(links == 18 and kind == "nvswitch" for links, kind, _ in got.values())
+    assert got[("0", "1")][2] == "pcie_switches" and got[("0", "2")][2] == "numa_node"
+    assert got[("0", "4")][2] == "system" and got[("7", "6")][2] == "pcie_switches"
+    assert by_gpu(run, "gpuobs_gpu_numa_node", 8) == {str(i): float(i // 4) for i in range(8)}
+    cpus = by_gpu(run, "gpuobs_gpu_cpu_affinity_info", 8, "cpus")
+    assert cpus["0"] == "0-55,112-167" and cpus["7"] == "56-111,168-223"
+
+
+def test_nvlink_bridged_pairs_and_a_link_going_down(make_sim, start):
+    """H100 NVL-style cards bridged two by two: only 0-1 and 2-3 have NVLink (NV18 straight to the peer,
+    PIX), the rest PCIe; when a bridge's links go down its pair falls back to PCIe on a slow pass."""
+    sim = make_sim({"gpus": [{"profile": "h100-sxm-80gb", "count": 4}],
+                    "topology": {"kind": "nvlink-pairs", "sockets": 1, "cores_per_socket": 32}}, init=False)
+    run = start(sim, interval=0.1)
+    got = pairs(run, 12)
+    assert got[("0", "1")] == (18.0, "nvlink", "pcie_switch") and got[("3", "2")] == (18.0, "nvlink", "pcie_switch")
+    assert got[("0", "2")] == (0.0, "numa_node", "numa_node") and got[("1", "3")] == (0.0, "numa_node", "numa_node")
+    assert set(by_gpu(run, "gpuobs_gpu_cpu_affinity_info", 4, "cpus").values()) == {"0-63"}
+    for slot in (2, 3):
+        g = sim.state.gpu(slot)
+        for link in g.links[: g.link_count]:
+            set_val(link.state, 0)
+    run.wait_for(lambda s: any(n == LINKS and l["gpu"] == "2" and l["peer_gpu"] == "3" and v == 0
+                               for n, l, v in s), 10, "the downed bridge's pair to lose NVLink")
+    assert pairs(run, 12)[("2", "3")] == (0.0, "pcie_switch", "pcie_switch")
+    assert pairs(run, 12)[("0", "1")][0] == 18.0
+
+
+def test_pcie_only_node_has_no_nvlink_pairs(exporter):
+    run = exporter({"gpus": [{"profile": "l40s-pcie", "count": 4}]})  # no NVLink: the default is pcie
+    got = pairs(run, 12)
+    assert len(got) == 12 and all(links == 0 for links, _, _ in got.values())
+    assert got[("0", "1")][1] == "pcie_switch" and got[("1", "2")][1] == "system"
+
+
+def test_single_gpu_has_no_pairs_and_a_bad_topology_is_refused(exporter):
+    run = exporter({"gpus": [{"profile": "h100-sxm-80gb"}]})
+    assert pairs(run) == {} and by_gpu(run, "gpuobs_gpu_numa_node", 1) == {"0": 0.0}
+    for bad in ("torus", {"kind": "pcie", "sockets": 0}, ["pcie"]):
+        with pytest.raises(scenario.ScenarioError, match="topology"):
+            scenario.apply(run.sim.state, {"gpus": [{"profile": "h100-sxm-80gb"}], "topology": bad})
+
+
+def test_cpu_list():
+    assert cpu_list([0b1011, 0]) == "0-1,3"
+    assert cpu_list([1 << 63, 1]) == "63-64"
+    assert cpu_list([0]) == ""
+
+
+def _alerts(query) -> dict[str, str]:
+    """{k8s_pod: state} of the placement alert in Prometheus's ALERTS."""
+    return {r["metric"]["k8s_pod"]: r["metric"]["alertstate"] for r in query(f'ALERTS{{alertname="{ALERT}"}}')}
+
+
+def test_pod_without_nvlink_fires_and_nvlink_pair_stays_quiet(make_sim, start, kubelet, prometheus, tmp_path):
+    """HGX H100 board whose GPU 7 lost its NVLinks (fabric down): a pod given GPUs 0 and 7 has no NVLink
+    between them and fires the alert; one given 1 and 2 (NVSwitch) does not; a 1-GPU pod neither."""
+    require_tool("prometheus")
+    server, path, _ = kubelet
+    sim = make_sim({"gpus": [{"profile": "h100-sxm-80gb", "count": 8}], "topology": "nvswitch"}, init=False)
+    g = sim.state.gpu(7)
+    for link in g.links[: g.link_count]:
+        set_val(link.state, 0)
+    run = start(sim, kubelet_socket=path, **FAST)
+    info = run.wait_for(lambda s: sum(n == "gpuobs_gpu_info" for n, _, _ in s) == 8, 10, "8 GPUs")
+    u = [l["uuid"] for l in sorted((l for n, l, _ in info if n == "gpuobs_gpu_info"), key=lambda l: int(l["gpu"]))]
+    server.pods = [("split", "ml", "trainer", "nvidia.com/gpu", [u[0], u[7]]),
+                   ("packed", "ml", "trainer", "nvidia.com/gpu", [u[1], u[2]]),
+                   ("single", "ml", "trainer", "nvidia.com/gpu", [u[3]])]
+    run.wait_for(lambda s: any(n == LINKS and l.get("k8s_pod") == "split" for n, l, _ in s), 5, "pod labels")
+    query = prometheus([f"127.0.0.1:{run.exp.http.port}"], rule_files=(str(write_fast_rules(tmp_path)),))
+    assert eventually(lambda: _alerts(query), {"split": "firing"}) == {"split": "firing"}
+    for record, want in ((records.POD_PAIRS_WITHOUT_NVLINK, {"split": 1, "packed": 0, "single": 0}),
+                         (records.POD_GPUS_HELD, {"split": 2, "packed": 2, "single": 1}),
+                         (records.POD_NUMA_NODES, {"split": 2, "packed": 1, "single": 1})):
+        assert eventually(lambda: per_pod(query, record), want) == want, record.name
+
+
+def per_pod(query, record) -> dict[str, float]:
+    return {r["metric"]["k8s_pod"]: float(r["value"][1]) for r in query(record.name)}
+
+
+def eventually(read, want, timeout: float = 40.0):
+    """read() once it equals want, else its last value after timeout s (for the assertion to show)."""
+    deadline = time.monotonic() + timeout
+    got = read()
+    while got != want and time.monotonic() < deadline:
+        time.sleep(1)
+        got = read()
+    return got
