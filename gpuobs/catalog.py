@@ -353,6 +353,27 @@ FABRIC_HEALTH = _m("gpu_fabric_health_mask", "gauge", "", "Fabric health bitmask
                    "configuration, ...); absent where the driver does not report it.", "fabric",
                    "nvmlDeviceGetGpuFabricInfoV .healthMask (nvmlGpuFabricInfo_v2)",
                    dcgm={(): "DCGM_FI_DEV_FABRIC_HEALTH_MASK"})
+# ---------------------------------------------------------------------------------------- topology
+# One series per ordered pair of GPUs on a node: n * (n - 1), 56 on an 8-GPU node, read at probe.
+# link_type: the closest path between the two (nvlink: NVLink links straight to the peer, an NVLink
+# bridge or mesh; nvswitch: through NVSwitches; else the PCIe path); pcie_path: the PCIe common
+# ancestor (nvmlGpuTopologyLevel_t) whatever the NVLink path, as `nvidia-smi topo -m` names them.
+TOPOLOGY_PCIE_PATHS = {0: "internal", 10: "pcie_switch", 20: "pcie_switches", 30: "host_bridge", 40: "numa_node",
+                       50: "system"}  # NVML_TOPOLOGY_INTERNAL/SINGLE/MULTIPLE/HOSTBRIDGE/NODE/SYSTEM
+TOPOLOGY_NVLINK = _m("gpu_topology_nvlink_links", "gauge", "", "NVLink links between this GPU and the peer GPU "
+                     "(through NVSwitches: all of this GPU's active switch links, as nvidia-smi topo -m prints "
+                     "NV18); 0 when the pair has no NVLink path. link_type is the closest path (nvlink, "
+                     "nvswitch, or the PCIe path), pcie_path the PCIe common ancestor: internal, pcie_switch "
+                     "(PIX), pcie_switches (PXB), host_bridge (PHB), numa_node (NODE: same socket), system "
+                     "(SYS: across sockets).", "topology",
+                     "nvmlDeviceGetP2PStatus(NVML_P2P_CAPS_INDEX_NVLINK), nvmlDeviceGetNvLinkState/"
+                     "RemoteDeviceType/RemotePciInfo_v2 per link, nvmlDeviceGetTopologyCommonAncestor",
+                     labels=GPU_LABELS + ("peer_gpu", "peer_uuid", "link_type", "pcie_path"), max_value=64)
+NUMA_NODE = _m("gpu_numa_node", "gauge", "", "NUMA node the GPU is attached to (its CPU socket on most "
+               "servers); absent where the system has no NUMA information.", "topology", "nvmlDeviceGetNumaNodeId")
+CPU_AFFINITY = _m("gpu_cpu_affinity", "info", "", "The CPUs closest to the GPU (ideal CPU affinity), as a "
+                  "CPU list such as 0-55,112-167 in the cpus label.", "topology",
+                  "nvmlDeviceGetCpuAffinity (a bitmask of 64-bit words)", labels=GPU_LABELS + ("cpus",))
 # --------------------------------------------------------------------------------------------- MIG
 MIG_MODE = _m("gpu_mig_enabled", "gauge", "", "1 if MIG mode is enabled now.", "mig", "nvmlDeviceGetMigMode current")
 MIG_INFO = _m("mig", "info", "", "One MIG device (GPU instance and compute instance) of a GPU.", "mig",

@@ -375,8 +375,9 @@ def generate(check: bool, runbook_base_url: str | None, out: str | None) -> None
     """Regenerate every generated, committed file (alerts, dashboards, docs).
 
     alerts/ and docs/runbooks/ come from gpuobs/alerts, dashboards/ from gpuobs/dashboards,
-    docs/metrics.md and docs/cardinality.md from gpuobs/docs.py. Exits 1 when, with --check, a file differs, or when a stale file (one no generator makes any
-    more) is left in alerts/, dashboards/ or docs/runbooks/."""
+    docs/metrics.md and docs/cardinality.md from gpuobs/docs.py, deploy/fluent-bit/gpuobs-*.conf
+    from the log-pattern catalog. Exits 1 when, with --check, a file differs, or when a stale file
+    (one no generator makes any more) is left in alerts/, dashboards/ or docs/runbooks/."""
     from . import generated
 
     root = Path(out).resolve() if out else generated.ROOT
@@ -387,6 +388,105 @@ def generate(check: bool, runbook_base_url: str | None, out: str | None) -> None
         click.echo(f"stale: {path.relative_to(root)} (no generator makes it; delete it)")
     if stale or (check and changed):
         raise SystemExit(1)
+
+
+@main.command()
+@click.option("--prometheus", "url", required=True, metavar="URL",
+              help="Prometheus base URL, e.g. http://prometheus:9090.")
+@click.option("--from", "start", metavar="TIME", help="Start: Unix seconds or ISO 8601 (default: --to minus --range).")
+@click.option("--to", "end", metavar="TIME", help="End: Unix seconds or ISO 8601 (default: now).")
+@click.option("--range", "length", default="7d", show_default=True, metavar="DURATION",
+              help="Length of the range when --from is not given (s, m, h, d or w).")
+@click.option("--step", type=click.IntRange(min=1), metavar="SECONDS",
+              help="Seconds between evaluations (default: 60 s up to about 41 h, then coarser).")
+@click.option("--cost-file", type=click.Path(exists=True, dir_okay=False), metavar="YAML",
+              help="Cost per GPU-hour per model, currency and namespace-to-team mapping (docs/report.md).")
+@click.option("--out", default="report.html", show_default=True, type=click.Path(dir_okay=False),
+              help="The HTML file to write.")
+def report(url: str, start: str | None, end: str | None, length: str, step: int | None, cost_file: str | None,
+           out: str) -> None:
+    """A self-contained HTML report of a time range from Prometheus, for a weekly review: utilisation
+    and waste by team, placement problems, MIG candidates, failures and MTBF, top alerts. Exits 2
+    when Prometheus is unreachable or an option is wrong."""
+    from . import report as report_mod
+
+    try:
+        window = report_mod.make_window(start, end, length, step)
+        path = report_mod.write(url, window, report_mod.load_settings(cost_file), out)
+    except report_mod.ReportError as e:
+        click.echo(f"gpuobs report: {e}", err=True)
+        raise SystemExit(2) from None
+    click.echo(f"wrote {path}")
+
+
+def _prometheus_query(url: str, promql: str) -> list[dict]:
+    """An instant query of Prometheus's HTTP API (/api/v1/query): its result vector. Raises
+    click.ClickException when Prometheus is unreachable or refuses the query."""
+    import json
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    query = f"{url.rstrip('/')}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+    try:
+        with urllib.request.urlopen(query, timeout=60) as r:
+            body = json.load(r)
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        raise click.ClickException(f"cannot query {url}: {e}") from None
+    if body.get("status") != "success":
+        raise click.ClickException(f"{url} refused the query: {body.get('error')}")
+    return body["data"]["result"]
+
+
+def _mig_peaks(url: str, length: str) -> list[tuple[dict, float, float, bool]]:
+    """Per GPU with a model name: (labels, peak memory used in bytes, peak SM activity ratio, in MIG
+    mode) over the last `length`, read by the expressions of the weekly records' steps (gpuobs.records)
+    with `length` as their window."""
+    import dataclasses
+
+    from . import catalog as c
+    from . import records as rec
+    from .alerts.rules import DEFAULT
+
+    t = dataclasses.replace(DEFAULT, weekly_interval=length)
+    key = rec.GPU_BY.split(", ")
+
+    def by_gpu(promql: str) -> dict[tuple, dict]:
+        return {tuple(s["metric"].get(k, "") for k in key): s for s in _prometheus_query(url, promql)}
+
+    memory, sm = by_gpu(rec.GPU_MEMORY_STEP.expr(t)), by_gpu(rec.GPU_SM_STEP.expr(t))
+    mig_on = by_gpu(f"{c.MIG_MODE.name} == 1")
+    rows = []
+    for gpu_key, info in sorted(by_gpu(c.GPU_INFO.exposed_name).items()):
+        if gpu_key in memory and gpu_key in sm:
+            rows.append((info["metric"], float(memory[gpu_key]["value"][1]), float(sm[gpu_key]["value"][1]),
+                         gpu_key in mig_on))
+    return rows
+
+
+@main.command("mig-advice")
+@click.option("--prometheus", "url", required=True, metavar="URL",
+              help="Prometheus base URL, e.g. http://prometheus:9090.")
+@click.option("--range", "length", default="7d", show_default=True, metavar="DURATION",
+              help="The past window whose peaks must fit (a Prometheus duration).")
+def mig_advice(url: str, length: str) -> None:
+    """Per GPU, the smallest MIG profile that its peak memory and SM activity over --range fit, with the
+    default right-sizing headroom: the table of gpuobs.mig, the logic of the recording rule
+    uuid:gpuobs_gpu_mig_profile:smallest_fit. GPUs in MIG mode, of a model without MIG or too busy
+    for any profile say so. Exits 1 when Prometheus cannot be queried."""
+    from . import mig
+    from .alerts.rules import DEFAULT
+
+    rows = _mig_peaks(url, length)
+    click.echo(f"{'node':<16} {'gpu':>3} {'model':<26} {'peak memory':>12} {'peak SM':>8}  "
+               f"advice (headroom {DEFAULT.mig_headroom:.0%})")
+    for labels, memory, sm, in_mig in rows:
+        name = labels.get("name", "")
+        profile = mig.recommend(name, memory, sm, DEFAULT.mig_headroom)
+        advice = ("already in MIG mode" if in_mig else profile.name if profile else
+                  "no MIG on this model" if mig.model_for(name) is None else "needs the whole GPU")
+        click.echo(f"{labels.get('node', ''):<16} {labels.get('gpu', ''):>3} {name:<26} "
+                   f"{memory / 1024 ** 3:>8.1f} GiB {sm:>8.0%}  {advice}")
 
 
 @main.group()

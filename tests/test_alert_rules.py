@@ -1074,6 +1074,39 @@ case("GpuKernelLogWatcherDown", "quiet", "the kernel_log family off: no series a
      (30, []), (90, []), interval="30s")
 
 
+# ---- placement: a multi-GPU pod on GPUs without NVLink between them (topology family)
+TOPO, INFO = "gpuobs_gpu_topology_nvlink_links", "gpuobs_gpu_info"
+_pod = {"k8s_namespace": "ml", "k8s_pod": "p1"}
+
+
+def _pair(src: dict, dst: dict, links: int, values: str, pod: dict | None = _pod) -> dict:
+    """One pair series of src's GPU towards dst's, src attributed to pod (None: to none)."""
+    kind = "nvswitch" if links else "system"
+    return s(TOPO, {**src, **(pod or {}), "peer_gpu": dst["gpu"], "peer_uuid": dst["uuid"], "link_type": kind,
+                    "pcie_path": "system"}, values.replace("L", str(links)))
+
+
+def _placement(links_ab: int, links_ac: int, n: int = 40, end: str = "") -> list[dict]:
+    """GPU0 and GPU1 in pod ml/p1 (links_ab NVLinks between them), GPU2 unattributed (links_ac to GPU0)."""
+    gpu2 = {**NODE, "gpu": "2", "uuid": "GPU-c"}
+    return [s(INFO, {**GPU0, **_pod}, f"1x{n}{end}"), s(INFO, {**GPU1, **_pod}, f"1x{n}{end}"), s(INFO, gpu2, f"1x{n}"),
+            _pair(GPU0, GPU1, links_ab, f"Lx{n}{end}"), _pair(GPU1, GPU0, links_ab, f"Lx{n}{end}"),
+            _pair(GPU0, gpu2, links_ac, f"Lx{n}{end}"), _pair(gpu2, GPU0, links_ac, f"Lx{n}", None)]
+
+
+_place_exp = [({"cluster": "c1", "node": "n1", **_pod},
+               "Pod ml/p1 on n1 holds GPUs of which 1 pair(s) have no NVLink path, on a node where other GPUs "
+               "have one: its GPU-to-GPU traffic crosses PCIe or the CPU interconnect.")]
+case("GpuPodPlacementWithoutNvlink", "fires", "a pod's two GPUs without NVLink, the node's third NVLinked to one",
+     _placement(0, 18), (14, []), (16, _place_exp), (35, _place_exp))
+case("GpuPodPlacementWithoutNvlink", "quiet", "the pod's two GPUs joined by NVLink (NVSwitch)",
+     _placement(18, 18), (16, []), (35, []))
+case("GpuPodPlacementWithoutNvlink", "quiet", "a PCIe-only node: no pair has NVLink, so no placement is better",
+     _placement(0, 0), (16, []), (35, []))
+case("GpuPodPlacementWithoutNvlink", "gone", "fires, then the pod ends (its labels go): resolves",
+     _placement(0, 18, 20, " stale") + [s(INFO, GPU0, "_x21 1x20"), s(INFO, GPU1, "_x21 1x20")],
+     (18, _place_exp), (25, []))
+
 def test_every_log_pattern_feeds_an_alert_of_its_severity():
     """Each pattern of gpuobs.logpatterns names the alert that reads its matches (gpuobs/logpatterns.py
     `alert=`): that alert exists, at the pattern's severity, and reads the pattern's series."""
@@ -1229,7 +1262,11 @@ def test_per_node_fleet_recording_rules(rule_dir):
                 for expr, want in checks]}]}
     groups = {g["name"]: [r["record"] for r in g["rules"] if "record" in r] for g in rule_groups(DEFAULT)}
     assert "cluster_node_error_type:gpuobs_gpu_nvlink_errors:rate" in groups["gpuobs-recording-links"]
-    assert not any("nvlink" in r for r in groups["gpuobs-recording"])
+    # every record reading per-link series is in the links group (the topology records name NVLink too,
+    # but read one series per GPU pair, not per link)
+    from gpuobs.records import RECORDS, per_link
+    link_records = {r.name for r in RECORDS if per_link(r.expr(DEFAULT))}
+    assert link_records and not link_records & set(groups["gpuobs-recording"])
     (rule_dir / "fleet_records_test.yml").write_text(yaml.safe_dump(test, sort_keys=False))
     out = promtool("test", "rules", "fleet_records_test.yml", cwd=rule_dir)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -72,11 +72,11 @@ def test_the_complexity_measure_counts_branches(source, expected):
 # still not allowed.
 LAYERS = {
     "nvml": 0, "ports": 0, "runenv": 0, "attribution": 0,
-    "catalog": 1, "logpatterns": 1,
+    "catalog": 1, "logpatterns": 1, "mig": 1,
     "records": 2, "sim": 2, "logs": 2,
     "collect": 3, "instrument": 3,
     "exporter": 4, "alerts": 4, "dashboards": 4,
-    "docs": 5, "smi": 5, "demo": 5,
+    "docs": 5, "smi": 5, "demo": 5, "report": 5,
     "generated": 6,  # `gpuobs generate` runs the alerts, dashboards and docs generators
     "cli": 7,
 }

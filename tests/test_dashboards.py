@@ -394,6 +394,7 @@ def _node_a(exporter, tmp_path):
     jobs = tmp_path / "slurm-jobs"  # Slurm job attribution on node-a, for the attribution panels
     jobs.mkdir()
     (jobs / "0").write_text("4242\n")
+    (jobs / "3").write_text("4242\n")  # job 4242 also holds the L40S: a pair without NVLink (placement panel)
     kernel_log = tmp_path / "kern.log"  # node-a's kernel log, a file standing in for /dev/kmsg
     kernel_log.touch()
     run = exporter(spec, interval=0.5, slurm_job_dir=str(jobs), kernel_log=str(kernel_log), kernel_log_state="")
@@ -403,6 +404,7 @@ def _node_a(exporter, tmp_path):
         f.write(f"NVRM: Xid (PCI:{bus}): 48, pid=1, name=python, An uncorrectable double bit error\n"
                 f"NVRM: GPU at PCI:{bus}: NVLink: fatal error detected on link 3\n")
     set_val(st.gpu(0).clock_events, 0x4)  # H200 held at its power cap
+    set_val(st.gpu(0).gpm[scenario.GPM_SLOT["sm_util"]], 40.0)  # ...at 40 % SM activity: a MIG candidate
     set_val(st.gpu(3).mem_used, 20 * GIB)  # L40S allocated but idle
     set_val(st.gpu(3).util_gpu, 0)
     set_val(st.gpu(2).util_enc, 150)  # an impossible value: dropped and counted
@@ -510,6 +512,10 @@ def test_every_panel_query_returns_data(exporter, tmp_path):
         st.xid(0, 13)  # after the exporter registered for events
         st.fail("nvmlEventSetWait_v2", 999, times=2)  # XID watcher errors, counted by code
         st.fail("nvmlDeviceGetTemperature", 0, gpu=1, delay_ms=700, times=2)  # two passes past the deadline
+        spare_up = sel(records.GPU_UP_STEP_MIN, 'node="node-a"', 'gpu="5"') + " == 1"
+        deadline = time.monotonic() + 20  # ...seen up by the weekly group too, so that its loss counts there
+        while not prom.query(spare_up) and time.monotonic() < deadline:
+            time.sleep(0.5)
         st.lose_gpu(5)  # the spare A100 falls off the bus after it was seen
         _assert_every_check_gets_data(prom, procs, _panel_checks())
         _assert_the_scenario(prom)

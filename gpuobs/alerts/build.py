@@ -27,7 +27,7 @@ from urllib.parse import urljoin
 
 import yaml
 
-from ..records import recording_rules
+from ..records import WEEKLY_GROUP, recording_rules
 from .rules import DEFAULT, FAST, Alert, Thresholds, _seconds, alerts
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,9 +39,9 @@ def _group_name(group: str) -> str:
 
 
 def rule_groups(t: Thresholds) -> list[dict]:
-    """Prometheus rule groups: the recording rules, then alerts by group."""
+    """Prometheus rule groups: the recording rules (the weekly ones every weekly_interval), then alerts by group."""
     records = recording_rules(t)
-    groups = [{"name": _group_name(group), "interval": t.eval_interval,
+    groups = [{"name": _group_name(group), "interval": t.weekly_interval if group == WEEKLY_GROUP else t.eval_interval,
                "rules": [{"record": r.record, "expr": r.expr} for r in records if r.group == group]}
               for group in dict.fromkeys(r.group for r in records)]
     pack = alerts(t)

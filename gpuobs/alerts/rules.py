@@ -91,6 +91,11 @@ class Thresholds:
     # log patterns: a job's CUDA OOMs within for_long (one that its retry logic handled is no alert)
     oom_repeats_job: int = 3  # OOM lines of all its ranks together
     oom_repeats_rank: int = 2  # OOM lines of one rank, across its restarts
+    # weekly review (gpuobs.records' WEEKLY_GROUP): MIG right-sizing and fleet reliability over
+    # weekly_window, in a rule group of its own evaluated every weekly_interval (its step)
+    weekly_window: str = "7d"
+    weekly_interval: str = "5m"
+    mig_headroom: float = 0.2  # a GPU's peak memory and SM activity plus this share must fit a MIG profile
     exporter_job: str = "gpuobs"
     exporter_daemonset: str = "gpuobs-exporter"  # exporters/kubernetes/daemonset.yaml, as kube-state-metrics names it
     runbook_base: str = DEFAULT_RUNBOOK_BASE  # absolute http(s) URL of docs/runbooks
@@ -106,7 +111,8 @@ DEFAULT = Thresholds()
 FAST = Thresholds(profile="fast", eval_interval="1s", rate_window="20s", long_window="1m", baseline_window="2m",
                   for_now="2s", for_short="5s", for_medium="10s", for_idle="15s", for_long="15s", keep_firing="10s",
                   training_stall="20s", checkpoint_seconds=2.0, trend_step="5s", trend_window="30s",
-                  trend_baseline="1m", temp_trend_window="1m", temp_trend_horizon="2m", power_brake_window="1m")
+                  trend_baseline="1m", temp_trend_window="1m", temp_trend_horizon="2m", power_brake_window="1m",
+                  weekly_window="1m", weekly_interval="5s")  # 5s: a few scrapes per step
 
 
 # rule group per scope: cluster-wide alerts (the watchdog's too) evaluate apart, as "meta"
@@ -354,18 +360,19 @@ def utilization(t: Thresholds) -> list[Alert]:
 def xid(t: Thresholds) -> list[Alert]:
     """XID errors by tier of action (counters: alerts resolve once no new XID arrives)."""
     alert = partial(Alert, family="xid", for_="0s", scope="gpu", keep_firing_for=t.keep_firing)
+    tiers = records.XID_TIERS  # codes by tier, shared with the weekly failure rates
     return [
-        alert(name="GpuXidRebootRequired", expr=_xid("79", t), severity="critical",
+        alert(name="GpuXidRebootRequired", expr=_xid(tiers["xid_reboot"], t), severity="critical",
               summary="GPU fell off the bus (XID 79): the node needs a reboot.",
               description=f"{GPU} reported XID {{{{ $labels.xid }}}}: reboot the node."),
-        alert(name="GpuXidResetRequired", expr=_xid("48|62|63|64|95|119|120", t), severity="critical",
+        alert(name="GpuXidResetRequired", expr=_xid(tiers["xid_reset"], t), severity="critical",
               summary="GPU reported an XID that needs a GPU reset.",
               description=f"{GPU} reported XID {{{{ $labels.xid }}}}: drain it and reset the GPU."),
-        alert(name="GpuXidApplicationError", expr=_xid("94|13|31|43|45", t), severity="warning",
+        alert(name="GpuXidApplicationError", expr=_xid(tiers["xid_application"], t), severity="warning",
               summary="GPU reported an application-level XID: restart the application.",
               description=f"{GPU} reported XID {{{{ $labels.xid }}}} (contained error): restart the affected "
                           "application."),
-        alert(name="GpuXidNvlinkError", expr=_xid("74", t), severity="warning",
+        alert(name="GpuXidNvlinkError", expr=_xid(tiers["xid_nvlink"], t), severity="warning",
               summary="GPU reported an NVLink error (XID 74).",
               description=f"{GPU} reported XID 74: check its NVLink links."),
         alert(name=lp.BY_NAME["nvrm_xid"].alert, expr=_xid_unseen_by_nvml(t), for_=t.for_short,
@@ -661,8 +668,23 @@ def meta(t: Thresholds) -> list[Alert]:
     ]
 
 
+def placement(t: Thresholds) -> list[Alert]:
+    """Where multi-GPU workloads landed on a node's GPU topology (the topology family)."""
+    return [
+        Alert(name="GpuPodPlacementWithoutNvlink",
+              # only on nodes with NVLink at all: on a PCIe-only node no placement is better
+              expr=f"({records.POD_PAIRS_WITHOUT_NVLINK.name} > 0) "
+                   f"and on (cluster, node) ({records.NODE_NVLINK_LINKS_MAX.name} > 0)",
+              for_=t.for_medium, severity="warning", scope="node", family="placement",
+              summary="A multi-GPU pod got GPUs without NVLink between them.",
+              description="Pod {{ $labels.k8s_namespace }}/{{ $labels.k8s_pod }} on {{ $labels.node }} holds GPUs "
+                          "of which {{ $value }} pair(s) have no NVLink path, on a node where other GPUs have "
+                          "one: its GPU-to-GPU traffic crosses PCIe or the CPU interconnect."),
+    ]
+
+
 FAMILIES = (thermal, power, utilization, xid, memory, interconnect, presence, exporter, telemetry, training,
-            training_logs, inference, meta)
+            training_logs, inference, placement, meta)
 
 
 def alerts(t: Thresholds) -> list[Alert]:

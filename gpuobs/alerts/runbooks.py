@@ -1600,6 +1600,37 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             $POWER_USAGE{node="<node>"}
             ```"""],
         action=_degrading_action("`power_brake_episodes` and `power_brake_window`")),
+    # ------------------------------------------------------------------------------ placement
+    "GpuPodPlacementWithoutNvlink": _rb(
+        meaning="""
+            A pod holds two or more GPUs of a node and at least one pair of them has no NVLink path
+            (`nvmlDeviceGetP2PStatus` with the NVLink index says not supported), while other GPUs of the same
+            node do have NVLink between them (`$NODE_NVLINK_LINKS_MAX` above 0). Typical nodes: PCIe cards
+            joined two by two by NVLink bridges (H100 NVL), where the scheduler handed out GPUs of two
+            different bridges; an HGX board where one GPU's NVLinks or its fabric registration are down.""",
+        impact="""
+            Collectives and peer-to-peer copies between those GPUs go over PCIe or across CPU sockets: a few
+            to tens of times less bandwidth than NVLink, often 3-8x slower steps for communication-heavy
+            training or tensor-parallel inference. Nothing fails; the work is slow and the GPUs are wasted.""",
+        diagnosis=["""
+            - The pairs and their paths: on the node, `nvidia-smi topo -m` (NV# for NVLink, PIX/PXB/PHB/NODE/SYS
+              for PCIe paths), or the node dashboard's topology table.
+            - Which GPUs the pod holds: `kubectl get pod -n <namespace> <pod> -o yaml` and the
+              kubelet's PodResources (the exporter's `k8s_pod` labels).
+            - A GPU whose NVLinks are down (HGX): `nvidia-smi nvlink -s -i <index>`, and
+              `$NVLINK_UP{node="<node>"} == 0`.""", """
+            ```promql
+            $TOPOLOGY_NVLINK{node="<node>", k8s_pod="<pod>"} == 0
+            $POD_PAIRS_WITHOUT_NVLINK{node="<node>"}
+            $POD_NUMA_NODES{node="<node>"}
+            ```"""],
+        action="""
+            Reschedule the pod onto GPUs that share NVLink: with the NVIDIA device plugin, enable its
+            topology-aware allocation (`nvidia.com/gpu` allocated with the `best-effort` or `guaranteed`
+            topology policy) or the kubelet Topology Manager; ask for whole NVLink groups (2 GPUs on a bridged
+            node, 8 on an HGX board). On Slurm, request GPUs with `--gres-flags=enforce-binding` and a gres.conf
+            that names the NVLink groups (`Links=`). Where a GPU's NVLinks are down, drain it
+            and have the node serviced."""),
     # ------------------------------------------------------------------------------ meta
     "Watchdog": _rb(
         meaning="""

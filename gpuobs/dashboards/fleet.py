@@ -66,6 +66,56 @@ def at_risk() -> list:
     ]
 
 
+def _override(column: str, unit: str) -> dict:
+    return {"matcher": {"id": "byName", "options": column}, "properties": [{"id": "unit", "value": unit}]}
+
+
+def weekly_review(L: k.Layout) -> None:
+    """The weekly review rows (gpuobs.records' weekly group, over its window, 7 days by default): MIG
+    right-sizing of the GPUs not in MIG mode, and fleet reliability (docs/fleet-review.md explains the numbers)."""
+    L.row("MIG right-sizing (over the weekly window)")
+    advice = f"({sel(r.GPU_MIG_ADVICE, C, N)} {model()})"
+    L.add(k.table("MIG candidates", [
+        target(advice),
+        target(f"{sel(r.GPU_MEMORY_PEAK, C, N)} and on ({k.GPU_BY}) {advice}"),
+        target(f"{sel(r.GPU_SM_PEAK, C, N)} and on ({k.GPU_BY}) {advice}")], "short",
+        "GPUs not in MIG mode whose peak memory used and peak SM activity over the week (utilization where the "
+        "GPU has no GPM), plus the right-sizing headroom, fit a MIG profile of their model: the smallest such "
+        "profile and its compute slices of 7. A GPU missing here needs the whole GPU, has no MIG, or is in MIG "
+        "mode already.", merge=True, links=[k.TO_NODE],
+        rename={"Value #A": "compute slices of 7", "Value #B": "peak memory", "Value #C": "peak SM active"},
+        overrides=[_override("peak memory", "bytes"), _override("peak SM active", "percentunit")]), 16, 8)
+    L.add(k.bargauge("MIG candidates by profile", [
+        target(f"count by (profile) {advice}", "{{profile}}", instant=True)], "short",
+        "How many GPUs would fit each profile (their smallest fit)."), 8, 8)
+
+    L.row("Reliability (over the weekly window)")
+    L.add(k.bargauge("Failures per 1,000 GPU-hours", [
+        target(sel(r.CLUSTER_FAILURE_RATE, C), "{{cluster}} {{class}}", instant=True)], "short",
+        "Failure events per 1,000 GPU-hours up, by class: XIDs by tier of action (reboot 79; reset 48, 62-64, 95, "
+        "119, 120; application 13, 31, 43, 45, 94; NVLink 74), GPUs lost, row-remap failures, uncorrectable ECC "
+        "errors. One incident can count in two classes (an XID 79 and the GPU lost)."), 8, 8)
+    L.add(k.table("MTBF per node", [target(sel(r.NODE_MTBF, C, N))], "h",
+                  "GPU-hours up per hardware failure on each node (application XIDs excluded); nodes without "
+                  "failures are not listed.", rename={"Value": "MTBF"}, links=[k.TO_NODE]), 8, 8)
+    L.add(k.table("MTBF per GPU model", [target(sel(r.MODEL_MTBF, C))], "h",
+                  "GPU-hours up per hardware failure of each GPU model (application XIDs excluded).",
+                  rename={"Value": "MTBF", "name": "model"}), 8, 8)
+    L.add(k.stat("GPU-hours up", [target(f"sum({sel(r.NODE_MODEL_GPU_HOURS, C, N)})")], "h",
+                 "GPU-hours of GPUs answering NVML over the window."), 6, 4)
+    L.add(k.stat("GPU-hours lost to failures", [target(f"sum({sel(r.NODE_MODEL_GPU_HOURS_LOST, C, N)})")], "h",
+                 "GPU-hours of GPUs present but down (lost, needing a reset, unreadable or timed out).",
+                 thresholds=[{"color": "green", "value": None}, {"color": "orange", "value": 1}]), 6, 4)
+    L.add(k.stat("GPU-hours lost to checkpoints and restarts", [
+        target(f"sum({sel(r.CLUSTER_RESTART_HOURS, C)})")], "h",
+        "Training ranks' time saving checkpoints and starting up after a restart (checkpoint load included): "
+        "the training badput of causes checkpoint and startup, one rank one GPU."), 6, 4)
+    L.add(k.stat("Training goodput", [target(sel(r.CLUSTER_GOODPUT, C), "{{cluster}}")], "percentunit",
+                 "The share of the training ranks' time spent in steps (goodput over goodput and badput).",
+                 thresholds=[{"color": "red", "value": None}, {"color": "orange", "value": 0.7},
+                             {"color": "green", "value": 0.9}]), 6, 4)
+
+
 def build():
     L = k.Layout()
     L.row("Inventory")
@@ -182,6 +232,11 @@ def build():
     L.add(k.timeseries("PCIe replays", [
         target(sel(r.NODE_PCIE_REPLAYS, C, N), "{{node}}")], "cps",
         "PCIe link-level retransmissions per second, per node.", min=0, links=[k.TO_NODE_SERIES]), 8, 6)
+    L.add(k.table("Placed without NVLink", [target(
+        f"({sel(r.POD_PAIRS_WITHOUT_NVLINK, C, N)} > 0) or ({sel(r.JOB_PAIRS_WITHOUT_NVLINK, C)} > 0)")], "short",
+        "Pods and Slurm jobs holding GPUs of which some pairs have no NVLink path between them (value: such "
+        "pairs), so their GPU-to-GPU traffic crosses PCIe (GpuPodPlacementWithoutNvlink on nodes with NVLink).",
+        rename={"Value": "pairs without NVLink"}), 24, 6)
     L.add(k.timeseries("NVLink traffic", [
         target(per_cluster(r.NODE_NVLINK_TX), "{{cluster}} transmit"),
         target(per_cluster(r.NODE_NVLINK_RX), "{{cluster}} receive")], "Bps",
@@ -190,6 +245,7 @@ def build():
         target(per_cluster(r.NODE_PCIE_TX), "{{cluster}} transmit"),
         target(per_cluster(r.NODE_PCIE_RX), "{{cluster}} receive")], "Bps",
         "PCIe bytes per second between the GPUs and their hosts.", min=0), 12, 7)
+    weekly_review(L)
 
     variables = [
         k.variable("cluster", f"label_values({c.GPUS_EXPECTED.name}, cluster)", "Cluster"),

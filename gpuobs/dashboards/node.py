@@ -218,6 +218,16 @@ def build():
                   "fabric show nothing.", merge=True, hide=("cluster", "node", "uuid", "Value #A"),
                   rename={"Value #B": "status", "Value #C": "clique", "Value #D": "health mask"}), 24, 6)
 
+    L.row("Topology")
+    L.add(k.table("GPU topology", [target(m(c.TOPOLOGY_NVLINK))], "short",
+                  "Per pair of GPUs (nvidia-smi topo -m as a table): the NVLink links between them (0: none), the "
+                  "closest path (nvlink, nvswitch, or the PCIe path) and the PCIe path itself: pcie_switch (PIX), "
+                  "pcie_switches (PXB), host_bridge (PHB), numa_node (same socket), system (across sockets).",
+                  hide=("cluster", "node", "uuid", "peer_uuid"), rename={"Value": "NVLink links"}), 16, 8)
+    L.add(k.table("NUMA node and CPU affinity", [target(m(c.NUMA_NODE)), target(m(c.CPU_AFFINITY))], "short",
+                  "Each GPU's NUMA node (CPU socket) and the CPUs closest to it: pin a GPU's data loaders there.",
+                  merge=True, hide=("cluster", "node", "uuid", "Value #B"), rename={"Value #A": "NUMA node"}), 8, 8)
+
     L.row("MIG")
     L.add(k.table("MIG devices", [target(m(c.MIG_INFO)), target(m(c.MIG_MEMORY_TOTAL))], "bytes",
                   "GPU instances and compute instances, with profile and memory.", merge=True,
