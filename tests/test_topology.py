@@ -129,3 +129,21 @@ def eventually(read, want, timeout: float = 40.0):
         time.sleep(1)
         got = read()
     return got
+
+
+def test_a_lost_peer_does_not_make_the_other_gpus_unusable(exporter):
+    """A pair call (P2P status, common ancestor) to a GPU that fell off the bus fails with the lost
+    GPU's code: the asking GPU stays up through the slow passes that ask again, only the lost one is
+    down, and the pairs between the GPUs still there are still served."""
+    from gpuobs.collect.base import Family
+
+    run = exporter({"gpus": [{"profile": "h100-sxm-80gb", "count": 4}], "topology": "nvswitch"}, interval=0.2)
+    pairs(run, 4 * 3)
+    run.sim.state.lose_gpu(1)
+    run.next_snapshot(2 * Family.slow_every + 2)  # two slow passes: each asks every pair again
+    up = {l["gpu"]: v for n, l, v in run.scrape() if n == "gpuobs_gpu_up"}
+    assert up == {"0": 1.0, "1": 0.0, "2": 1.0, "3": 1.0}, up
+    unhealthy = {l["gpu"] for n, l, v in run.scrape() if n == "gpuobs_gpu_unhealthy" and v == 1}
+    assert unhealthy == {"1"}, unhealthy
+    peers = {(l["gpu"], l["peer_gpu"]) for n, l, _ in run.scrape() if n == "gpuobs_gpu_topology_nvlink_links"}
+    assert {(a, b) for a in "023" for b in "023" if a != b} <= peers, peers

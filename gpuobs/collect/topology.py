@@ -110,16 +110,23 @@ def _links(gpu: GpuCtx) -> tuple[dict[str, int], int]:
     return direct, switch
 
 
+# A pair call answers for both GPUs: a lost (or reset-needing) peer makes it fail with the peer's
+# code, which must not mark this GPU unusable. Those codes give None here; this GPU's own calls
+# still report its own loss.
+PEER_GONE = (N.NVML_ERROR_GPU_IS_LOST, N.NVML_ERROR_RESET_REQUIRED)
+
+
 def _p2p(gpu: GpuCtx, peer: Peer) -> bool | None:
-    """Whether the driver reports an NVLink P2P path to the peer (None: it cannot tell)."""
-    status = gpu.get(_nvml("nvmlDeviceGetP2PStatus"), peer.handle, P2P_NVLINK)
+    """Whether the driver reports an NVLink P2P path to the peer (None: it cannot tell, or the peer
+    is gone)."""
+    status = gpu.get(_nvml("nvmlDeviceGetP2PStatus"), peer.handle, P2P_NVLINK, expected=PEER_GONE)
     return None if status is None else status == P2P_OK
 
 
 def _pair(gpu: GpuCtx, peer: Peer, p2p: bool | None, direct: dict[str, int], switch: int) -> tuple[tuple, int]:
     """(label values after the GPU's own, NVLink links) of one pair. Without a P2P answer the links
     decide: straight to the peer, or into NVSwitches (assumed to reach it)."""
-    level = gpu.get(_nvml("nvmlDeviceGetTopologyCommonAncestor"), peer.handle)
+    level = gpu.get(_nvml("nvmlDeviceGetTopologyCommonAncestor"), peer.handle, expected=PEER_GONE)
     pcie = c.TOPOLOGY_PCIE_PATHS.get(level, "") if level is not None else ""
     links, kind = direct.get(peer.bus_id.upper(), 0), "nvlink"
     if not links and switch:
