@@ -103,15 +103,24 @@ def make_window(start: str | None, end: str | None, length: str, step: int | Non
 class Settings:
     """What the report cannot read from Prometheus. namespace_label: the label attribution puts the
     pod's namespace in (k8s_namespace; namespace in dcgm naming). teams: {namespace: team}, a
-    namespace missing is its own team. costs: {GPU model as gpuobs_gpu_info's `name`: cost per
-    GPU-hour}, with default_cost for the other models (None: no cost shown). idle_utilization: a GPU
-    at or below this utilisation (ratio) is idle, the alert pack's threshold by default."""
+    namespace missing is its own team. costs: {GPU model as gpuobs_gpu_info's `name`, or a regex
+    matching whole names as the recording rules' Thresholds.gpu_hour_costs do: cost per GPU-hour}, an
+    exact name first, then the first regex that matches, then default_cost (None: no cost shown).
+    idle_utilization: a GPU at or below this utilisation (ratio) is idle, the alert pack's threshold
+    by default. from_thresholds gives the recording rules' own pricing."""
     namespace_label: str = "k8s_namespace"
     teams: dict[str, str] = field(default_factory=dict)
     costs: dict[str, float] = field(default_factory=dict)
     default_cost: float | None = None
-    currency: str = "USD"
+    currency: str = DEFAULT.currency
     idle_utilization: float = DEFAULT.idle_utilization
+
+    @classmethod
+    def from_thresholds(cls, t=DEFAULT, **overrides) -> "Settings":
+        """The pricing and idle threshold of the allocation recording rules (gpuobs.records) under
+        thresholds t: the report's idle GPU-hours and cost then agree with the Fleet efficiency dashboard."""
+        return cls(**{"costs": dict(t.gpu_hour_costs), "default_cost": t.gpu_hour_cost_default,
+                      "currency": t.currency, "idle_utilization": t.idle_utilization, **overrides})
 
     def team(self, namespace: str) -> str:
         """The team a namespace belongs to (itself unless mapped)."""
@@ -119,12 +128,22 @@ class Settings:
 
     def cost(self, model: str) -> float | None:
         """Cost of one GPU-hour of this model, or None when no cost is known."""
-        return self.costs.get(model, self.default_cost)
+        if model in self.costs:
+            return self.costs[model]
+        return next((cost for key, cost in self.costs.items() if _fullmatch(key, model)), self.default_cost)
 
     @property
     def priced(self) -> bool:
         """Whether any cost is configured (else the report shows no money)."""
         return bool(self.costs) or self.default_cost is not None
+
+
+def _fullmatch(pattern: str, text: str) -> bool:
+    """Whether a cost key, read as a regex (PromQL's `=~` matches whole names), matches text."""
+    try:
+        return re.fullmatch(pattern, text) is not None
+    except re.error:  # a model name that is no valid regex is matched exactly, above
+        return False
 
 
 def load_settings(path: str | Path | None, **overrides) -> Settings:

@@ -9,6 +9,7 @@ import json
 import re
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -17,6 +18,7 @@ import urllib.request
 import pytest
 
 from conftest import REPO, free_port, free_port_run, require_tool, stop
+from test_attribution import kubelet  # noqa: F401 - a fixture: node-a's pod attribution
 from gpuobs import catalog as c
 from gpuobs import records
 from gpuobs.collect import REGISTRY
@@ -63,7 +65,8 @@ def queries(dashboard: dict) -> list[tuple[dict, dict]]:
 def test_generator_writes_every_file_in_dashboards_only(tmp_path):
     import yaml
 
-    assert set(DASHBOARDS) == {"fleet-overview", "node", "training-job", "inference-service", "exporter-health"}
+    assert set(DASHBOARDS) == {"fleet-overview", "node", "training-job", "inference-service", "exporter-health",
+                               "fleet-efficiency"}
     written = write(outputs(tmp_path))
     assert {p.relative_to(tmp_path).as_posix() for p in written} == {
         *(f"dashboards/{n}.json" for n in DASHBOARDS), "dashboards/provisioning/dashboards.yaml",
@@ -297,6 +300,7 @@ VALUES = {
     "training-job": {"job_id": "example-job", "rank": "(0|1)"},
     "inference-service": {"model": "llama-3-8b", "operation": "chat"},
     "exporter-health": {"job": "gpuobs", "cluster": "east", "node": "(node-a|node-c)"},
+    "fleet-efficiency": {"cluster": "east"},
 }
 BUILTIN_VALUES = {"__rate_interval": "1m", "__range": "1m", "__interval": "15s"}
 # Targets that are legitimately empty in this scenario: (dashboard, panel title, refId) -> why.
@@ -383,10 +387,10 @@ def variable_queries(d: dict, values: dict[str, str]) -> list[tuple[str, str, st
     return out
 
 
-def _node_a(exporter, tmp_path):
+def _node_a(exporter, tmp_path, kubelet_socket: str):
     """node-a, a mixed node with faults whose exporter runs in this process on the simulator: H200 /
     H100 with MIG / A100 (with pre-Ampere style page retirement) / L40S / RTX, plus an A100 to lose,
-    and Slurm job attribution."""
+    and Slurm job and (from the kubelet at kubelet_socket) pod attribution."""
     spec = scenario.load(REPO / "examples" / "scenarios" / "mixed-faults.yaml")
     spec["gpus"][2]["overrides"] = {"retired_pages": {"sbe": 2, "dbe": 0, "pending": 0}}
     spec["gpus"][0]["overrides"] = {"fabric": {"health_mask": 0}}  # the H200's fabric reports health (v2 call)
@@ -397,7 +401,8 @@ def _node_a(exporter, tmp_path):
     (jobs / "3").write_text("4242\n")  # job 4242 also holds the L40S: a pair without NVLink (placement panel)
     kernel_log = tmp_path / "kern.log"  # node-a's kernel log, a file standing in for /dev/kmsg
     kernel_log.touch()
-    run = exporter(spec, interval=0.5, slurm_job_dir=str(jobs), kernel_log=str(kernel_log), kernel_log_state="")
+    run = exporter(spec, interval=0.5, slurm_job_dir=str(jobs), kernel_log=str(kernel_log), kernel_log_state="",
+                   kubelet_socket=kubelet_socket, attribution_refresh=0.5)
     st = run.sim.state
     bus = st.gpu(2).bus_id.s.decode()[4:-2]  # NVML's 00000000:18:00.0 as the kernel writes it: 0000:18:00
     with open(kernel_log, "a") as f:  # an XID the NVML events missed, and an NVLink message
@@ -410,6 +415,61 @@ def _node_a(exporter, tmp_path):
     set_val(st.gpu(2).util_enc, 150)  # an impossible value: dropped and counted
     st.fail("nvmlDeviceGetEncoderUtilization", 999, gpu=3)  # a failing NVML call, counted by call and code
     return run
+
+
+# kube-state-metrics and Kueue as their documentation names their series: a team label on one of
+# node-a's pod namespaces, a pod pending with 2 GPUs, a cluster queue using 2 GPUs of a quota of 4
+CLUSTER_STATE = {
+    "kube-state-metrics": """\
+# HELP kube_namespace_labels Kubernetes labels converted to Prometheus labels.
+# TYPE kube_namespace_labels gauge
+kube_namespace_labels{namespace="ml-research",label_team="ml"} 1
+kube_namespace_labels{namespace="sandbox"} 1
+# HELP kube_pod_status_phase The pods current phase.
+# TYPE kube_pod_status_phase gauge
+kube_pod_status_phase{namespace="sandbox",pod="queued-0",uid="u-1",phase="Pending"} 1
+kube_pod_status_phase{namespace="sandbox",pod="queued-0",uid="u-1",phase="Running"} 0
+# HELP kube_pod_container_resource_requests The number of requested request resource by a container.
+# TYPE kube_pod_container_resource_requests gauge
+kube_pod_container_resource_requests{namespace="sandbox",pod="queued-0",uid="u-1",container="main",resource="nvidia_com_gpu",unit="integer"} 2
+""",
+    "kueue": """\
+# HELP kueue_pending_workloads The number of pending workloads, per 'cluster_queue' and 'status'.
+# TYPE kueue_pending_workloads gauge
+kueue_pending_workloads{cluster_queue="research",status="active"} 1
+kueue_pending_workloads{cluster_queue="research",status="inadmissible"} 0
+# HELP kueue_cluster_queue_resource_usage Reports the cluster_queue's total resource usage.
+# TYPE kueue_cluster_queue_resource_usage gauge
+kueue_cluster_queue_resource_usage{cohort="all",cluster_queue="research",flavor="h100",resource="nvidia.com/gpu"} 2
+# HELP kueue_cluster_queue_nominal_quota Reports the cluster_queue's resource nominal quota.
+# TYPE kueue_cluster_queue_nominal_quota gauge
+kueue_cluster_queue_nominal_quota{cohort="all",cluster_queue="research",flavor="h100",resource="nvidia.com/gpu"} 4
+"""}
+
+
+def _serve_cluster_state(servers: list) -> dict[str, list[tuple[str, str, str]]]:
+    """Serve CLUSTER_STATE's static expositions (stdlib HTTP servers, appended to servers); their scrape jobs."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    jobs = {}
+    for job, text in CLUSTER_STATE.items():
+        class Handler(BaseHTTPRequestHandler):
+            body = text.encode()
+
+            def do_GET(self):
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.end_headers()
+                self.wfile.write(self.body)
+
+            def log_message(self, *args):
+                pass
+
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        jobs[job] = [(f"127.0.0.1:{server.server_address[1]}", "east", "node-a")]
+    return jobs
 
 
 def _start_targets(nodes: list[Simulator], procs: list, node_a: int) -> dict[str, list[tuple[str, str, str]]]:
@@ -490,22 +550,38 @@ def _assert_the_scenario(prom: Prometheus) -> None:
     assert float(prom.query(f"sum({sel(records.CLUSTER_GPUS_LOST, east)})")[0]["value"][1]) >= 1
     assert len(prom.query(f"{sel(c.GPU_UNHEALTHY, east, lost)} == 1")) == 1
     assert prom.query(f"{sel(c.NVML_UP, node_c)} == 0")
+    # the efficiency inputs: pods' GPUs summed by team (ml-research's team label), pending demand, quota use
+    team = {r["metric"]["team"]: float(r["value"][1]) for r in prom.query(sel(records.TEAM_GPUS_ALLOCATED, east))}
+    assert team == {"ml": 2, "sandbox": 1}
+    assert float(prom.query(sel(records.NAMESPACE_GPUS_PENDING, east))[0]["value"][1]) == 2
+    assert float(prom.query(sel(records.QUEUE_GPU_QUOTA_USED, east))[0]["value"][1]) == 0.5
 
 
-def test_every_panel_query_returns_data(exporter, tmp_path):
+def _hold_pods(run, servicer) -> None:
+    """node-a's pods: one of namespace ml-research (team ml) on the H100 and the A100, one of sandbox
+    (no team label) on the RTX; the Slurm job keeps GPUs 0 and 3."""
+    uuid = {l["gpu"]: l["uuid"] for n, l, _ in run.scrape() if n == c.GPU_INFO.exposed_name}
+    servicer.pods = [("trainer-0", "ml-research", "main", "nvidia.com/gpu", [uuid["1"], uuid["2"]]),
+                     ("notebook-0", "sandbox", "main", "nvidia.com/gpu", [uuid["4"]])]
+
+
+def test_every_panel_query_returns_data(exporter, kubelet, tmp_path):
     """Three simulated nodes (node-a: a mixed node with faults, in process; node-b: 8 busy H100s;
     node-c: NVML down), two training ranks and an inference server, scraped by a real Prometheus
     with the recording rules: every panel target of every dashboard parses and returns data."""
-    run = _node_a(exporter, tmp_path)
+    servicer, socket, _ = kubelet
+    run = _node_a(exporter, tmp_path, socket)
+    _hold_pods(run, servicer)
     st = run.sim.state
     nodes = [Simulator(scenario.load(REPO / "examples" / "scenarios" / "8xh100.yaml"), base=REPO,
                        directory=tmp_path / "node-b", node="node-b"),
              Simulator({"gpus": [{"profile": "a100-40gb", "count": 2}]}, base=REPO, directory=tmp_path / "node-c",
                        node="node-c")]
     nodes[1].state.fail_init(9)  # node-c: NVML_ERROR_DRIVER_NOT_LOADED
-    procs = []
+    procs, servers = [], []
     try:
-        prom = Prometheus(tmp_path, _start_targets(nodes, procs, run.exp.http.port))
+        prom = Prometheus(tmp_path, {**_start_targets(nodes, procs, run.exp.http.port),
+                                     **_serve_cluster_state(servers)})
         procs.append(prom.proc)
         prom.ready()
         run.next_snapshot(2)
@@ -522,5 +598,7 @@ def test_every_panel_query_returns_data(exporter, tmp_path):
     finally:
         for proc in procs:
             stop(proc)
+        for server in servers:
+            server.shutdown()
         for sim in nodes:
             sim.close()

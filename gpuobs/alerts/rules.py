@@ -96,6 +96,16 @@ class Thresholds:
     weekly_window: str = "7d"
     weekly_interval: str = "5m"
     mig_headroom: float = 0.2  # a GPU's peak memory and SM activity plus this share must fit a MIG profile
+    # allocation, use and cost (gpuobs.records' allocation section; gpuobs.report prices with the same):
+    # the kube_namespace_labels label naming a namespace's team (kube-state-metrics exports it when its
+    # --metric-labels-allowlist allows the namespace label: team -> label_team), and the cost of one
+    # GPU-hour in `currency` per GPU model, the first (gpuobs_gpu_info `name` regex, cost) pair that
+    # matches (fully, as PromQL matches), else gpu_hour_cost_default. Illustrative defaults, not
+    # prices: set your own.
+    team_label: str = "label_team"
+    gpu_hour_costs: tuple[tuple[str, float], ...] = ((".*(H100|H200).*", 3.0), (".*A100.*", 1.5))
+    gpu_hour_cost_default: float = 1.0
+    currency: str = "USD"
     exporter_job: str = "gpuobs"
     exporter_daemonset: str = "gpuobs-exporter"  # exporters/kubernetes/daemonset.yaml, as kube-state-metrics names it
     runbook_base: str = DEFAULT_RUNBOOK_BASE  # absolute http(s) URL of docs/runbooks

@@ -59,6 +59,8 @@ def _quote(name: str, value: object) -> str:
         return f"{value * 100:g} %"
     if name.endswith("_bytes"):
         return f"{value / 1024 ** 3:g} GiB"
+    if isinstance(value, tuple):  # a table of (key, number) pairs: gpu_hour_costs
+        return ", ".join(f"{key} {number:g}" for key, number in value)
     return f"{value:g}"
 
 

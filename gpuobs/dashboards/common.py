@@ -26,9 +26,10 @@ SCHEMA_VERSION = 39  # Grafana 11
 PLUGIN_VERSION = "11.0.0"  # panels are written in the options format of this version: no migration runs
 TAGS = ["gpuobs"]
 UIDS = {"fleet": "gpuobs-fleet", "node": "gpuobs-node", "training": "gpuobs-training",
-        "inference": "gpuobs-inference", "exporter": "gpuobs-exporter"}
+        "inference": "gpuobs-inference", "exporter": "gpuobs-exporter", "efficiency": "gpuobs-efficiency"}
 SLUGS = {"fleet": "gpuobs-fleet-overview", "node": "gpuobs-node", "training": "gpuobs-training-job",
-         "inference": "gpuobs-inference-service", "exporter": "gpuobs-exporter-health"}
+         "inference": "gpuobs-inference-service", "exporter": "gpuobs-exporter-health",
+         "efficiency": "gpuobs-fleet-efficiency"}
 GPU_BY = r.GPU_BY  # one GPU, whatever the scrape adds
 BASE_THRESHOLDS = [{"color": "green", "value": None}]
 NO_DATA = "No data"

@@ -254,7 +254,8 @@ def build():
     ]
     links = [k.dashboard_link("Node", "node", "Per-GPU detail of one node"),
              k.dashboard_link("Training job", "training"), k.dashboard_link("Inference service", "inference"),
-             k.dashboard_link("Exporter health", "exporter")]
+             k.dashboard_link("Exporter health", "exporter"),
+             k.dashboard_link("Fleet efficiency", "efficiency", "Allocated against used GPUs, idle holders, cost")]
     return k.dashboard("gpuobs / Fleet overview", "fleet",
                        "GPU inventory, utilization, throttling, power, temperature, XID/ECC/remap events and "
                        "interconnect health across the fleet.", L, variables, links)
