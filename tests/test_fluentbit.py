@@ -59,7 +59,7 @@ REAL_STDERR = [
      "monitoredBarrier in 2000 ms", "collective_timeout"),
     ("[rank1]:     dist.all_reduce(torch.ones(4))  # rank 0 never joins: gloo times out after 3 s and raises",
      None),
-    ("[rank1]:   File \"/work/.venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py\", line "
+    ("[rank1]:   File \"/opt/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py\", line "
      "3252, in all_reduce", None),
     ("[rank1]: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection "
      "closed by peer [127.0.0.1]:63197. This is typically caused by a remote worker crashing.", None),
