@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 import random
-import re
 import subprocess
 from dataclasses import dataclass, field
 
@@ -22,6 +21,7 @@ import yaml
 
 from conftest import require_tool
 from gpuobs.alerts.build import alert_rule, rule_groups, rules_file
+from rule_subset import subset
 from gpuobs.alerts.rules import DEFAULT, FAST, _seconds, alerts
 
 ALERTS = {a.name: a for a in alerts(DEFAULT)}
@@ -1146,15 +1146,9 @@ def unit_test(c: Case) -> dict:
 
 
 def alert_rule_file(alert: str) -> dict:
-    """The rule file, cut down to one alert and the recording rules, if it reads any: promtool evaluates
-    every rule of its files at every step, and the health alerts' cases run hours of 30 s steps."""
-    reads_records = re.search(r"\b[a-z_]+:[a-z0-9_:]+\b", ALERTS[alert].expr) is not None
-    groups = []
-    for g in yaml.safe_load(rules_file(DEFAULT))["groups"]:
-        rules = [r for r in g["rules"] if r.get("alert") == alert or ("record" in r and reads_records)]
-        if rules:
-            groups.append({**g, "rules": rules})
-    return {"groups": groups}
+    """The rule file, cut down to one alert and the recording rules it reads (transitively): promtool
+    evaluates every rule of its files at every step, and the cases run hours of 30 s steps."""
+    return {"groups": subset(yaml.safe_load(rules_file(DEFAULT))["groups"], [], (alert,))}
 
 
 def promtool_tests(cases: list[Case], rule_file: str = "gpuobs.rules.yml", groups: list[str] | None = None) -> str:
