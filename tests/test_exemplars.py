@@ -18,25 +18,14 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from conftest import REPO, OTLPReceiver, free_port, stop
+from test_instrument import isolated  # noqa: F401  (autouse: no launcher or OTEL_* variables, fresh module state)
 from gpuobs import catalog as c
 from gpuobs import instrument
-from gpuobs.instrument import exemplars, telemetry, train
+from gpuobs.instrument import exemplars
 from gpuobs.instrument.env import RunEnv
 from gpuobs.instrument.quantiles import WindowedQuantiles, slow_threshold
 
 OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8"
-
-
-@pytest.fixture(autouse=True)
-def isolated(monkeypatch):
-    for name in ("GPUOBS_PROMETHEUS_PORT", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_SDK_DISABLED", "GPUOBS_EXEMPLARS",
-                 "GPUOBS_EXEMPLAR_MIN_S", "RANK", "LOCAL_RANK", "GPUOBS_JOB_ID"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(telemetry, "_current", None)
-    monkeypatch.setattr(train, "_default", None)
-    yield
-    if telemetry._current is not None:
-        telemetry._current.shutdown(timeout_s=2)
 
 
 class ScriptedTimer:
