@@ -251,10 +251,10 @@ class GpuCtx:
             if e.value in UNAVAILABLE:
                 self.answered += 1
                 self.session.mark_unavailable(self.uuid, what, call, e.value)
+            elif e.value in expected:  # before UNUSABLE: a pair call answers a lost peer's code
+                self.answered += 1
             elif e.value in UNUSABLE:
                 raise unusable(self.uuid, e.value) from None
-            elif e.value in expected:
-                self.answered += 1
             else:
                 self.failed += 1
         except (UnicodeDecodeError, ValueError, TypeError):
