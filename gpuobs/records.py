@@ -265,6 +265,7 @@ class WeeklyWindows(Windows, Protocol):
     weekly_window: str
     weekly_interval: str
     mig_headroom: float
+    eval_interval: str  # of the other recording groups, whose records the weekly group averages
 
 
 DURATION = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
@@ -286,10 +287,26 @@ def with_model(expr: str, t: Windows) -> str:
     return f"({expr}) * on ({GPU_BY}) group_left (name) {info} or ignoring (name) ({expr})"
 
 
+# The labels attribution adds to every per-GPU series (gpuobs.exporter.render.ATTRIBUTION_LABELS,
+# native naming). A GPU's series change identity when the pod or job holding it changes, so a
+# per-GPU step record drops them: a GPU that changed hands within a step is still one GPU.
+ATTRIBUTION = ("k8s_namespace", "k8s_pod", "k8s_container", "hpc_job")
+
+
+def per_gpu(op: str, expr: str) -> str:
+    """expr's series combined per GPU across attribution changes with `op` (max, min or sum)."""
+    return f"{op} without ({', '.join(ATTRIBUTION)}) ({expr})"
+
+
 def _step(op: str, source: c.Metric, matchers: str = "") -> Record:
-    """Per GPU, `op`_over_time of a catalog series over one step of the weekly group."""
-    return Record(GPU, source, op,
-                  lambda t: f"{op}_over_time({source.exposed_name}{matchers}[{t.weekly_interval}])")
+    """Per GPU, `op` (max, min or avg) over one step of the weekly group of a catalog series, across
+    the series attribution splits it into (an average as sum over count of every sample)."""
+    def expr(t: WeeklyWindows) -> str:
+        sel = f"{source.exposed_name}{matchers}[{t.weekly_interval}]"
+        if op == "avg":
+            return f"{per_gpu('sum', f'sum_over_time({sel})')} / {per_gpu('sum', f'count_over_time({sel})')}"
+        return per_gpu(op, f"{op}_over_time({sel})")
+    return Record(GPU, source, op, expr)
 
 
 def _peak(step: Record) -> Record:
@@ -319,8 +336,8 @@ def _sm_step(t: WeeklyWindows) -> str:
     # SM activity (GPM, Hopper+); a GPU without any over long_window (an A100) gets the share of time a
     # kernel ran, never below it: a conservative stand-in (not for a GPM sample late for one step)
     sm, step = CLUSTER_SM_ACTIVE.source.name, t.weekly_interval
-    return (f"max_over_time({sm}[{step}]) or on ({GPU_BY}) (max_over_time({c.UTILIZATION.name}[{step}]) "
-            f"unless on ({GPU_BY}) present_over_time({sm}[{t.long_window}]))")
+    return per_gpu("max", f"max_over_time({sm}[{step}]) or on ({GPU_BY}) (max_over_time({c.UTILIZATION.name}[{step}]) "
+                          f"unless on ({GPU_BY}) present_over_time({sm}[{t.long_window}]))")
 
 
 GPU_SM_STEP = Record(GPU, CLUSTER_SM_ACTIVE.source, "max", _sm_step)
@@ -330,7 +347,7 @@ GPU_REMAP_FAILURE_STEP = _step("max", c.REMAP_FAILURE)
 GPU_XID_STEP = _step("max", c.XID_ERRORS)
 GPU_ECC_UNCORRECTED_STEP = Record(
     GPU, "gpuobs_gpu_ecc_uncorrected", "max",
-    lambda t: f"max_over_time({c.ECC_ERRORS.exposed_name}{UNCORRECTED}[{t.weekly_interval}])")
+    lambda t: per_gpu("max", f"max_over_time({c.ECC_ERRORS.exposed_name}{UNCORRECTED}[{t.weekly_interval}])"))
 GPU_MEMORY_PEAK = _peak(GPU_MEMORY_STEP)
 GPU_SM_PEAK = _peak(GPU_SM_STEP)
 
@@ -544,8 +561,15 @@ def _by_team(source: Record) -> Record:
 
 
 def _weekly(now: Record, hours_of: str) -> tuple[Record, Record]:
-    """A step record of `now` (its average over weekly_interval) and its sum over weekly_window in hours."""
-    step = Record(now.by, now, "avg", lambda t: f"avg_over_time({now.name}[{t.weekly_interval}])")
+    """A step record of `now` (its average over weekly_interval, an evaluation without a series
+    counting as 0: a pod or job present for part of the step counts for that part, where
+    avg_over_time would count it for the whole step) and its sum over weekly_window in hours."""
+    def average(t: WeeklyWindows) -> str:
+        step = duration_seconds(t.weekly_interval)
+        # (t - step, t]: a 1 ms shorter range, so that Prometheus 2 (which includes a sample exactly at
+        # t - step) and 3 (which does not) both see one step's evaluations when the groups tick together
+        return f"sum_over_time({now.name}[{round(step * 1000) - 1}ms]) / {step / duration_seconds(t.eval_interval):g}"
+    step = Record(now.by, now, "avg", average)
     return step, Record(now.by, hours_of, "sum", _hours(step))
 
 

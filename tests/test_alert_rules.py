@@ -862,6 +862,14 @@ def _trend_exp(v):
 case("GpuTemperatureTrendingToSlowdown", "fires", "60 °C, then climbing 1 °C every 10 min from 2 h",
      [s(TEMP, GPU0, _climb), s(SLOW, GPU0, f"90x{2 * H + 300}")],
      (2 * H, []), (2 * H + 170, _trend_exp(95)), (2 * H + 220, _trend_exp(100)), (2 * H + 260, []))
+_split = 2 * H + 100  # a new pod takes the GPU: its series carry the new pod's labels from then on
+_climb_values = _climb.split()
+case("GpuTemperatureTrendingToSlowdown", "fires", "climbing as above, the pod holding the GPU changes at 3 h 40 min",
+     [s(TEMP, {**GPU0, "k8s_pod": "a"}, " ".join(_climb_values[:_split]) + " stale"),
+      s(TEMP, {**GPU0, "k8s_pod": "b"}, " ".join(["_"] * _split + _climb_values[_split:])),
+      s(SLOW, {**GPU0, "k8s_pod": "a"}, f"90x{_split - 1} stale"),
+      s(SLOW, {**GPU0, "k8s_pod": "b"}, f"_x{_split} 90x{2 * H + 300 - _split - 1}")],
+     (2 * H, []), (2 * H + 170, _trend_exp(95)), (2 * H + 220, _trend_exp(100)), (2 * H + 260, []))
 case("GpuTemperatureTrendingToSlowdown", "quiet", "oscillating 55-65 °C every 20 min",
      [s(TEMP, GPU0, " ".join(f"{60 + 5 * math.sin(2 * math.pi * i / 20):.1f}" for i in range(5 * H))),
       s(SLOW, GPU0, f"90x{5 * H}")], *((h * H, []) for h in range(1, 6)))

@@ -24,7 +24,9 @@ from gpuobs.records import WEEKLY_GROUP, duration_seconds
 
 H100, A100 = "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB"
 H100_COST, OTHER_COST = 3.0, 1.25
-T = dataclasses.replace(DEFAULT, team_label="label_team", weekly_window="2h", weekly_interval="5m",
+# promtool's unit tests evaluate every group at evaluation_interval, whatever its own interval: the
+# 30 s records are evaluated once per weekly step here (eval_interval), which the step records read as such
+T = dataclasses.replace(DEFAULT, team_label="label_team", weekly_window="2h", weekly_interval="5m", eval_interval="5m",
                         gpu_hour_costs=((".*H100.*", H100_COST),), gpu_hour_cost_default=OTHER_COST)
 # (node, gpu, model, utilisation, attribution labels) of every GPU
 GPUS = [

@@ -205,9 +205,11 @@ def _temperature_trend(t: Thresholds) -> str:
     (GpuTemperatureNearSlowdown's case). The value is the predicted temperature, °C."""
     temp, slowdown = c.TEMPERATURE.name, c.SLOWDOWN_TEMPERATURE.name
     horizon = f"{_seconds(t.temp_trend_horizon):g}"
-    return (f"predict_linear({temp}[{t.temp_trend_window}], {horizon}) >= on ({GPU_BY}) {slowdown} and "
-            f"predict_linear({temp}[{t.for_medium}], {horizon}) >= on ({GPU_BY}) {slowdown} and "
-            f"{temp} < on ({GPU_BY}) ({slowdown} - {t.temp_margin_c:g})")
+    # per GPU across attribution changes: after a pod change the window holds two series of the GPU
+    # (the old pod's and the new), which one-to-one matching refuses for the whole rule
+    pace = [records.per_gpu("max", f"predict_linear({temp}[{w}], {horizon})") for w in (t.temp_trend_window, t.for_medium)]
+    return (f"{pace[0]} >= on ({GPU_BY}) {slowdown} and on ({GPU_BY}) {pace[1]} >= on ({GPU_BY}) {slowdown} "
+            f"and on ({GPU_BY}) {temp} < on ({GPU_BY}) ({slowdown} - {t.temp_margin_c:g})")
 
 
 DEGRADING = "The GPU is degrading: drain it and plan its replacement."  # the degradation alerts' shared idea
