@@ -48,7 +48,9 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench import workload  # noqa: E402
 from bench.common import Running, cpu_seconds, free_port, version  # noqa: E402
+from gpuobs import records as rec  # noqa: E402
 from gpuobs import catalog as c  # noqa: E402
 from gpuobs.alerts.rules import DEFAULT, _seconds  # noqa: E402
 from gpuobs.nvml import pynvml as N  # noqa: E402
@@ -59,6 +61,7 @@ if str(ROOT) not in sys.path:
 RULES = ROOT / "alerts" / "gpuobs.rules.yml"
 RULE_INTERVAL_S = _seconds(DEFAULT.eval_interval)  # of every group in alerts/gpuobs.rules.yml
 FLEET_DASHBOARDS = ("fleet-overview", "exporter-health")   # the fleet-wide ones; node, job and model ones are not
+EFFICIENCY_DASHBOARDS = ("fleet-efficiency",)   # the weekly review: its queries must return data on the history
 CLUSTERS = 5
 GPUS = 8
 HISTORY_HOURS = 6
@@ -235,102 +238,53 @@ RATE = {
 }
 ROLES = ("busy", "idle", "allocated_idle", "throttled", "xid", "lost")
 ROLE_P = (0.92, 0.03, 0.02, 0.02, 0.008, 0.002)
+# node -> the role of its last GPU: so that even a small fleet has XIDs and a lost GPU (the failure
+# and MTBF records have data) and the Slurm cluster an idle job
+FORCED = {1: "xid", 2: "lost", 4: "allocated_idle"}
 
 
-class Node:
-    """One fleet node: its series (prefix text) and the arrays that give their values at time t:
-    value = base + amp * utilization(gpu, t) + rate * (t - T0) + step * floor((t - T0 + phase) / XID_PERIOD)."""
+class Rows:
+    """Series of one scrape target (or one kube-state-metrics/Kueue endpoint) with the values they
+    take at time t and the spans in which they exist. Subclasses fill self.rows with
+    (family, name, labels, gpu, coefficients, spans, target) and call self.finish(extra)."""
 
-    def __init__(self, n: int, template: list[Series], fams: dict, target_labels: bool, keep: set[str] | None = None):
-        rng = np.random.default_rng(n)
-        self.node = f"node-{n:04d}"
-        self.cluster = f"cluster-{n % CLUSTERS}"
-        self.roles = [ROLES[i] for i in rng.choice(len(ROLES), size=GPUS, p=ROLE_P)]
-        self.busy = np.array([r in ("busy", "throttled", "xid") for r in self.roles], dtype=float)
-        self.phase = rng.uniform(0, 2 * math.pi, size=(2, GPUS))
-        uuids = [f"GPU-{n:08x}-{g:04x}-4{rng.integers(0, 4096):03x}-8000-{rng.integers(0, 2**47):012x}"
-                 for g in range(GPUS)]
-        extra = {"cluster": self.cluster, "instance": f"{self.node}:9445", "job": "gpuobs", "node": self.node}
-        rows = []  # (family, name, labels, gpu, base, amp, rate, step)
-        for s in template:
-            if keep is not None and s.name not in keep:
-                continue
-            labels = dict(s.labels)
-            if "uuid" in labels:
-                labels["uuid"] = uuids[s.gpu]
-            role = self.roles[s.gpu] if s.gpu >= 0 else "busy"
-            base, amp, rate, step = s.value, 0.0, 0.0, 0.0
-            if s.name in FOLLOW:
-                base, amp = FOLLOW[s.name]
-            elif s.name in RATE:
-                rate = RATE[s.name]
-                base = s.value
-            elif s.name == c.LAST_SUCCESS.name:
-                base, rate = T0, 1.0
-            elif s.name == c.MEMORY_USED.name:
-                base = {"busy": 6.0e10, "allocated_idle": 4.0e10, "idle": 5.0e8}.get(role, 6.0e10)
-            elif s.name == c.GPU_UP.name:
-                base = 0.0 if role == "lost" else 1.0
-            elif s.name == c.GPUS_PRESENT.name:
-                base = GPUS - self.roles.count("lost")
-            elif s.name == c.CLOCK_EVENT_ACTIVE.name:
-                r = labels.get("reason")
-                base = float((r == "gpu_idle" and role in ("idle", "allocated_idle"))
-                             or (r == "sw_power_cap" and role == "throttled" and s.gpu % 2 == 0)
-                             or (r == "hw_thermal_slowdown" and role == "throttled" and s.gpu % 2 == 1))
-            elif s.name == c.CLOCK_EVENT_DURATION.exposed_name:
-                if role == "throttled" and labels.get("reason") in ("sw_power_cap", "hw_thermal_slowdown"):
-                    rate = 0.5
-            rows.append((s.family, s.name, labels, s.gpu, base, amp, rate, step))
-        for g, role in enumerate(self.roles):
-            if role == "xid":
-                lab = {"gpu": str(g), "uuid": uuids[g], "xid": "79"}
-                if keep is None or c.XID_ERRORS.exposed_name in keep:
-                    rows.append((c.XID_ERRORS.name, c.XID_ERRORS.exposed_name, lab, g, 1.0, 0, 0, 1.0))
-                if keep is None or c.XID_LAST_SEEN.name in keep:
-                    rows.append((c.XID_LAST_SEEN.name,
-                                 c.XID_LAST_SEEN.name, dict(lab), g, T0, 0, 0, 0))
-        if target_labels:
-            # what Prometheus adds on a scrape; present in the history, absent from a served body
-            rows.append(("up", "up", {}, -1, 1.0, 0, 0, 0))
-            rows.append(("scrape_duration_seconds", "scrape_duration_seconds", {}, -1, 0.02, 0, 0, 0))
-            fams.setdefault("up", ("gauge", ""))
-            fams.setdefault("scrape_duration_seconds", ("gauge", ""))
-        # grouped by family in first-seen order: the exposition formats want families contiguous
+    families: list[str]
+    prefix: list[str]
+    spans: list[list[tuple[float, float]] | None]
+
+    def finish(self, rows: list[tuple], extra: dict | None) -> None:
+        """Fixes the series' text prefixes (target labels added: extra, or a row's own target) and
+        coefficient arrays, grouped by family in first-seen order as the exposition formats want."""
         order = {f: i for i, f in enumerate(dict.fromkeys(r[0] for r in rows))}
         rows.sort(key=lambda r: order[r[0]])
         self.families = [r[0] for r in rows]
+        self.spans = [r[5] for r in rows]
         self.prefix = []
-        for fam, name, labels, *_ in rows:
-            if target_labels:
-                labels = {**labels, **extra}
+        for fam, name, labels, _, _, _, target in rows:
+            if extra is not None:
+                labels = {**labels, **(target or extra)}
             body = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
             self.prefix.append(f"{name}{{{body}}} " if body else f"{name} ")
-        arr = np.array([r[3:] for r in rows], dtype=float)
-        self.gpu = arr[:, 0].astype(int)
-        self.base, self.amp, self.rate, self.step = arr[:, 1], arr[:, 2], arr[:, 3], arr[:, 4]
-        self.xphase = rng.uniform(0, XID_PERIOD, size=len(rows))
+        self.gpu = np.array([r[3] for r in rows], dtype=int)
+        self.coef = np.array([r[4] for r in rows], dtype=float).reshape(len(rows), len(COEF))
 
-    def utilization(self, t: np.ndarray) -> np.ndarray:
-        """(GPUS, len(t)) utilization in 0..1: a slow wave and a faster ripple; idle roles stay at 0."""
-        w = 2 * math.pi * t[None, :]
-        u = 0.62 + 0.3 * np.sin(w / 2820 + self.phase[0][:, None]) + 0.08 * np.sin(w / 420 + self.phase[1][:, None])
-        return np.clip(u, 0.05, 1.0) * self.busy[:, None]
-
-    def values(self, t: np.ndarray) -> np.ndarray:
-        """(series, len(t)) values, rounded to 3 decimals (as an exporter's float text would vary)."""
-        u = self.utilization(t)
-        ug = np.where(self.gpu[:, None] >= 0, u[np.maximum(self.gpu, 0)], 0.0)
-        dt = t[None, :] - T0
-        v = (self.base[:, None] + self.amp[:, None] * ug + self.rate[:, None] * dt
-             + self.step[:, None] * np.floor((dt + self.xphase[:, None]) / XID_PERIOD))
-        return np.round(v, 3)
+    def alive(self, j: int, t: np.ndarray) -> np.ndarray | None:
+        """Where series j exists among times t (None: at all of them)."""
+        if self.spans[j] is None:
+            return None
+        on = np.zeros(len(t), dtype=bool)
+        for a, b in self.spans[j]:
+            on |= (t >= a) & (t < b)
+        return on
 
     def body(self, t: float, fams: dict) -> bytes:
-        """This node's text exposition (format 0.0.4) at time t."""
-        vals = self.values(np.array([t]))[:, 0].tolist()
+        """The text exposition (format 0.0.4) of the series that exist at time t."""
+        tt = np.array([t])
+        vals = self.values(tt)[:, 0].tolist()
         out, last = [], None
-        for fam, prefix, v in zip(self.families, self.prefix, vals):
+        for fam, prefix, v, spans in zip(self.families, self.prefix, vals, self.spans):
+            if spans is not None and not any(a <= t < b for a, b in spans):
+                continue
             if fam != last:
                 kind, doc = fams[fam]
                 out.append(f"# HELP {fam if kind != 'counter' else fam + '_total'} {doc}\n"
@@ -338,6 +292,186 @@ class Node:
                 last = fam
             out.append(f"{prefix}{v!r}\n")
         return "".join(out).encode()
+
+
+# a series' value at t: base + amp * utilization + rate * (t - T0) + step * floor((t - T0 + xphase) / XID_PERIOD)
+# + hold * (GPU held at t), times 0 from cut on
+COEF = ("base", "amp", "rate", "step", "hold", "cut")
+
+
+def _coef(base=0.0, amp=0.0, rate=0.0, step=0.0, hold=0.0, cut=math.inf) -> tuple:
+    return (base, amp, rate, step, hold, cut)
+
+
+class Node(Rows):
+    """One fleet node: the template's series with this node's UUIDs and values that move, copied
+    per pod or Slurm job that holds a GPU (bench.workload.schedule over span) with its attribution
+    labels, as the exporter serves them; plus rank 0's goodput and badput counters of each pod."""
+
+    def __init__(self, n: int, template: list[Series], fams: dict, target_labels: bool, keep: set[str] | None = None,
+                 span: tuple[float, float] | None = None):
+        rng = np.random.default_rng(n)
+        self.node = f"node-{n:04d}"
+        self.cluster = f"cluster-{n % CLUSTERS}"
+        self.roles = [ROLES[i] for i in rng.choice(len(ROLES), size=GPUS, p=ROLE_P)]
+        self.roles[GPUS - 1] = FORCED.get(n, self.roles[GPUS - 1])
+        self.busy = np.array([r in ("busy", "throttled", "xid") for r in self.roles], dtype=float)
+        self.phase = rng.uniform(0, 2 * math.pi, size=(2, GPUS))
+        uuids = [f"GPU-{n:08x}-{g:04x}-4{rng.integers(0, 4096):03x}-8000-{rng.integers(0, 2**47):012x}"
+                 for g in range(GPUS)]
+        span = span or (time.time() - 6 * 3600, time.time() + 6 * 3600)
+        self.span = span
+        self.holds = workload.schedule(rng, self.node, self.cluster, self.roles, span)
+        lost_at = span[0] + rng.uniform(0.2, 0.8) * (span[1] - span[0])   # a lost GPU falls off the bus here
+        by_uuid = {s.labels["uuid"]: uuids[s.gpu] for s in template if "uuid" in s.labels and s.gpu >= 0}
+        wanted = (lambda name: True) if keep is None else keep.__contains__
+        rows = []   # (family, name, labels, gpu, coefficients, spans, target)
+        for s in template:
+            if not wanted(s.name):
+                continue
+            labels = {k: by_uuid.get(v, v) if k in ("uuid", "peer_uuid") else v for k, v in s.labels.items()}
+            role = self.roles[s.gpu] if s.gpu >= 0 else "busy"
+            rows.append((s.family, s.name, labels, s.gpu, self._coef(s, role, lost_at), None, None))
+        for g, role in enumerate(self.roles):
+            if role == "xid":
+                lab = {"gpu": str(g), "uuid": uuids[g], "xid": "79"}
+                if wanted(c.XID_ERRORS.exposed_name):
+                    rows.append((c.XID_ERRORS.name, c.XID_ERRORS.exposed_name, lab, g, _coef(1.0, step=1.0), None, None))
+                if wanted(c.XID_LAST_SEEN.name):
+                    rows.append((c.XID_LAST_SEEN.name, c.XID_LAST_SEEN.name, dict(lab), g, _coef(T0), None, None))
+        rows = self._attributed(rows)
+        rows += self._training(wanted, fams)
+        extra = None
+        if target_labels:
+            # what Prometheus adds on a scrape; present in the history, absent from a served body
+            rows.append(("up", "up", {}, -1, _coef(1.0), None, None))
+            rows.append(("scrape_duration_seconds", "scrape_duration_seconds", {}, -1, _coef(0.02), None, None))
+            fams.setdefault("up", ("gauge", ""))
+            fams.setdefault("scrape_duration_seconds", ("gauge", ""))
+            extra = {"cluster": self.cluster, "instance": f"{self.node}:9445", "job": "gpuobs", "node": self.node}
+        self.finish(rows, extra)
+        self.xphase = rng.uniform(0, XID_PERIOD, size=len(self.prefix))
+
+    def _coef(self, s: Series, role: str, lost_at: float) -> tuple:
+        """The value coefficients of a template series on this node, by the GPU's role."""
+        if s.name in FOLLOW:
+            base, amp = FOLLOW[s.name]
+            return _coef(base, amp)
+        if s.name in RATE:
+            return _coef(s.value, rate=RATE[s.name])
+        if s.name == c.LAST_SUCCESS.name:
+            return _coef(T0, rate=1.0)
+        if s.name == c.MEMORY_USED.name:   # a process's memory while a pod holds the GPU
+            return _coef(5.0e8, hold=(4.0e10 if role == "allocated_idle" else 6.0e10) - 5.0e8)
+        if s.name == c.GPU_UP.name:
+            return _coef(1.0, cut=lost_at if role == "lost" else math.inf)
+        if s.name == c.GPUS_PRESENT.name:
+            return _coef(GPUS - self.roles.count("lost"))
+        if s.name == c.CLOCK_EVENT_ACTIVE.name:
+            r = s.labels.get("reason")
+            return _coef(float((r == "gpu_idle" and role in ("idle", "allocated_idle"))
+                               or (r == "sw_power_cap" and role == "throttled" and s.gpu % 2 == 0)
+                               or (r == "hw_thermal_slowdown" and role == "throttled" and s.gpu % 2 == 1)))
+        if s.name == c.CLOCK_EVENT_DURATION.exposed_name:
+            throttled = role == "throttled" and s.labels.get("reason") in ("sw_power_cap", "hw_thermal_slowdown")
+            return _coef(s.value, rate=0.5 if throttled else 0.0)
+        return _coef(s.value)
+
+    def _attributed(self, rows: list[tuple]) -> list[tuple]:
+        """Each per-GPU row once per hold of its GPU (with the hold's labels, over the hold's span) and
+        once without attribution over the rest of the span, as the exporter labels them."""
+        out = []
+        for fam, name, labels, g, coef, _, target in rows:
+            if g < 0:
+                out.append((fam, name, labels, g, coef, None, target))
+                continue
+            for h in self.holds:
+                if g in h.gpus:
+                    out.append((fam, name, {**labels, **h.who}, g, coef, [(h.start, h.end)], target))
+            free = workload.spans_without(self.holds, g, self.span)
+            if free:
+                out.append((fam, name, labels, g, coef, free, target))
+        return out
+
+    def _training(self, wanted, fams: dict) -> list[tuple]:
+        """Rank 0's goodput and badput counters of each Kubernetes pod, from the pod's own endpoint,
+        counting from 0 at the pod's start."""
+        if not (wanted(c.GOODPUT.exposed_name) or wanted(c.BADPUT.exposed_name)):
+            return []
+        fams.setdefault(c.GOODPUT.name, ("counter", c.GOODPUT.help))
+        fams.setdefault(c.BADPUT.name, ("counter", c.BADPUT.help))
+        rows = []
+        for h in self.holds:
+            if h.idle or not h.key("pod"):
+                continue
+            pod = h.key("pod")
+            target = {"cluster": self.cluster, "instance": f"{pod}:9464", "job": "training"}
+            who = {"job_id": pod, "rank": "0", "k8s_namespace": h.key("namespace")}
+            for cause, rate in workload.TRAINING.items():
+                metric = c.GOODPUT if cause == "goodput" else c.BADPUT
+                labels = who if cause == "goodput" else {**who, "cause": cause}
+                rows.append((metric.name, metric.exposed_name, labels, -1, _coef(-rate * (h.start - T0), rate=rate),
+                             [(h.start, h.end)], target))
+        return rows
+
+    def utilization(self, t: np.ndarray) -> np.ndarray:
+        """(GPUS, len(t)) utilization in 0..1: a slow wave and a faster ripple while a working pod
+        holds the GPU; 0 otherwise."""
+        w = 2 * math.pi * t[None, :]
+        u = 0.62 + 0.3 * np.sin(w / 2820 + self.phase[0][:, None]) + 0.08 * np.sin(w / 420 + self.phase[1][:, None])
+        return np.clip(u, 0.05, 1.0) * self.busy[:, None] * workload.held(self.holds, GPUS, t, busy_only=True)
+
+    def values(self, t: np.ndarray) -> np.ndarray:
+        """(series, len(t)) values, rounded to 3 decimals (as an exporter's float text would vary)."""
+        u = self.utilization(t)
+        h = workload.held(self.holds, GPUS, t)
+        g = np.maximum(self.gpu, 0)
+        per_gpu = (self.gpu >= 0)[:, None]
+        base, amp, rate, step, hold, cut = (self.coef[:, i][:, None] for i in range(len(COEF)))
+        dt = t[None, :] - T0
+        v = (base + amp * np.where(per_gpu, u[g], 0.0) + rate * dt + hold * np.where(per_gpu, h[g], 0.0)
+             + step * np.floor((dt + self.xphase[:, None]) / XID_PERIOD))
+        return np.round(np.where(t[None, :] < cut, v, 0.0), 3)
+
+
+class ClusterState(Rows):
+    """What kube-state-metrics and Kueue export for one Kubernetes cluster: every namespace with a
+    team label, pending pods' GPU requests (and a running pod's, which the records must skip), and
+    per team a cluster queue whose GPU usage is what that team's pods hold on the given nodes."""
+
+    def __init__(self, cluster: str, nodes: list[Node]):
+        self.cluster, self.nodes = cluster, nodes
+        ksm = {"cluster": cluster, "instance": "kube-state-metrics:8080", "job": "kube-state-metrics"}
+        kueue = {"cluster": cluster, "instance": "kueue-controller:8080", "job": "kueue"}
+        rows, self.queue_of = [], {}
+        for ns, team in workload.NAMESPACES.items():
+            if team:
+                rows.append((rec.KSM_NAMESPACE_LABELS, rec.KSM_NAMESPACE_LABELS, {"namespace": ns, "label_team": team},
+                             -1, _coef(1.0), None, ksm))
+        pods = [(ns, f"{ns}-pending-{i}", gpus, "Pending") for ns, reqs in workload.PENDING.items()
+                for i, gpus in enumerate(reqs)] + [("vision", "vision-running-0", 8, "Running")]
+        for ns, pod, gpus, phase in pods:
+            for p in ("Pending", "Running"):
+                rows.append((rec.KSM_PHASE, rec.KSM_PHASE, {"namespace": ns, "pod": pod, "phase": p}, -1,
+                             _coef(float(p == phase)), None, ksm))
+            rows.append((rec.KSM_REQUESTS, rec.KSM_REQUESTS, {"namespace": ns, "pod": pod, "container": "main",
+                                                           "resource": "nvidia_com_gpu", "unit": "integer"},
+                         -1, _coef(float(gpus)), None, ksm))
+        for q, (team, quota) in enumerate(workload.QUEUES.items()):
+            cq = {"cluster_queue": f"{team}-cq"}
+            rows.append((rec.KUEUE_PENDING, rec.KUEUE_PENDING, {**cq, "status": "active"}, -1, _coef(2.0), None, kueue))
+            gpu = {**cq, "flavor": "default", "resource": "nvidia.com/gpu"}
+            rows.append((rec.KUEUE_QUOTA, rec.KUEUE_QUOTA, gpu, -1, _coef(float(quota)), None, kueue))
+            rows.append((rec.KUEUE_USAGE, rec.KUEUE_USAGE, dict(gpu), -1, _coef(), None, kueue))
+            self.queue_of[len(rows) - 1] = team
+        self.finish(rows, {})
+
+    def values(self, t: np.ndarray) -> np.ndarray:
+        v = np.repeat(self.coef[:, 0][:, None], len(t), axis=1)
+        for j, team in self.queue_of.items():
+            v[j] = sum(workload.held([h for h in nd.holds if workload.team_of(h.key("namespace")) == team], GPUS, t).sum(0)
+                       for nd in self.nodes)
+        return v
 
 
 # --------------------------------------------------------------------------- the multi-target exporter
@@ -532,8 +666,34 @@ def live_bench(workdir: Path, template_path: Path, nodes: int, interval: int, wi
 
 def rule_pairs() -> list[tuple[str, str]]:
     """(record, expr) of every recording rule, in file order."""
+    return [(r, e) for r, e, _ in rule_groups()]
+
+
+def rule_groups() -> list[tuple[str, str, str]]:
+    """(record, expr, its group's interval) of every recording rule, in file order."""
     doc = yaml.safe_load(RULES.read_text())
-    return [(r["record"], r["expr"]) for g in doc["groups"] for r in g["rules"] if "record" in r]
+    return [(r["record"], r["expr"], g.get("interval", DEFAULT.eval_interval))
+            for g in doc["groups"] for r in g["rules"] if "record" in r]
+
+
+def rule_levels(pairs: list[tuple[str, str]]) -> dict[str, int]:
+    """record -> backfill pass: 0 for a rule that reads only scraped series, else one more than the
+    deepest record it reads. promtool backfills a pass from what Prometheus already holds, so a
+    rule must come after every record it reads."""
+    names = [n for n, _ in pairs]
+    reads = {n: {m for m in names if m != n and re.search(NAME.format(re.escape(m)), e)} for n, e in pairs}
+    level: dict[str, int] = {}
+
+    def of(n: str, seen: tuple = ()) -> int:
+        if n not in level:
+            if n in seen:
+                raise ValueError(f"recording rules read each other in a cycle: {seen}")
+            level[n] = max((of(m, seen + (n,)) + 1 for m in reads[n]), default=0)
+        return level[n]
+
+    for n in names:
+        of(n)
+    return level
 
 
 NAME = r"(?<![\w:]){}(?![\w:])"
@@ -581,15 +741,16 @@ def dashboard_queries(name: str) -> list[dict]:
     return out
 
 
-def needed_names(pairs) -> set[str]:
-    """Sample names the fleet dashboards and the recording rules read."""
-    text = " ".join(q["expr"] for d in FLEET_DASHBOARDS for q in dashboard_queries(d)) + " " + \
+def needed_names(pairs, dashboards: tuple[str, ...] = FLEET_DASHBOARDS) -> set[str]:
+    """Sample names the given dashboards and the recording rules read."""
+    text = " ".join(q["expr"] for d in dashboards for q in dashboard_queries(d)) + " " + \
         " ".join(e for _, e in pairs)
     return set(re.findall(r"[a-zA-Z_:][\w:]*", text))
 
 
-def write_history(path: Path, nodes: list[Node], fams: dict, ts: np.ndarray) -> int:
-    """One OpenMetrics file (timestamps in seconds) for the given times; returns the sample count."""
+def write_history(path: Path, nodes: list[Rows], fams: dict, ts: np.ndarray) -> int:
+    """One OpenMetrics file (timestamps in seconds) for the given times, each series where it exists;
+    returns the sample count."""
     tails = [f" {int(t)}\n" for t in ts]
     vals = [nd.values(ts) for nd in nodes]
     count = 0
@@ -605,115 +766,286 @@ def write_history(path: Path, nodes: list[Node], fams: dict, ts: np.ndarray) -> 
             for i, nd in enumerate(nodes):
                 v = vals[i]
                 for j in index[i].get(fam, ()):
-                    row = v[j]
+                    row, tl = v[j], tails
+                    on = nd.alive(j, ts)
+                    if on is not None:
+                        if not on.any():
+                            continue
+                        row, tl = row[on], [x for x, o in zip(tails, on) if o]
                     if row[0] == row[-1] and (row == row[0]).all():
                         s = nd.prefix[j] + repr(float(row[0]))
-                        f.write(s + s.join(tails))      # constant: str.join does the work in C
+                        f.write(s + s.join(tl))      # constant: str.join does the work in C
                     else:
-                        f.write("".join(map(add, (nd.prefix[j] + x for x in map(repr, row.tolist())), tails)))
-                    count += len(ts)
+                        f.write("".join(map(add, (nd.prefix[j] + x for x in map(repr, row.tolist())), tl)))
+                    count += len(tl)
         f.write("# EOF\n")
     return count
 
 
-def history_bench(workdir: Path, template: str, hnodes: int, step: int, scrape: int, runs: int) -> dict:
-    series, fams = parse_template(template)
-    pairs = rule_pairs()
-    keep = needed_names(pairs)
-    nodes = [Node(n, series, fams, target_labels=True, keep=keep) for n in range(hnodes)]
-    res: dict = {"nodes": hnodes, "gpus": hnodes * GPUS, "scrape_s": scrape, "step_s": step, "runs": runs,
-                 "series_per_node": len(nodes[0].prefix), "series": sum(len(n.prefix) for n in nodes),
-                 "template_series": len(series)}
-    end = int(time.time()) // BLOCK_S * BLOCK_S     # aligned, so each file is exactly one 2 h block
-    start = end - HISTORY_HOURS * 3600
-    res["start"], res["end"] = start, end
-    data = workdir / "prom-hist"
-    data.mkdir()
-    procs = Procs(workdir)
-    try:
-        # generate block k+1 while promtool converts block k
+
+
+class History:
+    """A Prometheus on a backfilled fleet history: `hnodes` nodes over `hours` up to the last whole
+    2 h block, one sample per `scrape` seconds of every series the given dashboards and the
+    recording rules read, plus kube-state-metrics and Kueue per Kubernetes cluster, and (with
+    rules=True) every recording rule backfilled over the same range.
+
+    A backfilled series has no staleness marker where it ends (a pod's series when the pod goes), so
+    Prometheus would still return it for its 5 min lookback; a live Prometheus ends it at the next
+    scrape. Whatever reads the scraped series (the 30 s rule groups, the report) runs with a lookback
+    of one scrape interval (self.lookback), which ends it there too: a series is seen until its next
+    scrape would have been, never together with the series that replaced it (a GPU's series with its
+    next pod's labels). The weekly group and the dashboards read records written once per 5 min, so
+    they keep the default lookback."""
+
+    def __init__(self, workdir: Path, template: str, hnodes: int, scrape: int = 60, hours: int = HISTORY_HOURS,
+                 dashboards: tuple[str, ...] = FLEET_DASHBOARDS):
+        self.workdir, self.scrape, self.hours = Path(workdir), scrape, hours
+        self.lookback = f"{scrape}s"
+        self.series, self.fams = parse_template(template)
+        self.pairs = rule_pairs()
+        keep = needed_names(self.pairs, dashboards)
+        self.end = int(time.time()) // BLOCK_S * BLOCK_S     # aligned, so each file is exactly one 2 h block
+        self.start = self.end - hours * 3600
+        self.nodes = [Node(n, self.series, self.fams, target_labels=True, keep=keep, span=(self.start, self.end))
+                      for n in range(hnodes)]
+        k8s = sorted({nd.cluster for nd in self.nodes} - workload.SLURM_CLUSTERS)
+        self.states = [ClusterState(cl, [nd for nd in self.nodes if nd.cluster == cl]) for cl in k8s]
+        for st in self.states:
+            for fam in st.families:
+                self.fams.setdefault(fam, ("gauge", ""))
+        self.data = self.workdir / "prom-hist"
+        self.procs = Procs(self.workdir)
+        self.url = ""
+        self.numbers: dict = {}
+
+    def write(self) -> None:
+        """The raw history as TSDB blocks: block k+1's text is generated while promtool converts block k."""
+        self.data.mkdir()
         t0 = time.monotonic()
         samples, bytes_, running, gen_s = 0, 0, [], 0.0
-        for k in range(HISTORY_HOURS * 3600 // BLOCK_S):
-            ts = np.arange(start + k * BLOCK_S, start + (k + 1) * BLOCK_S, scrape, dtype=float)
-            path = workdir / f"history-{k}.om"
+        for k in range(self.hours * 3600 // BLOCK_S):
+            ts = np.arange(self.start + k * BLOCK_S, self.start + (k + 1) * BLOCK_S, self.scrape, dtype=float)
+            path = self.workdir / f"history-{k}.om"
             g0 = time.monotonic()
-            samples += write_history(path, nodes, fams, ts)
+            samples += write_history(path, [*self.nodes, *self.states], self.fams, ts)
             gen_s += time.monotonic() - g0
             bytes_ += path.stat().st_size
             while len(running) >= 2:   # two cores
-                p, pth = running.pop(0)
-                if p.wait() != 0:
-                    raise RuntimeError(f"promtool failed on {pth.name}: see {workdir}/promtool-{pth.stem}.log")
-                pth.unlink()
-            running.append((procs.start(f"promtool-{path.stem}", [need("promtool"), "tsdb", "create-blocks-from",
-                                                                   "openmetrics", "-q", str(path), str(data)]), path))
+                self._converted(*running.pop(0))
+            running.append((self.procs.start(f"promtool-{path.stem}", [
+                need("promtool"), "tsdb", "create-blocks-from", "openmetrics", "-q", str(path), str(self.data)]), path))
         for p, pth in running:
-            if p.wait() != 0:
-                log = (workdir / f"promtool-{pth.stem}.log").read_text()[-2000:]
-                raise RuntimeError(f"promtool failed on {pth.name}: {log}")
-            pth.unlink()
-        procs.stop()   # all exited: closes their logs
-        res["samples"], res["text_gib"] = samples, bytes_ / 2**30
-        res["generate_s"], res["backfill_s"] = gen_s, time.monotonic() - t0
+            self._converted(p, pth)
+        self.procs.stop()   # all exited: closes their logs
+        self.numbers.update(samples=samples, text_gib=bytes_ / 2**30, generate_s=gen_s,
+                            backfill_s=time.monotonic() - t0)
 
+    def _converted(self, p: subprocess.Popen, path: Path) -> None:
+        if p.wait() != 0:
+            log = (self.workdir / f"promtool-{path.stem}.log").read_text()[-2000:]
+            raise RuntimeError(f"promtool failed on {path.name}: {log}")
+        path.unlink()
+
+    def serve(self, lookback: str = "5m") -> str:
+        """Starts (or restarts) Prometheus on the blocks with the given query lookback (see the class
+        docstring: self.lookback for whatever reads the scraped series, Prometheus' default 5m for the
+        weekly records, one sample per 5 min); returns its base URL."""
+        self.procs.stop()
         port = free_port()
-        prom = f"http://127.0.0.1:{port}"
-        pcmd = [need("prometheus"), f"--config.file={workdir / 'empty.yml'}", f"--storage.tsdb.path={data}",
-                f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn", "--storage.tsdb.retention.time=30d",
-                "--query.max-samples=500000000", "--query.timeout=10m"]
-        (workdir / "empty.yml").write_text("global: {scrape_interval: 1h}\n")
-        procs.start("prometheus-hist", pcmd)
-        wait_until("Prometheus on the history", lambda: get(f"{prom}/-/ready"), 120, procs)
+        (self.workdir / "empty.yml").write_text("global: {scrape_interval: 1h}\n")
+        self.procs.start("prometheus-hist", [
+            need("prometheus"), f"--config.file={self.workdir / 'empty.yml'}", f"--storage.tsdb.path={self.data}",
+            f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn", "--storage.tsdb.retention.time=30d",
+            "--query.max-samples=500000000", "--query.timeout=10m", f"--query.lookback-delta={lookback}"])
+        self.url = f"http://127.0.0.1:{port}"
+        wait_until("Prometheus on the history", lambda: get(f"{self.url}/-/ready"), 120, self.procs)
+        return self.url
 
-        # recording rules over the same range; rules read other rules' output, which promtool cannot
-        # see while backfilling, so each rule's expression is expanded to raw series first
-        rdoc = {"groups": [{"name": "gpuobs-recording-backfill", "interval": f"{scrape}s",
-                            "rules": [{"record": r, "expr": expand(e, [p for p in pairs if p[0] != r])}
-                                      for r, e in pairs]}]}
-        (workdir / "backfill.rules.yml").write_text(yaml.safe_dump(rdoc, sort_keys=False))
-        rdir = workdir / "rules-out"
-        t1 = time.monotonic()
-        rb = subprocess.run([need("promtool"), "tsdb", "create-blocks-from", "rules", f"--start={start}",
-                             f"--end={end}", f"--url={prom}", f"--output-dir={rdir}", f"--eval-interval={scrape}s",
-                             str(workdir / "backfill.rules.yml")], capture_output=True, text=True, timeout=900)
-        if rb.returncode != 0:
-            raise RuntimeError(f"promtool create-blocks-from rules failed: {rb.stderr[-2000:]}")
-        res["rules_backfill_s"] = time.monotonic() - t1
-        procs.stop()
-        for b in rdir.iterdir():
-            if b.is_dir():
-                shutil.move(str(b), str(data / b.name))
-        procs.start("prometheus-hist", pcmd)
-        wait_until("Prometheus on history and rules", lambda: get(f"{prom}/-/ready"), 120, procs)
-        # promtool writes one block per rule and 2 h range, all overlapping the raw blocks; Prometheus
-        # merges overlapping blocks at its first compaction, a minute after start. Queries are timed
-        # on the merged blocks, the state a Prometheus that recorded the rules itself would be in.
-        ranges = HISTORY_HOURS * 3600 // BLOCK_S
-        res["blocks_before_compaction"] = total(metrics(f"{prom}/metrics"), "prometheus_tsdb_blocks_loaded")
+    def backfill_rules(self) -> None:
+        """Every recording rule over the history, pass by pass (rule_levels), each group at its own
+        interval. A group slower than the scrape (the weekly group) starts one interval in, so that
+        its first step covers a whole interval of data, as on a Prometheus that had been running, and
+        reads with the default lookback (the records it reads instantly come once per 5 min); the
+        others with self.lookback (see the class docstring)."""
+        t0 = time.monotonic()
+        levels = rule_levels(self.pairs)
+        for level in range(max(levels.values()) + 1):
+            out = self.workdir / f"rules-{level}"
+            by_interval: dict[int, list[dict]] = {}
+            for name, expr, interval in rule_groups():
+                if levels[name] == level:
+                    by_interval.setdefault(int(_seconds(interval)), []).append({"record": name, "expr": expr})
+            for every, rules in sorted(by_interval.items()):
+                slow = every > self.scrape
+                self.serve("5m" if slow else self.lookback)
+                path = self.workdir / f"rules-{level}-{every}.yml"
+                path.write_text(yaml.safe_dump({"groups": [{"name": f"backfill-{level}", "interval": f"{every}s",
+                                                            "rules": rules}]}, sort_keys=False))
+                rb = subprocess.run([need("promtool"), "tsdb", "create-blocks-from", "rules",
+                                     f"--start={self.start + (every if slow else 0)}", f"--end={self.end}",
+                                     f"--url={self.url}", f"--output-dir={out}", f"--eval-interval={every}s", str(path)],
+                                    capture_output=True, text=True, timeout=900)
+                if rb.returncode != 0:
+                    raise RuntimeError(f"promtool create-blocks-from rules (pass {level}) failed: {rb.stderr[-2000:]}")
+            self.procs.stop()
+            for b in out.iterdir():
+                if b.is_dir():
+                    shutil.move(str(b), str(self.data / b.name))
+        self.numbers["rules_backfill_s"] = time.monotonic() - t0
+        self.numbers["rule_passes"] = max(levels.values()) + 1
+        self.serve()
+
+    def compact(self) -> None:
+        """Waits for Prometheus to merge the overlapping backfilled blocks (its first compaction, a
+        minute after start), the state a Prometheus that recorded the rules itself would be in."""
+        ranges = self.hours * 3600 // BLOCK_S
+        self.numbers["blocks_before_compaction"] = total(metrics(f"{self.url}/metrics"), "prometheus_tsdb_blocks_loaded")
         t2 = time.monotonic()
         wait_until("Prometheus to merge the backfilled blocks",
-                   lambda: total(metrics(f"{prom}/metrics"), "prometheus_tsdb_blocks_loaded") <= ranges, 300, procs, 2)
-        res["compaction_wait_s"] = time.monotonic() - t2
+                   lambda: total(metrics(f"{self.url}/metrics"), "prometheus_tsdb_blocks_loaded") <= ranges, 300,
+                   self.procs, 2)
+        self.numbers["compaction_wait_s"] = time.monotonic() - t2
+
+    def close(self) -> None:
+        self.procs.stop()
+        for p in self.workdir.glob("history-*.om"):
+            p.unlink()
+        shutil.rmtree(self.data, ignore_errors=True)
+        for d in self.workdir.glob("rules-*"):
+            shutil.rmtree(d, ignore_errors=True) if d.is_dir() else d.unlink()
+
+    def truth(self, window: tuple[float, float]) -> dict:
+        """The simulation's own GPU-hours per namespace, team and Slurm job over window (bench.workload.truth)."""
+        from gpuobs.report import Settings
+        model = next(s.labels["name"] for s in self.series if s.name == c.GPU_INFO.exposed_name)
+        price = Settings.from_thresholds(DEFAULT).cost(model)
+        return workload.truth(self.nodes, window, price, DEFAULT.idle_utilization)
+
+
+def check_records(prom: str, pairs: list[tuple[str, str]], at: int) -> list[str]:
+    """Recording rules with no series in the hour before `at`."""
+    return [name for name, _ in pairs
+            if not api(prom, "/api/v1/query", query=f"count(last_over_time({name}[1h]))", time=at)["result"]]
+
+
+def check_usage(prom: str, h: History) -> dict:
+    """The weekly GPU-hour records per team, namespace and Slurm job at their last step against the
+    simulation's truth over the same window: {level: [{key, allocated, used, wasted, wasted_cost,
+    each with the truth and the relative error}]}."""
+    levels = {"team": ("cluster_team", "team", rec.TEAM_ALLOCATED_STEP, rec.TEAM_GPU_HOURS_ALLOCATED),
+              "namespace": ("cluster_namespace", "k8s_namespace", rec.NAMESPACE_ALLOCATED_STEP,
+                            rec.NAMESPACE_GPU_HOURS_ALLOCATED),
+              "hpc_job": ("cluster_hpc_job", "hpc_job", rec.JOB_ALLOCATED_STEP, rec.JOB_GPU_HOURS_ALLOCATED)}
+    names = {"allocated": "gpuobs_gpu_hours_allocated:sum", "used": "gpuobs_gpu_hours_used:sum",
+             "wasted": "gpuobs_gpu_hours_wasted:sum", "wasted_cost": "gpuobs_gpus_wasted_cost:sum"}
+    out: dict = {}
+    for level, (prefix, label, step_record, hours_record) in levels.items():
+        # the last hours record sums the step records up to it, each standing for the weekly interval
+        # before it (each level's records have their own evaluation times)
+        step, hours = step_record.name, hours_record.name
+        t_last = scalar(prom, f"max(timestamp({hours}))", time=h.end)
+        times = {float(t) for row in api(prom, "/api/v1/query", query=f"{step}[{h.hours + 1}h]", time=t_last)["result"]
+                 for t, _ in row["values"]}
+        window = (min(times) - _seconds(DEFAULT.weekly_interval), max(times))
+        truth = h.truth(window)
+        out[level + "_window"] = list(window)
+        got: dict = {}
+        for field, suffix in names.items():
+            for row in api(prom, "/api/v1/query", query=f"{prefix}:{suffix}", time=t_last)["result"]:
+                key = (row["metric"].get("cluster", ""), row["metric"].get(label, ""))
+                got.setdefault(key, {})[field] = float(row["value"][1])
+        rows = []
+        for key in sorted(set(got) | set(truth[level])):
+            want = truth[level].get(key, workload.Usage())
+            row = {"cluster": key[0], level: key[1]}
+            for field in names:
+                m, w = got.get(key, {}).get(field, 0.0), getattr(want, field)
+                row[field], row[field + "_truth"], row[field + "_error"] = m, w, workload.close(m, w)
+            rows.append(row)
+        out[level] = rows
+    return out
+
+
+def report_check(h: History, workdir: Path) -> dict:
+    """`gpuobs report` (its CLI) over the whole history with a settings file naming the teams and the
+    rules' own prices: its per-team rows against the simulation's truth, summed over clusters."""
+    from gpuobs import report
+
+    settings = workdir / "report-settings.yaml"
+    settings.write_text(yaml.safe_dump({"teams": {ns: t for ns, t in workload.NAMESPACES.items() if t}}))
+    out = workdir / "report.html"
+    h.serve(h.lookback)
+    t0 = time.monotonic()
+    run = subprocess.run([sys.executable, "-m", "gpuobs.cli", "report", "--prometheus", h.url, "--from", str(h.start),
+                          "--to", str(h.end), "--step", str(h.scrape), "--cost-file", str(settings), "--out", str(out)],
+                         capture_output=True, text=True, timeout=900, cwd=ROOT)
+    res: dict = {"seconds": time.monotonic() - t0, "exit": run.returncode}
+    if run.returncode != 0:
+        res["error"] = run.stderr[-1500:]
+        return res
+    page = out.read_text()
+    res["bytes"] = len(page.encode())
+    rows = report.read_rows(page)
+    truth: dict[str, workload.Usage] = {}
+    for (_, team), u in h.truth((h.start, h.end))["team"].items():
+        t = truth.setdefault(team, workload.Usage())
+        for f in ("allocated", "used", "wasted", "wasted_cost"):
+            setattr(t, f, getattr(t, f) + getattr(u, f))
+    res["teams"] = []
+    for team, want in sorted(truth.items()):
+        cells = rows.get(("usage", team))   # team, allocated, used, mean %, idle, idle cost
+        got = [float(x.split()[0].replace(",", "")) for x in (cells[1], cells[2], cells[4], cells[5])] if cells else [0] * 4
+        row = {"team": team}
+        for f, g in zip(("allocated", "used", "wasted", "wasted_cost"), got):
+            row[f], row[f + "_truth"], row[f + "_error"] = g, getattr(want, f), workload.close(g, getattr(want, f))
+        res["teams"].append(row)
+    out.unlink()
+    return res
+
+
+def history_bench(workdir: Path, template: str, hnodes: int, step: int, scrape: int, runs: int) -> dict:
+    h = History(workdir, template, hnodes, scrape, dashboards=FLEET_DASHBOARDS + EFFICIENCY_DASHBOARDS)
+    res: dict = {"nodes": hnodes, "gpus": hnodes * GPUS, "scrape_s": scrape, "step_s": step, "runs": runs,
+                 "series_per_node": len(h.nodes[0].prefix), "series": sum(len(n.prefix) for n in h.nodes),
+                 "template_series": len(h.series), "start": h.start, "end": h.end, "lookback": h.lookback,
+                 "holds": sum(len(n.holds) for n in h.nodes)}
+    start, end, pairs = h.start, h.end, h.pairs
+    try:
+        h.write()
+        h.serve()
+        h.backfill_rules()
+        h.compact()
+        res.update(h.numbers)
+        prom = h.url
         m0 = metrics(f"{prom}/metrics")
         res["blocks"] = total(m0, "prometheus_tsdb_blocks_loaded")
         res["recorded_ok"] = scalar(prom, "count(cluster:gpuobs_gpus_expected:sum)", time=end) == CLUSTERS
-
+        res["empty_records"] = check_records(prom, h.pairs, end)
+        res["usage"] = check_usage(prom, h)
+        res["report"] = report_check(h, workdir)
+        prom = h.serve()
         values = {"cluster": ".*", "node": ".*", "model": ".*", "job": ".*", "__rate_interval": f"{4 * scrape}s",
                   "__interval": f"{step}s", "__range": f"{HISTORY_HOURS}h"}
         dashes = {}
-        for d in FLEET_DASHBOARDS:
+        for d in FLEET_DASHBOARDS + EFFICIENCY_DASHBOARDS:
             rows = []
             for q in dashboard_queries(d):
                 raw = interpolate(q["expr"], values)
-                rows.append({**q, "with": raw, "without": expand(raw, pairs),
-                             "uses_rules": expand(raw, pairs) != raw, "t_with": [], "t_without": []})
+                try:
+                    without = expand(raw, pairs)
+                except ValueError:   # a range over a weekly record: no query without the rules gives it
+                    without = None
+                rows.append({**q, "with": raw, "without": without,
+                             "uses_rules": without != raw, "t_with": [], "t_without": []})
             dashes[d] = rows
         # a warm-up pass (page cache) then `runs` timed passes, with and without interleaved per query
         for r in range(runs + 1):
             for d, rows in dashes.items():
                 for row in rows:
                     for key in ("with", "without"):
+                        if row[key] is None:
+                            continue
                         params = {"query": row[key]}
                         if row["instant"]:
                             path, params["time"] = "/api/v1/query", end
@@ -735,15 +1067,18 @@ def history_bench(workdir: Path, template: str, hnodes: int, step: int, scrape: 
         for d, rows in dashes.items():
             for row in rows:
                 row["t_with"] = float(np.median(row["t_with"]))
-                row["t_without"] = float(np.median(row["t_without"]))
-            rr = [r for r in rows if r["uses_rules"]]
+                row["t_without"] = float(np.median(row["t_without"])) if row["t_without"] else math.nan
+                row.setdefault("n_without", 0)
+            rr = [r for r in rows if r["uses_rules"] and not math.isnan(r["t_without"])]
+            rows_without = [r for r in rows if not math.isnan(r["t_without"])]
             out[d] = {
                 "queries": len(rows), "rule_queries": len(rr),
-                "total_with": sum(r["t_with"] for r in rows), "total_without": sum(r["t_without"] for r in rows),
-                "max_with": max(r["t_with"] for r in rows), "max_without": max(r["t_without"] for r in rows),
+                "total_with": sum(r["t_with"] for r in rows), "total_without": sum(r["t_without"] for r in rows_without),
+                "max_with": max(r["t_with"] for r in rows), "max_without": max(r["t_without"] for r in rows_without),
                 "rule_total_with": sum(r["t_with"] for r in rr), "rule_total_without": sum(r["t_without"] for r in rr),
                 "slowest_with": max(rows, key=lambda r: r["t_with"])["panel"],
-                "slowest_without": max(rows, key=lambda r: r["t_without"])["panel"],
+                "slowest_without": max(rows_without, key=lambda r: r["t_without"])["panel"],
+                "no_rule_less_form": [r["panel"] for r in rows if math.isnan(r["t_without"])],
                 "empty_with": [r["panel"] for r in rows if not r.get("n_with")],
                 "rows": [{k: r[k] for k in ("panel", "instant", "uses_rules", "t_with", "t_without", "n_with",
                                             "n_without")} for r in rows],
@@ -751,11 +1086,7 @@ def history_bench(workdir: Path, template: str, hnodes: int, step: int, scrape: 
         res["dashboards"] = out
         return res
     finally:
-        procs.stop()
-        for p in workdir.glob("history-*.om"):
-            p.unlink()
-        shutil.rmtree(data, ignore_errors=True)
-        shutil.rmtree(workdir / "rules-out", ignore_errors=True)
+        h.close()
 
 
 # ----------------------------------------------------------------------------------------- the bench
@@ -902,9 +1233,9 @@ def fleet_report(result: dict) -> str:
              f"{h['samples']:,} samples, {fmt(h['text_gib'])} GiB of OpenMetrics text written in {fmt(h['generate_s'], 0)} s, "
              f"turned into blocks by `promtool tsdb create-blocks-from openmetrics` ({fmt(h['backfill_s'], 0)} s "
              f"including the writing). The recording rules were backfilled over the same range with `promtool tsdb "
-             f"create-blocks-from rules` at a {h['scrape_s']} s evaluation interval ({fmt(h['rules_backfill_s'], 0)} s; "
-             "rules that read other rules were expanded to raw series for that, since promtool cannot read what it "
-             "is writing) and Prometheus restarted on both. Each dashboard query then ran over the 6 h as Grafana "
+             f"create-blocks-from rules`, each group at its own interval, in {h.get('rule_passes', '?')} passes "
+             f"({fmt(h['rules_backfill_s'], 0)} s; a rule comes in the pass after every record it reads, since promtool "
+             "cannot read what it is writing), Prometheus restarted on all of it. Each dashboard query then ran over the 6 h as Grafana "
              f"sends it with every variable at All (`.*`): `query_range` with a {h['step_s']} s step "
              f"(Grafana's own for a 6 h panel would be coarser), `$__rate_interval` = {4 * h['scrape_s']} s, "
              "table panels as instant queries (`$__range` = 6h). \"Without\" is the same query with each recorded "
@@ -926,7 +1257,7 @@ def fleet_report(result: dict) -> str:
     L.append("")
     L.append("Targets, per fleet dashboard:")
     L.append("")
-    for d, x in h["dashboards"].items():
+    for d, x in ((d, x) for d, x in h["dashboards"].items() if d in FLEET_DASHBOARDS):
         ok1 = x["max_with"] <= 1.0
         ratio = x["total_without"] / x["total_with"] if x["total_with"] else float("nan")
         rr = x["rule_total_without"] / x["rule_total_with"] if x["rule_total_with"] else float("nan")
@@ -943,7 +1274,7 @@ def fleet_report(result: dict) -> str:
     L.append("A query that reads no recording rule is the same text with and without, so any difference between its two "
              "times is noise (other work on the machine, the page cache).")
     L.append("")
-    for d, x in h["dashboards"].items():
+    for d, x in ((d, x) for d, x in h["dashboards"].items() if d in FLEET_DASHBOARDS):
         rows = sorted(x["rows"], key=lambda r: -r["t_with"])
         raw_with = sum(r["t_with"] for r in x["rows"] if not r["uses_rules"])
         nvlink = any("NVLink" in r["panel"] for r in rows[:3] if not r["uses_rules"])
@@ -971,7 +1302,70 @@ def fleet_report(result: dict) -> str:
         L.append("")
     if h.get("compactions_during_queries"):
         L.append(f"Note: Prometheus compacted {h['compactions_during_queries']:.0f} time(s) while the queries ran.")
+    L += efficiency_report(h)
     return "\n".join(L) + "\n"
+
+
+def _errors(rows: list[dict], field: str) -> tuple[float, float]:
+    """(largest relative error of a row, relative error of the rows' total) of field against its truth."""
+    worst = max((r[field + "_error"] for r in rows), default=0.0)
+    return worst, workload.close(sum(r[field] for r in rows), sum(r[field + "_truth"] for r in rows))
+
+
+def efficiency_report(h: dict) -> list[str]:
+    """The "Fleet efficiency" part of the history section: GPU-hours and cost per team, namespace and
+    Slurm job against the simulation, records and Fleet efficiency panels without data, the report."""
+    if "usage" not in h:
+        return []
+    u, L = h["usage"], ["", "### Fleet efficiency: GPU-hours per team against the simulation", ""]
+    L.append(f"The same history carries who held each GPU when: {h['holds']:,} pods and Slurm jobs of 1, 2, 4 or 8 GPUs "
+             f"({', '.join(workload.NAMESPACES)} in clusters 0-3, teams from `kube_namespace_labels` label_team; "
+             f"Slurm jobs in {', '.join(sorted(workload.SLURM_CLUSTERS))}), {workload.POD_MINUTES[0]}-{workload.POD_MINUTES[1]} "
+             f"min each with gaps of up to {workload.GAP_MINUTES[1]} min, allocated-idle GPUs in a notebook pod, and "
+             "kube-state-metrics and Kueue series per cluster. The simulation's own allocation, integrated every 5 s, is the "
+             "truth; the weekly records (`cluster_team:gpuobs_gpu_hours_allocated:sum` and the others) are read at their "
+             "last step and compared over the steps they summed. Prices are the rules' defaults "
+             f"(`Thresholds.gpu_hour_costs`). The Prometheus reading the scraped series ran with a {h['lookback']} lookback: a "
+             "backfilled series has no staleness marker where a pod ends.")
+    L.append("")
+    L.append("| team | cluster | GPU-hours allocated (recorded / simulated) | used | idle | idle cost |")
+    L.append("|---|---|---:|---:|---:|---:|")
+    for r in sorted(u["team"], key=lambda r: (r["cluster"], r["team"])):
+        L.append(f"| {r['team']} | {r['cluster']} | {fmt(r['allocated'])} / {fmt(r['allocated_truth'])} "
+                 f"| {fmt(r['used'])} / {fmt(r['used_truth'])} | {fmt(r['wasted'])} / {fmt(r['wasted_truth'])} "
+                 f"| {fmt(r['wasted_cost'])} / {fmt(r['wasted_cost_truth'])} |")
+    L.append("")
+    L.append("| level | rows | allocated: worst row, total | used: worst row, total | idle: worst row, total |")
+    L.append("|---|---:|---:|---:|---:|")
+    for level in ("team", "namespace", "hpc_job"):
+        rows = u[level]
+        cells = [f"{100 * a:.2f} %, {100 * b:.2f} %" for a, b in (_errors(rows, f) for f in ("allocated", "used", "wasted"))]
+        L.append(f"| {level} | {len(rows)} | " + " | ".join(cells) + " |")
+    L.append("")
+    worst_team = _errors(u["team"], "allocated")[0]
+    L.append(f"Per-team GPU-hours within 2 % of the simulation: **{'met' if worst_team <= 0.02 else 'missed'}** "
+             f"(worst team {100 * worst_team:.2f} %). A Slurm job's or a small namespace's row misses more: a job "
+             "that starts or ends inside a 5 min weekly step is averaged over the step's 30 s evaluations, so each "
+             "row is off by up to one evaluation per start and end, large against a job of a few minutes.")
+    empty = [n for n in h.get("empty_records", [])]
+    L.append("")
+    L.append(f"Recording rules without a series on this history ({len(empty)}): "
+             + (", ".join(f"`{n}`" for n in empty) or "none")
+             + ". The simulation has no training-step, inference, PCIe-degraded or NVLink-down series.")
+    eff = {d: x for d, x in h.get("dashboards", {}).items() if d in EFFICIENCY_DASHBOARDS}
+    for d, x in eff.items():
+        L.append("")
+        L.append(f"{d}: {x['queries']} queries, slowest {fmt(x['max_with'], 3)} s ({x['slowest_with']}); without data: "
+                 + (", ".join(x["empty_with"]) or "none") + ".")
+    rep = h.get("report", {})
+    L.append("")
+    if rep.get("exit") == 0:
+        worst = max((t["allocated_error"] for t in rep["teams"]), default=0.0)
+        L.append(f"`gpuobs report` over the whole history: {fmt(rep['seconds'], 1)} s, {rep['bytes'] / 1024:.0f} KiB of HTML; "
+                 f"its per-team GPU-hours (from the raw series, summed over clusters) within {100 * worst:.2f} % of the simulation.")
+    else:
+        L.append(f"`gpuobs report` **failed**: {rep.get('error', 'not run')}")
+    return L
 
 
 def main() -> None:

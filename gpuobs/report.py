@@ -23,6 +23,7 @@ import urllib.request
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Callable
 
@@ -149,7 +150,9 @@ def _fullmatch(pattern: str, text: str) -> bool:
 def load_settings(path: str | Path | None, **overrides) -> Settings:
     """Settings from a YAML file (keys: cost_per_gpu_hour {model or "default": number}, currency,
     teams {namespace: team}, namespace_label, idle_utilization), then overrides; ReportError if
-    the file is unreadable or a value has the wrong type."""
+    the file is unreadable or a value has the wrong type. Without cost_per_gpu_hour (or without a
+    file) GPU-hours are priced as the recording rules price them (Thresholds.gpu_hour_costs); an
+    empty cost_per_gpu_hour turns pricing off."""
     data = {}
     if path is not None:
         try:
@@ -157,10 +160,13 @@ def load_settings(path: str | Path | None, **overrides) -> Settings:
         except (OSError, yaml.YAMLError) as e:
             raise ReportError(f"cannot read the settings file {path}: {e}") from None
     try:
-        costs = {str(k): float(v) for k, v in (data.get("cost_per_gpu_hour") or {}).items()}
-        default = costs.pop("default", None)
-        kw = {"costs": costs, "default_cost": default, "teams": {str(k): str(v) for k, v in
-                                                                 (data.get("teams") or {}).items()}}
+        if "cost_per_gpu_hour" in data:
+            costs = {str(k): float(v) for k, v in (data["cost_per_gpu_hour"] or {}).items()}
+            kw = {"costs": costs, "default_cost": costs.pop("default", None)}
+        else:  # the recording rules' prices: the report then agrees with the Fleet efficiency dashboard
+            rules = Settings.from_thresholds()
+            kw = {"costs": rules.costs, "default_cost": rules.default_cost}
+        kw["teams"] = {str(k): str(v) for k, v in (data.get("teams") or {}).items()}
         kw.update({k: data[k] for k in ("currency", "namespace_label") if k in data})
         if "idle_utilization" in data:
             kw["idle_utilization"] = float(data["idle_utilization"])
@@ -239,6 +245,42 @@ def table(headers: list[str], rows: list[tuple[str, list]], numeric_from: int = 
                       for i, v in enumerate(cells))
         body.append(f'<tr data-key="{esc(key)}">{tds}</tr>')
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+class _Rows(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.rows: dict[tuple[str, str], list[str]] = {}
+        self._section, self._row, self._cell = "", None, None
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "section":
+            self._section = a.get("id", "")
+        elif tag == "tr" and "data-key" in a:  # a key's first row in its section (by time before by count)
+            key = (self._section, a["data-key"])
+            self._row = [] if key in self.rows else self.rows.setdefault(key, [])
+        elif tag == "td" and self._row is not None:
+            self._cell = ""
+
+    def handle_endtag(self, tag):
+        if tag == "td" and self._row is not None and self._cell is not None:
+            self._row.append(self._cell)
+            self._cell = None
+        elif tag == "tr":
+            self._row = None
+
+    def handle_data(self, data):
+        if self._cell is not None:
+            self._cell += data
+
+
+def read_rows(page: str) -> dict[tuple[str, str], list[str]]:
+    """The tables of a rendered report, for tools and tests: {(section id, row's data-key): its cell
+    texts}, the first row with that key in each section."""
+    parser = _Rows()
+    parser.feed(page)
+    return parser.rows
 
 
 def no_data(why: str) -> str:
@@ -374,7 +416,8 @@ def section_usage(client: Prometheus, window: Window, settings: Settings) -> Sec
              "<h3>By team</h3>", _usage_table(teams, settings, "team"),
              "<h3>By namespace</h3>", _usage_table(usage, settings, "namespace", team_column=True)]
     if not settings.priced:
-        parts.append("<p>No cost per GPU-hour configured (--cost-file): idle time is not priced.</p>")
+        parts.append("<p>No cost per GPU-hour configured (--cost-file has an empty cost_per_gpu_hour): "
+                     "idle time is not priced.</p>")
     return Section("usage", "Utilisation and waste by team", "".join(parts))
 
 

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -135,46 +134,12 @@ def rendered(history, tmp_path_factory) -> Path:
     return out
 
 
-class Rows(HTMLParser):
-    """{(section id, data-key of the row): [cell texts]} of the first row with that key in each
-    section, and the section ids."""
-
-    def __init__(self, text: str):
-        super().__init__()
-        self.rows: dict[tuple[str, str], list[str]] = {}
-        self.sections: list[str] = []
-        self._section, self._row, self._cell = "", None, None
-        self.feed(text)
-
-    def handle_starttag(self, tag, attrs):
-        a = dict(attrs)
-        if tag == "section":
-            self._section = a["id"]
-            self.sections.append(a["id"])
-        elif tag == "tr" and "data-key" in a:  # a key's first row in its section (by time before by count)
-            key = (self._section, a["data-key"])
-            self._row = [] if key in self.rows else self.rows.setdefault(key, [])
-        elif tag == "td" and self._row is not None:
-            self._cell = ""
-
-    def handle_endtag(self, tag):
-        if tag == "td" and self._row is not None:
-            self._row.append(self._cell)
-            self._cell = None
-        elif tag == "tr":
-            self._row = None
-
-    def handle_data(self, data):
-        if self._cell is not None:
-            self._cell += data
-
-
 def _num(cell: str) -> float:
     return float(cell.split()[0].replace(",", ""))
 
 
 def test_report_has_the_gpu_hours_per_namespace_and_team(rendered):
-    rows = Rows(rendered.read_text()).rows
+    rows = report.read_rows(rendered.read_text())
     expected = expected_usage()
     # every row differs from the others (so a mixed-up row fails) and some GPUs sat idle
     assert len({tuple(row.values()) for row in expected.values()}) == len(expected) == 4
@@ -192,7 +157,7 @@ def test_report_has_the_gpu_hours_per_namespace_and_team(rendered):
 
 def test_report_ranks_alerts_by_time_firing_and_count(rendered):
     text = rendered.read_text()
-    rows = Rows(text).rows
+    rows = report.read_rows(text)
     assert rows[("alerts", "GpuXidError")] == ["GpuXidError", "1", "1.50 h"]
     assert rows[("alerts", "GpuAllocatedIdle")] == ["GpuAllocatedIdle", "2", "40 min"]
     assert rows[("alerts", report.PLACEMENT_ALERT)][1:] == ["1", "30 min"]
@@ -205,9 +170,8 @@ def test_report_ranks_alerts_by_time_firing_and_count(rendered):
 
 
 def test_sections_whose_records_have_no_series_say_no_data(rendered):
-    sections = Rows(rendered.read_text())
-    assert sections.sections == ["usage", "placement", "mig", "reliability", "alerts"]
     text = rendered.read_text()
+    assert re.findall(r'<section id="(\w+)"', text) == ["usage", "placement", "mig", "reliability", "alerts"]
     mig = text[text.index('<section id="mig"'):text.index('<section id="reliability"')]
     assert "No data" in mig and "<table" not in mig
 
@@ -222,7 +186,7 @@ def test_a_record_section_reads_the_record_by_its_python_name(history, monkeypat
     monkeypatch.setitem(records.NAMES, "TEST_MIG", fake)
     monkeypatch.setitem(report.RECORDS, "mig", ("TEST_MIG", "NO_SUCH_RECORD"))
     section = report.section_mig(report.Prometheus(url), report.Window(t0, t1, STEP), report.Settings())
-    rows = Rows(f'<section id="mig">{section.body}</section>').rows
+    rows = report.read_rows(f'<section id="mig">{section.body}</section>')
     assert rows == {("mig", "3g.40gb/GPU-n0-2"): ["3g.40gb", "GPU-n0-2", "1"]}
     assert "gpuobs.records.NO_SUCH_RECORD is not defined" in section.body
 
@@ -296,3 +260,80 @@ def test_the_browser_check_sees_a_broken_image_and_a_script_error(tmp_path):
     check, dom, log = _open_in_chromium(page, tmp_path)
     assert check.group(1, 2, 3) == ("1", "1", "s")
     assert JS_ERROR.search(dom) and CONSOLE_ERROR.search(log), log[-2000:]
+
+
+# ------------------------------------------------------------- against the fleet simulation's history
+FLEET_NODES, FLEET_HOURS = 5, 2  # one node per cluster (cluster-4 runs Slurm jobs)
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    """(History, rendered report page) of the fleet bench's simulation (bench/fleet.py): nodes built from
+    the gpuobs exporter's own exposition on the simulator, pods of several namespaces coming and going,
+    kube-state-metrics and Kueue, every recording rule backfilled; the report through the CLI."""
+    require_tool("promtool"), require_tool("prometheus")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench import fleet as bench_fleet, workload
+
+    work = tmp_path_factory.mktemp("fleet")
+    h = bench_fleet.History(work, bench_fleet.node_template(work), FLEET_NODES, hours=FLEET_HOURS,
+                            dashboards=bench_fleet.FLEET_DASHBOARDS + bench_fleet.EFFICIENCY_DASHBOARDS)
+    try:
+        h.write()
+        h.backfill_rules()
+        h.serve(h.lookback)  # the report reads the scraped series: see History
+        settings = work / "teams.yaml"
+        settings.write_text(json.dumps({"teams": {ns: t for ns, t in workload.NAMESPACES.items() if t}}))
+        out = work / "report.html"
+        result = CliRunner().invoke(main, ["report", "--prometheus", h.url, "--from", str(h.start), "--to", str(h.end),
+                                           "--step", "60", "--cost-file", str(settings), "--out", str(out)])
+        assert result.exit_code == 0, result.output + repr(result.exception)
+        yield h, out.read_text()
+    finally:
+        h.close()
+
+
+def test_report_on_the_fleet_simulation_has_each_teams_gpu_hours(fleet):
+    from bench import workload
+
+    h, page = fleet
+    rows = report.read_rows(page)
+    truth: dict[str, workload.Usage] = {}
+    for (_, team), u in h.truth((h.start, h.end))["team"].items():  # the simulation's allocation, summed over clusters
+        t = truth.setdefault(team, workload.Usage())
+        t.allocated, t.used, t.wasted = t.allocated + u.allocated, t.used + u.used, t.wasted + u.wasted
+        t.wasted_cost += u.wasted_cost
+    assert len(truth) >= 3 and any(t.wasted > 0 for t in truth.values())
+    for team, want in truth.items():
+        cells = rows[("usage", team)]  # team, allocated, used, mean %, idle, idle cost
+        assert _num(cells[1]) == pytest.approx(want.allocated, rel=0.02), team
+        assert _num(cells[2]) == pytest.approx(want.used, rel=0.02), team
+        # idle hours are a fraction of an hour here: allow the report's 60 s step at each end of an idle hold
+        assert _num(cells[4]) == pytest.approx(want.wasted, rel=0.02, abs=2 / 60), team
+        # no cost_per_gpu_hour in the file: priced as the recording rules price an H100
+        assert _num(cells[5]) == pytest.approx(want.wasted_cost, rel=0.02, abs=3 * 2 / 60) and cells[5].endswith("USD"), team
+
+
+def test_report_on_the_fleet_simulation_has_mig_candidates_and_failures(fleet):
+    _, page = fleet
+    for section in ("mig", "reliability"):
+        body = page[page.index(f'<section id="{section}"'):]
+        body = body[:body.index("</section>")]
+        assert "<table" in body, section
+    reliability = page[page.index('<section id="reliability"'):]
+    assert "gpu_lost" in reliability and "xid_reboot" in reliability  # the simulation's lost GPU and XID 79
+
+
+def test_report_on_the_fleet_simulation_renders_in_headless_chromium(fleet, tmp_path):
+    check, dom, log = _open_in_chromium(fleet[1], tmp_path)
+    # every plot loaded (the history has no ALERTS series: no alerts plot)
+    assert int(check.group(1)) == fleet[1].count("<img") >= 1 and check.group(2) == "0"
+    assert check.group(3).split(",") == ["usage", "placement", "mig", "reliability", "alerts"]
+    assert not JS_ERROR.search(dom) and not CONSOLE_ERROR.search(log), log[-2000:]
+
+
+def test_without_a_cost_file_the_report_prices_as_the_recording_rules(tmp_path):
+    rules = report.Settings.from_thresholds()
+    assert report.load_settings(None).costs == rules.costs and report.load_settings(None).priced
+    (tmp_path / "off.yaml").write_text("cost_per_gpu_hour: {}\n")
+    assert not report.load_settings(tmp_path / "off.yaml").priced
