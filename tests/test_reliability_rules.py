@@ -177,3 +177,10 @@ def test_a_gpu_that_loses_its_info_still_counts_per_node(tmp_path):
              expect(r.NODE_MODEL_GPU_HOURS_LOST, [({"cluster": "c1", "node": "n1"}, 16 * STEP_H)]),
              expect(r.NODE_MTBF, [({"cluster": "c1", "node": "n1"}, up)])]
     promtool(tmp_path, series, tests)
+
+
+def test_per_gpu_records_drop_every_label_attribution_adds():
+    from gpuobs.exporter.render import ATTRIBUTION_LABELS
+
+    assert set(r.ATTRIBUTION) == set(ATTRIBUTION_LABELS["gpuobs"].values())
+    assert f"without ({', '.join(r.ATTRIBUTION)})" in r.GPU_UP_STEP.expr(DEFAULT)
