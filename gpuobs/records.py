@@ -23,6 +23,16 @@ from . import catalog as c
 from . import mig
 
 GPU_BY = "cluster, node, instance, gpu, uuid"  # one GPU, whatever labels the scrape adds
+# The labels attribution adds to every per-GPU series (gpuobs.exporter.render.ATTRIBUTION_LABELS,
+# native naming). A GPU's series change identity when the pod or job holding it changes, so a
+# per-GPU step record drops them: a GPU that changed hands within a step is still one GPU.
+ATTRIBUTION = ("k8s_namespace", "k8s_pod", "k8s_container", "hpc_job")
+# One GPU's series at one time: for comparing two series of a GPU (its temperature with its
+# threshold), which carry the same attribution labels. Matching on GPU_BY alone finds two series of a
+# GPU where a store keeps the old pod's series for its lookback after a pod change (VictoriaMetrics;
+# any backfilled history), and one-to-one matching then fails for the whole expression.
+SAME_SERIES = GPU_BY + ", " + ", ".join(ATTRIBUTION)
+
 LEVEL_NAMES = {"gen_ai_request_model": "model", "name": "model", "k8s_namespace": "namespace",
                "k8s_pod": "pod"}  # levels named shorter than their label
 # the labels a record keeps: its level
@@ -133,8 +143,8 @@ def windowed_quantile(by: tuple[str, ...], duration: c.Metric, q: int) -> Record
 # -------------------------------------------------------------- conditions shared with the alert pack
 def pcie_below_max() -> str:
     """Per GPU: its PCIe link runs below its maximum generation or width (1 series per such GPU)."""
-    return (f"{c.PCIE_GENERATION.name} < on ({GPU_BY}) {c.PCIE_MAX_GENERATION.name}"
-            f" or {c.PCIE_WIDTH.name} < on ({GPU_BY}) {c.PCIE_MAX_WIDTH.name}")
+    return (f"{c.PCIE_GENERATION.name} < on ({SAME_SERIES}) {c.PCIE_MAX_GENERATION.name}"
+            f" or {c.PCIE_WIDTH.name} < on ({SAME_SERIES}) {c.PCIE_MAX_WIDTH.name}")
 
 
 def idle(t: Windows) -> str:
@@ -285,12 +295,6 @@ def with_model(expr: str, t: Windows) -> str:
     long_window; series of a GPU without info that long keep no model (still counted per node)."""
     info = f"max by ({GPU_BY}, name) (last_over_time({c.GPU_INFO.exposed_name}[{t.long_window}]))"
     return f"({expr}) * on ({GPU_BY}) group_left (name) {info} or ignoring (name) ({expr})"
-
-
-# The labels attribution adds to every per-GPU series (gpuobs.exporter.render.ATTRIBUTION_LABELS,
-# native naming). A GPU's series change identity when the pod or job holding it changes, so a
-# per-GPU step record drops them: a GPU that changed hands within a step is still one GPU.
-ATTRIBUTION = ("k8s_namespace", "k8s_pod", "k8s_container", "hpc_job")
 
 
 def per_gpu(op: str, expr: str) -> str:

@@ -176,6 +176,14 @@ for alert, metric, limit, desc in [
          (10, []), (30, []))
     case(alert, "gone", "fires, then the temperature series vanishes: resolves",
          [s(metric, GPU0, "85x10 stale"), *limits], (8, exp), (12, []))
+    # a new pod takes the GPU at minute 15 and the old pod's series stay visible for the 5 min lookback,
+    # with no staleness marker (VictoriaMetrics, a backfilled history): each pod's pair still matches
+    pods = [{**GPU0, "k8s_pod": p} for p in ("a", "b")]
+    case(alert, "fires", "85 °C against 88 while the pod holding the GPU changes, the old series lingering",
+         [s(metric, pods[0], "85x14"), s(limit, pods[0], "88x14"),
+          s(metric, pods[1], "_x15 85x25"), s(limit, pods[1], "_x15 88x25")],
+         (12, [({**GPU0_ON, "k8s_pod": "a"}, desc)]), (17, [({**GPU0_ON, "k8s_pod": "a"}, desc)]),
+         (22, [({**GPU0_ON, "k8s_pod": "b"}, desc)]))
 
 # ---- allocated but idle
 UTIL, MEM = "gpuobs_gpu_utilization_ratio", "gpuobs_gpu_memory_used_bytes"

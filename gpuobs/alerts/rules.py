@@ -208,8 +208,9 @@ def _temperature_trend(t: Thresholds) -> str:
     # per GPU across attribution changes: after a pod change the window holds two series of the GPU
     # (the old pod's and the new), which one-to-one matching refuses for the whole rule
     pace = [records.per_gpu("max", f"predict_linear({temp}[{w}], {horizon})") for w in (t.temp_trend_window, t.for_medium)]
-    return (f"{pace[0]} >= on ({GPU_BY}) {slowdown} and on ({GPU_BY}) {pace[1]} >= on ({GPU_BY}) {slowdown} "
-            f"and on ({GPU_BY}) {temp} < on ({GPU_BY}) ({slowdown} - {t.temp_margin_c:g})")
+    limit = records.per_gpu("max", slowdown)
+    return (f"{pace[0]} >= on ({GPU_BY}) {limit} and on ({GPU_BY}) {pace[1]} >= on ({GPU_BY}) {limit} "
+            f"and on ({GPU_BY}) {temp} < on ({records.SAME_SERIES}) ({slowdown} - {t.temp_margin_c:g})")
 
 
 DEGRADING = "The GPU is degrading: drain it and plan its replacement."  # the degradation alerts' shared idea
@@ -307,13 +308,13 @@ def thermal(t: Thresholds) -> list[Alert]:
               scope="gpu", summary="GPU clocks reduced by the driver to stay under its thermal limit.",
               description=f"{GPU} has been in SW thermal slowdown for {t.for_short}.", keep_firing_for=t.keep_firing),
         alert(name="GpuTemperatureNearSlowdown",
-              expr=f"{c.TEMPERATURE.name} >= on ({GPU_BY}) ({c.SLOWDOWN_TEMPERATURE.name} - {t.temp_margin_c:g})",
+              expr=f"{c.TEMPERATURE.name} >= on ({records.SAME_SERIES}) ({c.SLOWDOWN_TEMPERATURE.name} - {t.temp_margin_c:g})",
               for_=t.for_short, severity="warning", scope="gpu",
               summary="GPU temperature close to its slowdown threshold.",
               description=f"{GPU} is at {{{{ $value }}}} °C, within {t.temp_margin_c:g} °C of its own slowdown "
                           "threshold."),
         alert(name="GpuMemoryTemperatureNearMax",
-              expr=f"{c.MEMORY_TEMPERATURE.name} >= on ({GPU_BY}) ({c.MEMORY_MAX_TEMPERATURE.name} - "
+              expr=f"{c.MEMORY_TEMPERATURE.name} >= on ({records.SAME_SERIES}) ({c.MEMORY_MAX_TEMPERATURE.name} - "
                    f"{t.temp_margin_c:g})",
               for_=t.for_short, severity="warning", scope="gpu",
               summary="GPU memory temperature close to its maximum.",

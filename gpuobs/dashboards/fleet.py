@@ -60,7 +60,7 @@ def at_risk() -> list:
         target(rise(r.GPU_REMAP_BANKS_LOW)),
         # °C left to the GPU's own slowdown threshold in 3 h at its pace over the last hour: low or
         # negative is a GPU heating towards it
-        target(f"bottomk(10, max by ({k.GPU_BY}) ({slowdown} - on ({k.GPU_BY}) "
+        target(f"bottomk(10, max by ({k.GPU_BY}) (max by ({k.GPU_BY}) ({slowdown}) - on ({k.GPU_BY}) "
                f"max by ({k.GPU_BY}) (predict_linear({temp}[1h], 10800))) {model()})"),
         target(f"topk(10, max by ({k.GPU_BY}) (changes({brake}[$__range])) {model()})"),
     ]
