@@ -1018,13 +1018,13 @@ def history_bench(workdir: Path, template: str, hnodes: int, step: int, scrape: 
         h.compact()
         res.update(h.numbers)
         prom = h.url
-        m0 = metrics(f"{prom}/metrics")
-        res["blocks"] = total(m0, "prometheus_tsdb_blocks_loaded")
+        res["blocks"] = total(metrics(f"{prom}/metrics"), "prometheus_tsdb_blocks_loaded")
         res["recorded_ok"] = scalar(prom, "count(cluster:gpuobs_gpus_expected:sum)", time=end) == CLUSTERS
         res["empty_records"] = check_records(prom, h.pairs, end)
         res["usage"] = check_usage(prom, h)
         res["report"] = report_check(h, workdir)
         prom = h.serve()
+        m0 = metrics(f"{prom}/metrics")
         values = {"cluster": ".*", "node": ".*", "model": ".*", "job": ".*", "__rate_interval": f"{4 * scrape}s",
                   "__interval": f"{step}s", "__range": f"{HISTORY_HOURS}h"}
         dashes = {}
@@ -1227,7 +1227,7 @@ def fleet_report(result: dict) -> str:
         L.append(f"**Failed** with {h['nodes']} nodes: `{h['error']}`")
         return "\n".join(L) + "\n"
     L.append(f"Method: {h['nodes']:,} nodes ({h['gpus']:,} GPUs), every series the fleet dashboards "
-             f"({', '.join(FLEET_DASHBOARDS)}) and the recording rules read ({h['series_per_node']:,} of the "
+             f"({', '.join(FLEET_DASHBOARDS + EFFICIENCY_DASHBOARDS)}) and the recording rules read ({h['series_per_node']:,} of the "
              f"template's {h['template_series']:,} series per node, {h['series']:,} in all, plus `up` and "
              f"`scrape_duration_seconds`), one sample every {h['scrape_s']} s for {HISTORY_HOURS} h: "
              f"{h['samples']:,} samples, {fmt(h['text_gib'])} GiB of OpenMetrics text written in {fmt(h['generate_s'], 0)} s, "
