@@ -676,12 +676,29 @@ def rule_groups() -> list[tuple[str, str, str]]:
             for g in doc["groups"] for r in g["rules"] if "record" in r]
 
 
+def rule_reads(pairs: list[tuple[str, str]]) -> dict[str, set[str]]:
+    """record -> the records its expression reads."""
+    names = [n for n, _ in pairs]
+    return {n: {m for m in names if m != n and re.search(NAME.format(re.escape(m)), e)} for n, e in pairs}
+
+
+def with_inputs(wanted: set[str], pairs: list[tuple[str, str]]) -> set[str]:
+    """The wanted records and every record they read, transitively."""
+    reads, out, todo = rule_reads(pairs), set(), list(wanted)
+    while todo:
+        n = todo.pop()
+        if n not in out:
+            out.add(n)
+            todo += reads.get(n, ())
+    return out
+
+
 def rule_levels(pairs: list[tuple[str, str]]) -> dict[str, int]:
     """record -> backfill pass: 0 for a rule that reads only scraped series, else one more than the
     deepest record it reads. promtool backfills a pass from what Prometheus already holds, so a
     rule must come after every record it reads."""
     names = [n for n, _ in pairs]
-    reads = {n: {m for m in names if m != n and re.search(NAME.format(re.escape(m)), e)} for n, e in pairs}
+    reads = rule_reads(pairs)
     level: dict[str, int] = {}
 
     def of(n: str, seen: tuple = ()) -> int:
@@ -862,19 +879,21 @@ class History:
         wait_until("Prometheus on the history", lambda: get(f"{self.url}/-/ready"), 120, self.procs)
         return self.url
 
-    def backfill_rules(self) -> None:
-        """Every recording rule over the history, pass by pass (rule_levels), each group at its own
+    def backfill_rules(self, only: set[str] | None = None) -> None:
+        """Every recording rule (or only those named and what they read) over the history, pass by
+        pass (rule_levels), each group at its own
         interval. A group slower than the scrape (the weekly group) starts one interval in, so that
         its first step covers a whole interval of data, as on a Prometheus that had been running, and
         reads with the default lookback (the records it reads instantly come once per 5 min); the
         others with self.lookback (see the class docstring)."""
         t0 = time.monotonic()
         levels = rule_levels(self.pairs)
-        for level in range(max(levels.values()) + 1):
+        keep = with_inputs(only, self.pairs) if only is not None else set(levels)
+        for level in range(max(levels[n] for n in keep) + 1):
             out = self.workdir / f"rules-{level}"
             by_interval: dict[int, list[dict]] = {}
             for name, expr, interval in rule_groups():
-                if levels[name] == level:
+                if levels[name] == level and name in keep:
                     by_interval.setdefault(int(_seconds(interval)), []).append({"record": name, "expr": expr})
             for every, rules in sorted(by_interval.items()):
                 slow = every > self.scrape
@@ -889,11 +908,11 @@ class History:
                 if rb.returncode != 0:
                     raise RuntimeError(f"promtool create-blocks-from rules (pass {level}) failed: {rb.stderr[-2000:]}")
             self.procs.stop()
-            for b in out.iterdir():
+            for b in (out.iterdir() if out.exists() else ()):
                 if b.is_dir():
                     shutil.move(str(b), str(self.data / b.name))
         self.numbers["rules_backfill_s"] = time.monotonic() - t0
-        self.numbers["rule_passes"] = max(levels.values()) + 1
+        self.numbers["rule_passes"] = max(levels[n] for n in keep) + 1
         self.serve()
 
     def compact(self) -> None:

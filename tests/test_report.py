@@ -274,13 +274,14 @@ def fleet(tmp_path_factory):
     require_tool("promtool"), require_tool("prometheus")
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from bench import fleet as bench_fleet, workload
+    from gpuobs import records
 
     work = tmp_path_factory.mktemp("fleet")
     h = bench_fleet.History(work, bench_fleet.node_template(work), FLEET_NODES, hours=FLEET_HOURS,
                             dashboards=bench_fleet.FLEET_DASHBOARDS + bench_fleet.EFFICIENCY_DASHBOARDS)
     try:
         h.write()
-        h.backfill_rules()
+        h.backfill_rules(only={records.NAMES[n].name for names in report.RECORDS.values() for n in names})
         h.serve(h.lookback)  # the report reads the scraped series: see History
         settings = work / "teams.yaml"
         settings.write_text(json.dumps({"teams": {ns: t for ns, t in workload.NAMESPACES.items() if t}}))
