@@ -29,12 +29,12 @@ FLEET = {
     5: (A100, 15 * GIB, None, False),  # no GPM: its utilization stands in for SM activity
     6: (H200, 20 * GIB, 0.10, False),
 }
-LOW = 0.5  # the rest of the week, below every peak
+LOW = 0.5  # the rest of the review window, below every peak
 
 
 def peak_week(peak: float) -> str:
-    """Low all week but one step at the peak, mid-week."""
-    return week((peak * LOW, 1000), (peak, 1), (peak * LOW, STEPS - 1001))
+    """Low all the review window but one step at the peak."""
+    return week((peak * LOW, 100), (peak, 1), (peak * LOW, STEPS - 101))
 
 
 def fleet_series() -> list[dict]:
