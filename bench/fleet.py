@@ -15,10 +15,13 @@ Three parts, run one after the other so they do not share the two CPUs:
    ``alerts/gpuobs.rules.yml`` and remote-writes to a VictoriaMetrics single node, where vmalert
    evaluates the same rule file. Numbers come from each server's own ``/metrics``.
 3. Six hours of history: OpenMetrics text with timestamps for every series the fleet dashboards and
-   the recording rules read, turned into blocks by ``promtool tsdb create-blocks-from openmetrics``;
-   the recording rules are backfilled with ``promtool tsdb create-blocks-from rules``; then every
-   query of each fleet dashboard runs over 6 h as written (recording rules) and with each recorded
-   name replaced by its expression.
+   the recording rules read, with pods and Slurm jobs holding GPUs over time (bench.workload) and
+   kube-state-metrics and Kueue per cluster, turned into blocks by ``promtool tsdb
+   create-blocks-from openmetrics``; the recording rules are backfilled with ``promtool tsdb
+   create-blocks-from rules``, pass by pass; the GPU-hours per team, namespace and Slurm job (the
+   weekly records and ``gpuobs report``) are checked against the simulation's allocation; then
+   every query of each fleet dashboard runs over 6 h as written (recording rules) and with each
+   recorded name replaced by its expression.
 
 ``fleet_bench(quick, workdir)`` returns the numbers, ``fleet_report(result)`` the Markdown section.
 Needs the prometheus, promtool, victoria-metrics, vmalert and prometheus-alertmanager binaries.
@@ -309,7 +312,7 @@ class Node(Rows):
     labels, as the exporter serves them; plus rank 0's goodput and badput counters of each pod."""
 
     def __init__(self, n: int, template: list[Series], fams: dict, target_labels: bool, keep: set[str] | None = None,
-                 span: tuple[float, float] | None = None):
+                 span: tuple[float, float] | None = None, attributed: bool = True):
         rng = np.random.default_rng(n)
         self.node = f"node-{n:04d}"
         self.cluster = f"cluster-{n % CLUSTERS}"
@@ -321,7 +324,10 @@ class Node(Rows):
                  for g in range(GPUS)]
         span = span or (time.time() - 6 * 3600, time.time() + 6 * 3600)
         self.span = span
-        self.holds = workload.schedule(rng, self.node, self.cluster, self.roles, span)
+        # without attribution (the live part: its load is the exporter's series, not their churn) every
+        # GPU counts as held by a working pod, except the idle ones, which hold no memory either
+        self.attributed = attributed
+        self.holds = workload.schedule(rng, self.node, self.cluster, self.roles, span) if attributed else []
         lost_at = span[0] + rng.uniform(0.2, 0.8) * (span[1] - span[0])   # a lost GPU falls off the bus here
         by_uuid = {s.labels["uuid"]: uuids[s.gpu] for s in template if "uuid" in s.labels and s.gpu >= 0}
         wanted = (lambda name: True) if keep is None else keep.__contains__
@@ -339,8 +345,9 @@ class Node(Rows):
                     rows.append((c.XID_ERRORS.name, c.XID_ERRORS.exposed_name, lab, g, _coef(1.0, step=1.0), None, None))
                 if wanted(c.XID_LAST_SEEN.name):
                     rows.append((c.XID_LAST_SEEN.name, c.XID_LAST_SEEN.name, dict(lab), g, _coef(T0), None, None))
-        rows = self._attributed(rows)
-        rows += self._training(wanted, fams)
+        if attributed:
+            rows = self._attributed(rows)
+            rows += self._training(wanted, fams)
         extra = None
         if target_labels:
             # what Prometheus adds on a scrape; present in the history, absent from a served body
@@ -362,7 +369,8 @@ class Node(Rows):
         if s.name == c.LAST_SUCCESS.name:
             return _coef(T0, rate=1.0)
         if s.name == c.MEMORY_USED.name:   # a process's memory while a pod holds the GPU
-            return _coef(5.0e8, hold=(4.0e10 if role == "allocated_idle" else 6.0e10) - 5.0e8)
+            held = {"idle": 5.0e8, "allocated_idle": 4.0e10}.get(role, 6.0e10)
+            return _coef(5.0e8, hold=held - 5.0e8)
         if s.name == c.GPU_UP.name:
             return _coef(1.0, cut=lost_at if role == "lost" else math.inf)
         if s.name == c.GPUS_PRESENT.name:
@@ -419,12 +427,18 @@ class Node(Rows):
         holds the GPU; 0 otherwise."""
         w = 2 * math.pi * t[None, :]
         u = 0.62 + 0.3 * np.sin(w / 2820 + self.phase[0][:, None]) + 0.08 * np.sin(w / 420 + self.phase[1][:, None])
-        return np.clip(u, 0.05, 1.0) * self.busy[:, None] * workload.held(self.holds, GPUS, t, busy_only=True)
+        return np.clip(u, 0.05, 1.0) * self.busy[:, None] * self.held(t, busy_only=True)
+
+    def held(self, t: np.ndarray, busy_only: bool = False) -> np.ndarray:
+        """(GPUS, len(t)) 0/1: a (working, with busy_only) pod holds the GPU at t; always without attribution."""
+        if not self.attributed:
+            return np.ones((GPUS, len(t)))
+        return workload.held(self.holds, GPUS, t, busy_only=busy_only)
 
     def values(self, t: np.ndarray) -> np.ndarray:
         """(series, len(t)) values, rounded to 3 decimals (as an exporter's float text would vary)."""
         u = self.utilization(t)
-        h = workload.held(self.holds, GPUS, t)
+        h = self.held(t)
         g = np.maximum(self.gpu, 0)
         per_gpu = (self.gpu >= 0)[:, None]
         base, amp, rate, step, hold, cut = (self.coef[:, i][:, None] for i in range(len(COEF)))
@@ -495,7 +509,7 @@ def serve(template_path: Path, port: int, nodes: int) -> None:
             return [b"unknown node\n"]
         node = cache.get(n)
         if node is None:
-            node = cache[n] = Node(n, series, fams, target_labels=False)
+            node = cache[n] = Node(n, series, fams, target_labels=False, attributed=False)
         body = node.body(time.time(), fams)
         start_response("200 OK", [("Content-Type", "text/plain; version=0.0.4; charset=utf-8"),
                                   ("Content-Length", str(len(body)))])
