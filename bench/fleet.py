@@ -1182,6 +1182,9 @@ def fmt(x, d: int = 2) -> str:
 def fleet_report(result: dict) -> str:
     """The "## Fleet scale" section of BENCHMARKS.md, from fleet_bench()'s result."""
     L = ["## Fleet scale", ""]
+    if result.get("cmd"):
+        L += [f"Re-measured on its own: `{result['cmd']}` on {result['date']}, the rest of this file's numbers being "
+              "from the run named at the top.", ""]
     v = result.get("versions", {})
     L.append(f"Run {'quick' if result.get('quick') else 'full'} in {fmt(result.get('elapsed_s'), 0)} s; "
              f"{v.get('prometheus', '?')}; {v.get('victoria-metrics', '?')} (vmalert from the same package).")
