@@ -962,6 +962,19 @@ def check_records(prom: str, pairs: list[tuple[str, str]], at: int) -> list[str]
             if not api(prom, "/api/v1/query", query=f"count(last_over_time({name}[1h]))", time=at)["result"]]
 
 
+# a compared row's fields (the records' words) -> the truth's (gpuobs.report.Usage) attribute
+TRUTH_OF = {"allocated": "allocated", "used": "used", "wasted": "idle", "wasted_cost": "idle_cost"}
+
+
+def compared(got: dict[str, float], want: workload.Usage) -> dict[str, float]:
+    """Per field of TRUTH_OF: the measured value (0 when absent), the truth and the relative error."""
+    out = {}
+    for field, attr in TRUTH_OF.items():
+        m, w = got.get(field, 0.0), getattr(want, attr) or 0.0
+        out[field], out[field + "_truth"], out[field + "_error"] = m, w, workload.close(m, w)
+    return out
+
+
 def check_usage(prom: str, h: History) -> dict:
     """The weekly GPU-hour records per team, namespace and Slurm job at their last step against the
     simulation's truth over the same window: {level: [{key, allocated, used, wasted, wasted_cost,
@@ -972,6 +985,7 @@ def check_usage(prom: str, h: History) -> dict:
               "hpc_job": ("cluster_hpc_job", "hpc_job", rec.JOB_ALLOCATED_STEP, rec.JOB_GPU_HOURS_ALLOCATED)}
     names = {"allocated": "gpuobs_gpu_hours_allocated:sum", "used": "gpuobs_gpu_hours_used:sum",
              "wasted": "gpuobs_gpu_hours_wasted:sum", "wasted_cost": "gpuobs_gpus_wasted_cost:sum"}
+    assert set(names) == set(TRUTH_OF)
     out: dict = {}
     for level, (prefix, label, step_record, hours_record) in levels.items():
         # the last hours record sums the step records up to it, each standing for the weekly interval
@@ -990,12 +1004,8 @@ def check_usage(prom: str, h: History) -> dict:
                 got.setdefault(key, {})[field] = float(row["value"][1])
         rows = []
         for key in sorted(set(got) | set(truth[level])):
-            want = truth[level].get(key, workload.Usage())
-            row = {"cluster": key[0], level: key[1]}
-            for field in names:
-                m, w = got.get(key, {}).get(field, 0.0), getattr(want, field)
-                row[field], row[field + "_truth"], row[field + "_error"] = m, w, workload.close(m, w)
-            rows.append(row)
+            rows.append({"cluster": key[0], level: key[1],
+                         **compared(got.get(key, {}), truth[level].get(key, workload.Usage()))})
         out[level] = rows
     return out
 
@@ -1020,19 +1030,12 @@ def report_check(h: History, workdir: Path) -> dict:
     page = out.read_text()
     res["bytes"] = len(page.encode())
     rows = report.read_rows(page)
-    truth: dict[str, workload.Usage] = {}
-    for (_, team), u in h.truth((h.start, h.end))["team"].items():
-        t = truth.setdefault(team, workload.Usage())
-        for f in ("allocated", "used", "wasted", "wasted_cost"):
-            setattr(t, f, getattr(t, f) + getattr(u, f))
     res["teams"] = []
-    for team, want in sorted(truth.items()):
-        cells = rows.get(("usage", team))   # team, allocated, used, mean %, idle, idle cost
-        got = [float(x.split()[0].replace(",", "")) for x in (cells[1], cells[2], cells[4], cells[5])] if cells else [0] * 4
-        row = {"team": team}
-        for f, g in zip(("allocated", "used", "wasted", "wasted_cost"), got):
-            row[f], row[f + "_truth"], row[f + "_error"] = g, getattr(want, f), workload.close(g, getattr(want, f))
-        res["teams"].append(row)
+    for team, want in sorted(workload.over_clusters(h.truth((h.start, h.end))["team"]).items()):
+        cells = rows.get(("usage", team), [])   # team, allocated, used, mean %, idle, idle cost
+        got = {field: float(cells[i].split()[0].replace(",", ""))
+               for field, i in zip(TRUTH_OF, (1, 2, 4, 5)) if cells}
+        res["teams"].append({"team": team, **compared(got, want)})
     out.unlink()
     return res
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from gpuobs.report import Usage
+
 # namespace -> team (its kube_namespace_labels label_team; "" = the namespace has no team label,
 # so the records fall back to the namespace's own name)
 NAMESPACES = {"llm-pretrain": "foundation", "llm-finetune": "foundation", "vision": "perception",
@@ -118,20 +120,12 @@ def spans_without(holds: list[Hold], gpu: int, span: tuple[float, float]) -> lis
 # ------------------------------------------------------------------------------------ ground truth
 
 
-@dataclass
-class Usage:
-    """GPU-hours over a window: allocated (held), used (held x utilization), wasted (held while the
-    GPU's utilization is at or below the idle threshold), and the cost of the wasted hours."""
-    allocated: float = 0.0
-    used: float = 0.0
-    wasted: float = 0.0
-    wasted_cost: float = 0.0
-
-
 def truth(nodes, window: tuple[float, float], price: float, idle_utilization: float, grid_s: float = 5.0) -> dict:
     """{'namespace': {(cluster, ns): Usage}, 'team': {(cluster, team): Usage}, 'hpc_job': {(cluster, job): Usage}}
     of the given bench nodes (each with .cluster, .holds and .utilization(t) giving (GPUS, len(t)) in
-    0..1) over window, integrated on a grid_s grid; price is the cost of one GPU-hour."""
+    0..1) over window, integrated on a grid_s grid: GPU-hours allocated (held), used (held x
+    utilization), idle (held at or under idle_utilization) and the idle hours' cost at price per
+    GPU-hour, in gpuobs.report's Usage, the report's own rows."""
     t = np.arange(window[0] + grid_s / 2, window[1], grid_s)
     out = {"namespace": {}, "team": {}, "hpc_job": {}}
     for nd in nodes:
@@ -148,11 +142,15 @@ def truth(nodes, window: tuple[float, float], price: float, idle_utilization: fl
                 keys = ([("hpc_job", h.key("hpc_job"))] if h.key("hpc_job") else
                         [("namespace", h.key("namespace")), ("team", team_of(h.key("namespace")))])
                 for kind, name in keys:
-                    row = out[kind].setdefault((nd.cluster, name), Usage())
-                    row.allocated += hours
-                    row.used += used
-                    row.wasted += wasted
-                    row.wasted_cost += wasted * price
+                    out[kind].setdefault((nd.cluster, name), Usage()).add(Usage(hours, used, wasted, wasted * price))
+    return out
+
+
+def over_clusters(rows: dict[tuple[str, str], Usage]) -> dict[str, Usage]:
+    """truth()'s rows of one level summed over clusters, by name (what gpuobs report shows)."""
+    out: dict[str, Usage] = {}
+    for (_, name), u in rows.items():
+        out.setdefault(name, Usage()).add(u)
     return out
 
 
