@@ -36,8 +36,10 @@ from bench.common import Running, cpu_seconds, free_port, pct, rss_mib  # noqa: 
 SCRAPERS = 50  # concurrent scrapers (deliverable 3)
 CLIENT_PROCS = 10  # scrapers are spread over processes so one client GIL does not cap the load
 SCRAPE_GPUS = 8  # simulated 8x H100 node for the scraper test
-CHURN_GPUS = 2  # small node for the RSS test: the sampling pass, not the GPU count, is under test
-CHURN_INTERVAL = 0.02  # s between sampling passes; the CLI's floor is 0.1 s, so the bench starts Exporter itself
+CHURN_GPUS = 64  # the largest node the exporter targets: RSS <= 60 MiB there, flat
+CHURN_INTERVAL = 0.05  # s between sampling passes; the CLI's floor is 0.1 s, so the bench starts Exporter itself
+CHURN_PERIOD = 0.25  # s between rewrites of every GPU's process table
+RSS_BOUND_MIB = 60.0  # the issue's bound on the exporter's RSS at 64 GPUs
 PROCESS_CAP = 8  # below the simulator's 32 process slots per GPU, so the cap is exercised
 FINAL_LINE = b"gpuobs_exporter_snapshot_stale 0.0\n"  # last line of a fresh /metrics body (render.Renderer)
 FLAT_MIB, FLAT_PCT = 2.0, 5.0  # RSS is "flat" when growth from 10 % to 100 % is under either bound
@@ -232,23 +234,24 @@ class Churn(threading.Thread):
             self.rewrites += 1
 
 
-def churn_bench(target: int, interval: float = CHURN_INTERVAL, process_cap: int = PROCESS_CAP) -> dict:
-    """Exporter with every family on a 2-GPU node whose processes churn; VmRSS and series sampled
-    against the exporter's own pass counter until `target` passes are done."""
+def churn_bench(target: int, gpus: int = CHURN_GPUS, interval: float = CHURN_INTERVAL,
+                process_cap: int = PROCESS_CAP, period: float = CHURN_PERIOD) -> dict:
+    """Exporter with every family on a `gpus`-GPU node whose processes churn (every `period` s);
+    VmRSS and series sampled against the exporter's own pass counter until `target` passes are done."""
     from gpuobs.sim import Simulator
 
-    spec = {"gpus": [{"profile": "h100-sxm-80gb", "count": CHURN_GPUS, "behaviour": "steady"}]}
+    spec = {"gpus": [{"profile": "h100-sxm-80gb", "count": gpus, "behaviour": "steady"}]}
     with tempfile.TemporaryDirectory(prefix="gpuobs-churn-") as tmp:
         sim = Simulator(spec, directory=tmp)
         port = free_port()
         cmd = [sys.executable, str(Path(__file__).resolve()), "--serve-exporter", str(port),
                "--interval", str(interval), "--process-cap", str(process_cap)]
-        churn = Churn(sim.state, CHURN_GPUS, interval)
+        churn = Churn(sim.state, gpus, period)
         try:
             with Running(cmd, sim.env(), Path(tmp) / "exporter.log") as exp:
                 exp.wait_until(lambda: serving_fresh(port), what="a fresh /metrics body")
                 churn.start()
-                res = _watch(port, exp.proc.pid, target, interval, process_cap)
+                res = _watch(port, exp.proc.pid, target, interval, process_cap, gpus)
                 churn.stop.set()
                 churn.join()
                 res["exporter_alive"] = exp.proc.poll() is None
@@ -256,12 +259,12 @@ def churn_bench(target: int, interval: float = CHURN_INTERVAL, process_cap: int 
         finally:
             churn.stop.set()
             sim.close()
-    res.update(churn_rewrites=churn.rewrites, pids_used=churn.next_pid - 100_000, gpus=CHURN_GPUS,
-               interval_s=interval, process_cap=process_cap, target=target)
+    res.update(churn_rewrites=churn.rewrites, pids_used=churn.next_pid - 100_000, gpus=gpus,
+               interval_s=interval, process_cap=process_cap, target=target, churn_period_s=period)
     return res
 
 
-def _watch(port: int, pid: int, target: int, interval: float, cap: int) -> dict:
+def _watch(port: int, pid: int, target: int, interval: float, cap: int, gpus: int) -> dict:
     """Poll /metrics and /proc until the exporter has made `target` passes; RSS by pass number."""
     points: list[tuple[float, float]] = []  # (passes, RSS MiB)
     proc_series, other_series, last = [], [], b""
@@ -303,7 +306,7 @@ def _watch(port: int, pid: int, target: int, interval: float, cap: int) -> dict:
             "growth_pct": 100 * growth / r10 if r10 else float("nan"),
             "flat": growth < FLAT_MIB or 100 * growth / r10 < FLAT_PCT,
             "process_series_max": max(proc_series, default=0), "process_series_min": min(proc_series, default=0),
-            "process_series_bound": 2 * cap * CHURN_GPUS,
+            "process_series_bound": 2 * cap * gpus,
             "other_series_min": min(other_series, default=0), "other_series_max": max(other_series, default=0),
             "nvml_errors": nvml_errors(last)}
 
@@ -792,7 +795,8 @@ def _churn_section(c: dict) -> list[str]:
            f"{c['process_cap']}`), runs as its own process on {c['gpus']} simulated h100-sxm-80gb with a "
            f"{c['interval_s']} s interval (started by `bench/load.py --serve-exporter`, because the CLI's floor is "
            f"0.1 s and 10,000 passes would take 17 minutes). A thread in the bench process rewrites each GPU's process "
-           "table in the simulator's shared state every interval: 0 to 32 processes, every one with a new PID, name "
+           f"table in the simulator's shared state every {c.get('churn_period_s', c['interval_s'])} s: 0 to 32 "
+           "processes, every one with a new PID, name "
            f"and memory size ({c['pids_used']:,} PIDs over {c['churn_rewrites']:,} rewrites). Twice a second the bench "
            "reads the exporter's `gpuobs_exporter_samples_total` from /metrics and its VmRSS from /proc, until "
            f"{c['target']:,} passes. Flat means growth from the 10 % point to the end under {FLAT_MIB:.0f} MiB or "
@@ -810,7 +814,10 @@ def _churn_section(c: dict) -> list[str]:
     out.append(f"NVML errors the exporter counted by the end (`gpuobs_exporter_nvml_errors_total`): {errs}. Other "
                "series are counted after the 10 % point; their spread is error series appearing.")
     out.append("")
-    out.append(f"Target RSS flat: {verdict}. Process series stay within 2 metrics × cap × GPUs = "
+    peak = max(c["rss_10_mib"], c["rss_50_mib"], c["rss_100_mib"])
+    bound = (f" RSS ≤ {RSS_BOUND_MIB:.0f} MiB at {c['gpus']} GPUs: **{'met' if peak <= RSS_BOUND_MIB else 'missed'}** "
+             f"(largest of the points above {peak:.1f} MiB).")
+    out.append(f"Target RSS flat: {verdict}.{bound} Process series stay within 2 metrics × cap × GPUs = "
                f"{c['process_series_bound']}: {'yes' if bounded else 'no'}. Polls that failed: "
                f"{', '.join(f'{k}: {n}' for k, n in c['poll_errors'].items()) or 'none'}; "
                f"passes that overran the interval: {c['slow_pass_warnings']}.")
@@ -903,6 +910,9 @@ def load_report(result: dict) -> str:
     faults run render without its subsection)."""
     out = ["## Load", "", f"`python bench/load.py{' --quick' if result['quick'] else ''}`, "
            f"{result['elapsed_s']:.0f} s.", ""]
+    if result.get("cmd"):
+        out[2:3] = [f"Measured on its own by `{result['cmd']}` on {result['date']} in {result['elapsed']:.0f} s "
+                    f"({result['cpu']}); every number in this section comes from that run.", ""]
     out += _scrape_section(result["scrape"]) + [""] + _churn_section(result["churn"]) + [""]
     if result.get("faults"):
         out += faults_section(result["faults"]) + [""]

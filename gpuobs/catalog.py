@@ -486,6 +486,10 @@ KERNEL_LOG_UP = _m("exporter_kernel_log_up", "gauge", "", "1 if the kernel-log w
 KERNEL_LOG_LOST = _m("exporter_kernel_log_records_lost", "counter", "", "Kernel-log records the kernel overwrote in "
                      "its ring buffer before the watcher read them (their XIDs and messages are not counted).",
                      "exporter", "EPIPE from read(2) on /dev/kmsg; sequence-number gaps", labels=())
+SCRAPES = _m("exporter_scrapes", "counter", "", "Metrics responses served, by exposition format (text: 0.0.4; "
+             "openmetrics: 1.0.0, what Prometheus asks for) and content encoding (gzip when the scraper accepts "
+             "it, else identity).", "exporter", "Accept and Accept-Encoding of each request",
+             labels=("format", "encoding"))
 ATTRIBUTION_UP = _m("exporter_attribution_up", "gauge", "",
                     "1 if the attribution source answered at its last refresh; only with attribution on.", "exporter",
                     "kubelet PodResources List() (podresources); the job-mapping directory is there (slurm)",

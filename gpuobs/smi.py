@@ -88,7 +88,7 @@ def exported_samples(spec: dict, wait_s: float = 10.0) -> list[tuple[str, dict[s
                 if time.monotonic() > deadline:
                     raise RuntimeError("the exporter took no snapshot of the simulated GPU")
                 time.sleep(0.02)
-            body = exp.metrics().decode()
+            body = exp.metrics().body.decode()
         finally:
             exp.stop()
             while True:  # drop this process's NVML references, so a later simulator maps its own state

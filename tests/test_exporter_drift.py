@@ -134,8 +134,8 @@ def test_field_values_without_the_private_fast_path_names(make_sim, monkeypatch)
     make_sim(TWO)
     ids = [(N.NVML_FI_DEV_POWER_INSTANT, 0), (N.NVML_FI_DEV_ECC_DBE_VOL_TOTAL, 0), (N.NVML_FI_DEV_MEMORY_TEMP, 0)]
     handle = N.nvmlDeviceGetHandleByIndex(0)
-    fast = fields.FieldValues(ids).read(handle)
-    public = fields.FieldValues(ids, fast=False).read(handle)
+    fast = list(zip(*fields.FieldValues(ids).read(handle)))
+    public = list(zip(*fields.FieldValues(ids, fast=False).read(handle)))
     assert fields.FAST and [r for r, _ in fast] == [r for r, _ in public] == [N.NVML_SUCCESS] * 3
     assert [v for _, v in public][1:] == [v for _, v in fast][1:] and public[0][1] == pytest.approx(fast[0][1], rel=0.2)
     monkeypatch.delattr(N, "_nvmlCheckReturn")  # a pynvml release that renamed a private helper

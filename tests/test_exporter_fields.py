@@ -28,10 +28,13 @@ def _configure(g) -> None:
     for v, x in ((g.enc_sessions, 2), (g.enc_fps, 60), (g.enc_latency_us, 2500),
                  (g.fbc_sessions, 1), (g.fbc_fps, 30), (g.fbc_latency_us, 500)):
         set_val(v, x)
-    for i in range(8):
+    for i in range(8):  # [location (sram, dram) * 4 + error type (corrected, uncorrected) * 2 + counter]
         set_val(g.ecc_location[i], 10 + i)
+    for i in range(4):  # the totals are the sum over locations, as on a GPU (the exporter reads the
+        set_val(g.ecc[i], (10 + i) + (14 + i))  # breakdown when they move)
     for i, x in enumerate((2550, 6, 3, 1, 0)):
         set_val(g.remap_histogram[i], x)
+    set_val(g.remap_cor, 9)  # the banks with fewer spare rows hold the rows remapped
 
 
 def test_new_series_carry_the_simulated_values(exporter):
@@ -75,6 +78,7 @@ def test_series_absent_where_the_gpu_does_not_answer(exporter):
     for v in (g.persistence, g.compute_mode, g.power_mw, g.power_avg_mw, g.power_mem_mw, g.power_limit_mw, g.enc_sessions,
               g.fbc_sessions, g.fabric_state, *g.remap_histogram, *g.ecc_location):
         set_val(v, None)
+    set_val(g.ecc[0], 1)  # an error: the breakdown of the totals (per location, bank histogram) is read again
     run.sim.state.unsupported(0, "nvmlDeviceGetEccMode")
     run.next_snapshot(11)
     scrape = run.scrape()

@@ -17,10 +17,14 @@ import yaml
 from conftest import REPO, free_port
 from gpuobs.cli import exporter as exporter_command
 from gpuobs.exporter import ExporterConfig
-from gpuobs.exporter.server import HttpServer, check_telemetry_path, make_app
+from gpuobs.exporter.server import Exposition, HttpServer, check_telemetry_path, make_app
 from test_exporter_http import SCENARIO, clean_env, cli_exporter, fetch, parse
 
 METRICS = b"gpuobs_test_value 1\n"
+
+
+def metrics(accept=None, accept_encoding=None) -> Exposition:
+    return Exposition(METRICS, "text/plain; version=0.0.4; charset=utf-8")
 
 
 def ipv6_loopback() -> bool:
@@ -177,12 +181,12 @@ def call(app, path: str) -> tuple[str, bytes]:
 
 
 def test_telemetry_path_in_the_app():
-    app = make_app(lambda: METRICS, lambda: (True, "ready"), {}, telemetry_path="/custom/metrics")
+    app = make_app(metrics, lambda: (True, "ready"), {}, telemetry_path="/custom/metrics")
     assert call(app, "/custom/metrics") == ("200 OK", METRICS)
     assert call(app, "/metrics")[0] == call(app, "/custom")[0] == "404 Not Found"
     assert call(app, "/healthz") == ("200 OK", b"ok\n") and call(app, "/readyz") == ("200 OK", b"ready\n")
     assert call(app, "/") == ("200 OK", b"gpuobs exporter: /custom/metrics /healthz /readyz\n")
-    root = make_app(lambda: METRICS, lambda: (True, "ready"), {}, telemetry_path="/")
+    root = make_app(metrics, lambda: (True, "ready"), {}, telemetry_path="/")
     assert call(root, "/") == ("200 OK", METRICS) and call(root, "/metrics")[0] == "404 Not Found"
 
 
@@ -191,12 +195,12 @@ def test_telemetry_path_refused(path):
     with pytest.raises(ValueError):
         check_telemetry_path(path)
     with pytest.raises(ValueError):
-        make_app(lambda: METRICS, lambda: (True, "ready"), {}, telemetry_path=path)
+        make_app(metrics, lambda: (True, "ready"), {}, telemetry_path=path)
 
 
 @pytest.mark.skipif(not ipv6_loopback(), reason="no IPv6 loopback here")
 def test_every_address_serves_ipv4_and_ipv6():
-    server = HttpServer(make_app(lambda: METRICS, lambda: (True, "ready"), {}), "", 0).start()
+    server = HttpServer(make_app(metrics, lambda: (True, "ready"), {}), "", 0).start()
     try:
         for url in (f"http://127.0.0.1:{server.port}/metrics", f"http://[::1]:{server.port}/metrics"):
             assert fetch(url)[::2] == (200, METRICS.decode()), url
@@ -211,9 +215,9 @@ def test_listen_error_names_an_ipv6_address_in_brackets():
         taken.listen()
         port = taken.getsockname()[1]
         with pytest.raises(OSError, match=re.escape(f"cannot listen on [::1]:{port}: ")):
-            HttpServer(make_app(lambda: METRICS, lambda: (True, "ready"), {}), "::1", port)
+            HttpServer(make_app(metrics, lambda: (True, "ready"), {}), "::1", port)
 
 
 def test_unresolvable_listen_address_is_an_oserror():
     with pytest.raises(OSError, match=r"cannot listen on no-such-host\.invalid:0: "):
-        HttpServer(make_app(lambda: METRICS, lambda: (True, "ready"), {}), "no-such-host.invalid", 0)
+        HttpServer(make_app(metrics, lambda: (True, "ready"), {}), "no-such-host.invalid", 0)

@@ -388,3 +388,24 @@ def test_many_gpus_get_distinct_bus_ids_and_mig_memory_follows_profiles(make_sim
     assert [m.total // (1024 * 1024) for m in mem] == [40448, 20096, 9984]
     assert mem[0].used == 2000 * 1024 * 1024 and mem[1].used == 0
     assert N.nvmlDeviceGetMemoryInfo(h, version=N.nvmlMemory_v2).used >= 2000 * 1024 * 1024
+
+
+def test_call_latency_delays_every_call_until_set_back(make_sim):
+    sim = make_sim(H100)
+    N.nvmlInit()
+    handle = N.nvmlDeviceGetHandleByIndex(0)
+
+    def took(calls: int = 5) -> float:
+        t = time.perf_counter()
+        for _ in range(calls):
+            N.nvmlDeviceGetPowerUsage(handle)
+            N.nvmlDeviceGetFieldValues(handle, [N.NVML_FI_DEV_POWER_INSTANT])
+        return (time.perf_counter() - t) / (2 * calls)
+
+    assert took() < 0.002
+    sim.state.set_call_latency(5000)
+    assert took() >= 0.005  # each call answers after 5 ms
+    sim.state.set_call_latency(0)
+    assert took() < 0.002
+    with pytest.raises(ValueError):
+        sim.state.set_call_latency(-1)

@@ -270,10 +270,17 @@ def test_field_values_reader_decodes_as_pynvml_does(h100x2):
         set_val(g.temp_mem, 61 + round_)
         expected = [(f.nvmlReturn, getattr(f.value, members[f.valueType]) if f.nvmlReturn == 0 else None)
                     for f in N.nvmlDeviceGetFieldValues(handle(0), ids)]
-        got = reader.read(handle(0))
+        got = list(zip(*reader.read(handle(0))))
         assert got == expected
         assert got[0] == (N.NVML_SUCCESS, 61 + round_) and got[2] == (N.NVML_SUCCESS, 777)
         assert got[-1][0] != N.NVML_SUCCESS and got[-1][1] is None
+    # one value type throughout (one typed column, no gather), and a single field
+    same = [(N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, link) for link in range(4)]
+    for link in range(3):
+        set_val(g.links[link].rx_bytes, 1024 * (100 + link))  # fixed: a loaded link's counter moves
+    expected = [(f.nvmlReturn, f.value.ullVal) for f in N.nvmlDeviceGetFieldValues(handle(0), same)]
+    assert list(zip(*FieldValues(same).read(handle(0)))) == expected and expected[3] == (N.NVML_SUCCESS, 777)
+    assert list(zip(*FieldValues(same[3:]).read(handle(0)))) == expected[3:]
 
 
 def _fabric(h, cls, fn):

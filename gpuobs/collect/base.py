@@ -21,6 +21,26 @@ SENTINELS = {0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF, 0xFFFF, 0x7FFFFFFF}  # NVML "not av
 COUNTER_SENTINELS = {0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF}
 
 
+_LIMITS: dict[Metric, tuple[float, frozenset[int]]] = {}
+
+
+def limits(metric: Metric) -> tuple[float, frozenset[int]]:
+    """(largest possible value, raw values that are NVML sentinels) of a metric, kept per metric:
+    the emit paths ask once per value."""
+    got = _LIMITS.get(metric)
+    if got is None:
+        upper = metric.max_value if metric.max_value is not None else sys.float_info.max
+        got = _LIMITS[metric] = (upper, frozenset(COUNTER_SENTINELS if metric.kind == "counter" else SENTINELS))
+    return got
+
+
+def drop_reason(raw: float, value: float, sentinels: frozenset[int]) -> str:
+    """Why a value is dropped: sentinel, not_finite or out_of_range."""
+    if type(raw) is int and raw in sentinels:
+        return "sentinel"
+    return "not_finite" if not math.isfinite(value) else "out_of_range"
+
+
 class LogLimiter:
     """Per key, at most `burst` records in each `per`-second window; the others are counted and the
     count is handed to the next record allowed (so that it can say how many were left out)."""
@@ -217,6 +237,10 @@ class GpuCtx:
     versions: tuple[str, str] = ("", "")  # driver and CUDA driver versions (Identity's labels)
     answered: int = 0  # calls in this pass that the GPU answered (values or capability answers)
     failed: int = 0  # calls in this pass that returned an error
+    # emit()'s Samples of this pass and of the previous one, by what made them: an unchanged value is
+    # served as the same Sample (no new object; the renderer's comparison stops at the identity)
+    memo: dict = field(default_factory=dict)
+    memo_before: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.labels = (str(self.index), self.uuid)
@@ -279,14 +303,19 @@ class GpuCtx:
         the scaled value is out of the metric's range; drops are counted, never served."""
         if raw is None:
             return
-        value = raw * scale / per
-        upper = metric.max_value if metric.max_value is not None else sys.float_info.max
-        sentinel = isinstance(raw, int) and raw in (COUNTER_SENTINELS if metric.kind == "counter" else SENTINELS)
-        if 0 <= value <= upper and not sentinel:  # one comparison also rules out NaN and infinity
-            self.out.append(Sample(metric, (labels or self.labels) + extra, float(value)))
+        key = (metric, raw, extra, labels or self.labels, scale, per)
+        sample = self.memo.get(key) or self.memo_before.get(key)
+        if sample is not None and (raw or type(raw) is int):  # a float zero is made again: -0.0 == 0.0
+            self.memo[key] = sample
+            self.out.append(sample)
             return
-        reason = "sentinel" if sentinel else "not_finite" if not math.isfinite(value) else "out_of_range"
-        self.dropped(metric, reason)
+        value = raw * scale / per
+        upper, sentinels = limits(metric)
+        if 0 <= value <= upper and not (type(raw) is int and raw in sentinels):  # also rules out NaN and inf
+            sample = self.memo[key] = Sample(metric, (labels or self.labels) + extra, float(value))
+            self.out.append(sample)
+        else:  # never kept: a drop is counted on every pass
+            self.dropped(metric, drop_reason(raw, value, sentinels))
 
 
 @dataclass

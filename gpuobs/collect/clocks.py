@@ -1,5 +1,6 @@
-"""Clocks: current SM and memory clocks every sample, graphics/video on slow samples, maxima per
-probe (fixed per GPU), and the performance state."""
+"""Clocks: the performance state and current SM clock every sample; the memory clock on slow samples
+and whenever the P-state changed (it moves with the P-state: fixed on HBM parts, stepped by P-state on
+GDDR); graphics/video on slow samples; maxima per probe (fixed per GPU)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,14 @@ from .. import catalog as c
 from .base import Family, GpuCtx, register
 
 MHZ = 1e6
-FAST = (N.NVML_CLOCK_SM, N.NVML_CLOCK_MEM)
+FAST = (N.NVML_CLOCK_SM,)
 
 
 @dataclass
 class ClocksState:
     current: dict[int, int | None] = field(default_factory=dict)  # clock type -> last MHz read (None: failed)
     maximum: dict[int, int | None] = field(default_factory=dict)  # clock type -> MHz, probed
+    pstate: int | None = None  # the P-state last read
 
 
 @register("clocks")
@@ -30,9 +32,12 @@ class Clocks(Family):
 
     def collect(self, gpu: GpuCtx) -> None:
         st = self.state(gpu)
+        pstate = gpu.get(N.nvmlDeviceGetPerformanceState)
+        moved, st.pstate = pstate != st.pstate, pstate
         for clock, label in enumerate(c.CLOCKS):
-            if clock in FAST or gpu.slow or clock not in st.current:
+            if (clock in FAST or gpu.slow or clock not in st.current or st.current[clock] is None
+                    or (moved and clock == N.NVML_CLOCK_MEM)):
                 st.current[clock] = gpu.get(N.nvmlDeviceGetClockInfo, clock, variant=label)
             gpu.emit(c.CLOCK, st.current[clock], label, scale=MHZ)
             gpu.emit(c.MAX_CLOCK, st.maximum.get(clock), label, scale=MHZ)
-        gpu.emit(c.PSTATE, gpu.get(N.nvmlDeviceGetPerformanceState))
+        gpu.emit(c.PSTATE, pstate)

@@ -1,6 +1,7 @@
 """ECC: mode (current and pending), error counters (corrected/uncorrected x volatile/aggregate),
-retired pages and remapped rows, all from one batched field-values call; on slow samples, the
-errors per memory location (SRAM, DRAM) and the remapped-row bank histogram."""
+retired pages and remapped rows, all from one batched field-values call; the errors per memory
+location (SRAM, DRAM) and the remapped-row bank histogram, a breakdown of those totals, when the
+totals change (on slow samples where the batch lacks them); the mode on slow samples."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ class EccState:
     read: bool = False  # mode, location counters and bank histogram read at least once
     locations: dict[tuple[str, str, str], int | None] = field(default_factory=dict)  # labels -> last count
     banks: Any = None  # last nvmlDeviceGetRowRemapperHistogram answer, None when failed
+    totals: tuple | None = None  # the batched totals the breakdown was last read with
 
 
 @register("ecc")
@@ -46,12 +48,19 @@ class Ecc(Family):
     def fields(self, gpu: GpuCtx) -> list[FieldSpec]:
         return self.FIELDS
 
+    def probe(self, gpu: GpuCtx) -> None:
+        self.state(gpu).read = False  # capabilities are asked again: so is the breakdown
+
     def collect(self, gpu: GpuCtx) -> None:
         st = self.state(gpu)
-        # The mode changes only with a reboot after nvidia-smi -e; the per-location counters and the bank
-        # histogram are a breakdown of the batched totals, so refreshing them on slow samples is enough.
+        # The mode changes only with a reboot after nvidia-smi -e: slow samples. The per-location
+        # counters and the bank histogram are a breakdown of the batched totals (errors, remapped
+        # rows): they cannot move while the totals do not.
         if gpu.slow or not st.read:
-            st.mode, st.read = gpu.get(N.nvmlDeviceGetEccMode), True
+            st.mode = gpu.get(N.nvmlDeviceGetEccMode)
+        totals = tuple(gpu.fields.get((spec.field_id, 0)) for spec in self.FIELDS)  # None: not given
+        if not st.read or totals != st.totals or (gpu.slow and not any(v is not None for v in totals)):
+            st.read, st.totals = True, totals
             # named per location: a GPU may count DRAM errors but not SRAM ones (answered once, remembered)
             st.locations = {labels: gpu.get(N.nvmlDeviceGetMemoryErrorCounter, ERROR_TYPES[labels[1]],
                                             COUNTERS[labels[2]], LOCATIONS[labels[0]],

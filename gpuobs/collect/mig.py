@@ -17,25 +17,31 @@ from .memory import memory_any
 MigDevice = tuple[object, tuple[str, str], str, str]
 
 
-def _enumerate(gpu: GpuCtx) -> list[MigDevice]:
-    """The MIG devices of one GPU. The GPU's own labels are not kept here: its index can shift
+def _enumerate(gpu: GpuCtx, st: "MigState") -> list[MigDevice]:
+    """The MIG devices of one GPU: per index its handle and MIG UUID; the instance ids and profile
+    only for a UUID not seen at the previous enumeration (a device keeps them for its life: a
+    re-created instance has a new UUID). The GPU's own labels are not kept here: its index can shift
     between samples."""
-    count = gpu.get(N.nvmlDeviceGetMaxMigDeviceCount) or 0
+    if st.max_devices is None:  # fixed by the GPU model
+        st.max_devices = gpu.get(N.nvmlDeviceGetMaxMigDeviceCount)
+    known = {mig_uuid: (ids, profile) for _, ids, mig_uuid, profile in st.devices}
     out = []
-    for i in range(count):
+    for i in range(st.max_devices or 0):
         handle = gpu.get(N.nvmlDeviceGetMigDeviceHandleByIndex, i, variant=str(i), expected=(N.NVML_ERROR_NOT_FOUND,))
         if handle is None:
             continue  # NOT_FOUND: no device at this index (indexes can be sparse): an answer, not an error
         call = gpu.session.call
         try:
-            gi = call(N.nvmlDeviceGetGpuInstanceId, handle)
-            ci = call(N.nvmlDeviceGetComputeInstanceId, handle)
             mig_uuid = call(N.nvmlDeviceGetUUID, handle)
-            name = call(N.nvmlDeviceGetName, handle)
+            if mig_uuid in known:
+                ids, profile = known[mig_uuid]
+            else:
+                ids = (str(call(N.nvmlDeviceGetGpuInstanceId, handle)), str(call(N.nvmlDeviceGetComputeInstanceId, handle)))
+                name = call(N.nvmlDeviceGetName, handle)
+                profile = name.rsplit(" MIG ", 1)[-1] if " MIG " in name else ""
         except (N.NVMLError, UnicodeDecodeError):
             continue
-        profile = name.rsplit(" MIG ", 1)[-1] if " MIG " in name else ""
-        out.append((handle, (str(gi), str(ci)), mig_uuid, profile))
+        out.append((handle, ids, mig_uuid, profile))
     return out
 
 
@@ -46,19 +52,25 @@ _UNREAD = object()  # MIG mode not read yet for this GPU
 class MigState:
     mode: object = _UNREAD  # 1: MIG on, 0: off, None: the GPU did not answer
     pending: int | None = None  # the mode after the next GPU reset
+    max_devices: int | None = None  # nvmlDeviceGetMaxMigDeviceCount (None: not answered yet)
     devices: list[MigDevice] = field(default_factory=list)  # enumerated when the mode is read
-    # per device (by its instance ids), read with the enumeration: BAR1 info and attributes (or None)
+    # per device (by its instance ids), read with the enumeration: BAR1 info and SM count (or None)
     extras: dict[tuple[str, str], tuple] = field(default_factory=dict)
+    sms: dict[str, int | None] = field(default_factory=dict)  # MIG UUID -> SM count (fixed by its profile)
 
 
-def _extras(gpu: GpuCtx, devices: list[MigDevice]) -> dict[tuple[str, str], tuple]:
-    """(nvmlBAR1Memory_t, SM count) per MIG device, each None where the device does not answer; read
-    on slow samples only (the SM count is fixed by the profile, BAR1 use moves slowly)."""
-    out = {}
-    for handle, ids, _, _ in devices:
-        attrs = gpu.get(N.nvmlDeviceGetAttributes_v2, handle=handle, variant="mig")
-        out[ids] = (gpu.get(N.nvmlDeviceGetBAR1MemoryInfo, handle=handle, variant="mig"),
-                    None if attrs is None else attrs.multiprocessorCount)
+def _extras(gpu: GpuCtx, devices: list[MigDevice], st: MigState) -> dict[tuple[str, str], tuple]:
+    """(nvmlBAR1Memory_t, SM count) per MIG device, each None where the device does not answer; BAR1
+    read on slow samples (its use moves slowly), the SM count once per device (fixed by the profile)."""
+    out, sms = {}, {}
+    for handle, ids, mig_uuid, _ in devices:
+        if mig_uuid in st.sms:
+            sms[mig_uuid] = st.sms[mig_uuid]
+        else:
+            attrs = gpu.get(N.nvmlDeviceGetAttributes_v2, handle=handle, variant="mig")
+            sms[mig_uuid] = None if attrs is None else attrs.multiprocessorCount
+        out[ids] = (gpu.get(N.nvmlDeviceGetBAR1MemoryInfo, handle=handle, variant="mig"), sms[mig_uuid])
+    st.sms = sms
     return out
 
 
@@ -90,8 +102,8 @@ class Mig(Family):
                 # MIG toggled: what the GPU answered before (NOT_SUPPORTED in one mode) may differ now
                 gpu.session.forget(gpu.uuid)
             st.mode, st.pending = mode, None if modes is None else modes[1]
-            st.devices = _enumerate(gpu) if mode == 1 else []
-            st.extras = _extras(gpu, st.devices)
+            st.devices = _enumerate(gpu, st) if mode == 1 else []
+            st.extras = _extras(gpu, st.devices, st)
         gpu.emit(c.MIG_MODE, st.mode)
         gpu.emit(c.MIG_PENDING, st.pending)
         gpm = self.gpm if self.gpm is not None and self.gpm.supported(gpu) else None

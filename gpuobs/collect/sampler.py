@@ -14,7 +14,9 @@ the latest Snapshot and never waits on NVML; the Snapshot's time is when its val
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
+import operator
 import threading
 import time
 from dataclasses import dataclass, field
@@ -25,7 +27,7 @@ import pynvml as N
 from .. import catalog as c
 from ..nvml import UNUSABLE, Session
 from ..nvml.fields import FieldValues
-from .base import Family, FieldSpec, GpuCtx, GpuUnusable, LogLimiter, Sample, Snapshot
+from .base import Family, FieldSpec, GpuCtx, GpuUnusable, LogLimiter, Sample, Snapshot, drop_reason, limits
 
 log = logging.getLogger("gpuobs.sampler")
 
@@ -48,7 +50,75 @@ class _GpuState:
     """What the sampler keeps of one GPU between passes (the families keep their own)."""
     generation: int  # NVML generation it was made under: handles and answers of another are void
     probed_at: float | None = None  # monotonic end of the last complete probe
-    batch: tuple | None = None  # (key, (specs, FieldValues) or None): the GPU's field batch
+    batch: tuple | None = None  # (key, _FieldBatch or None): the GPU's field batch
+    memo: dict = field(default_factory=dict)  # GpuCtx.memo of its last pass
+
+
+class _FieldBatch:
+    """One GPU's field-values batch: the specs, their reader (FieldValues) and, per spec, the
+    Sample made from its last value. read() keeps every value in gpu.fields and emits the specs'
+    samples as GpuCtx.emit would (same checks, same drops counted every pass), making a Sample
+    only for a value that changed: comparing the values with the previous read's and copying the
+    unchanged samples run in C, and the renderer then finds those samples identical to the
+    previous snapshot's."""
+
+    def __init__(self, specs: list[FieldSpec], labels: tuple[str, ...]):
+        self.specs = specs
+        self.keys = [(s.field_id, s.scope) for s in specs]
+        self.labels = [labels + s.extra for s in specs]
+        self.limits = [limits(s.metric) if s.metric is not None else None for s in specs]
+        self.reader = FieldValues(self.keys)
+        self.samples: list[Sample | None] = [None] * len(specs)  # None: no metric, dropped or not read
+        self.last: list | tuple | None = None  # the values of the last read
+        self.dropping: list[int] = []  # specs whose last value was dropped: counted again each pass
+        self.floats: list[int] | None = None  # float-valued specs: always made again (-0.0 == 0.0)
+
+    def read(self, gpu: GpuCtx) -> None:
+        read = gpu.get(self.reader.read, name="nvmlDeviceGetFieldValues")
+        if read is None:
+            return
+        rets, values = read
+        if self.floats is None:
+            self.floats = [i for i, v in enumerate(values) if type(v) is float]
+        if any(rets):  # NVML_SUCCESS is 0: some values did not come back
+            changed = []
+            for i, ret in enumerate(rets):
+                if ret == N.NVML_SUCCESS:
+                    gpu.fields[self.keys[i]] = values[i]
+                    changed.append(i)
+                else:
+                    gpu.session.field_answer(gpu.uuid, self.keys[i][0], self.keys[i][1], ret)
+                    self.samples[i] = None
+        else:
+            gpu.fields.update(zip(self.keys, values))
+            if self.last is None:
+                changed = list(range(len(values)))
+            elif values == self.last:
+                changed = []
+            else:
+                changed = [i for i, moved in enumerate(map(operator.ne, values, self.last)) if moved]
+            if self.floats or self.dropping:
+                changed = list(dict.fromkeys(changed + self.floats + self.dropping))  # each once
+        self.last, dropping = values, []
+        for i in changed:
+            if self._make(gpu, i, values[i]) is None and self.specs[i].metric is not None:
+                dropping.append(i)
+        self.dropping = dropping
+        gpu.out.extend(filter(None, self.samples))
+
+    def _make(self, gpu: GpuCtx, i: int, raw: float) -> Sample | None:
+        """Spec i's Sample for raw (None: no metric, or dropped and counted)."""
+        spec = self.specs[i]
+        sample = None
+        if spec.metric is not None:
+            value = raw * spec.scale / spec.per
+            upper, sentinels = self.limits[i]
+            if 0 <= value <= upper and not (type(raw) is int and raw in sentinels):
+                sample = Sample(spec.metric, self.labels[i], float(value))
+            else:
+                gpu.dropped(spec.metric, drop_reason(raw, value, sentinels))
+        self.samples[i] = sample
+        return sample
 
 
 class _Pass:
@@ -442,9 +512,10 @@ class Sampler:
 
     def _read_families(self, index: int, handle: Any, uuid: str) -> _GpuRead:
         result = _GpuRead(index, uuid, handle)
-        gpu = GpuCtx(self.session, handle, index, uuid, self.samples, result.samples, self._drop,
-                     versions=(self.versions[0], self.versions[2]))
         state = self._gpu_state(uuid)
+        gpu = GpuCtx(self.session, handle, index, uuid, self.samples, result.samples, self._drop,
+                     versions=(self.versions[0], self.versions[2]), memo_before=state.memo)
+        state.memo = gpu.memo  # this pass's Samples, for the next pass
         try:
             if state.probed_at is None or time.monotonic() - state.probed_at >= self.session.reprobe_after:
                 if self._each_family(gpu, "probe", result):
@@ -476,31 +547,22 @@ class Sampler:
         return ok
 
     def _read_fields(self, gpu: GpuCtx, state: _GpuState) -> None:
+        """One nvmlDeviceGetFieldValues for every field the families want (_FieldBatch)."""
         batch = self._field_batch(gpu, state)
-        if batch is None:
-            return
-        specs, reader = batch
-        values = gpu.get(reader.read, name="nvmlDeviceGetFieldValues")
-        if values is None:
-            return
-        for spec, (ret, raw) in zip(specs, values):
-            if ret == N.NVML_SUCCESS:
-                gpu.fields[(spec.field_id, spec.scope)] = raw
-                if spec.metric is not None:
-                    gpu.emit(spec.metric, raw, *spec.extra, scale=spec.scale, per=spec.per)
-            else:
-                self.session.field_answer(gpu.uuid, spec.field_id, spec.scope, ret)
+        if batch is not None:
+            batch.read(gpu)
 
-    def _field_batch(self, gpu: GpuCtx, state: _GpuState) -> tuple[list[FieldSpec], FieldValues] | None:
-        """The fields the families want from this GPU now, less those it does not give, and their
-        reusable reader; rebuilt only when the wanted fields or the capability answers change."""
-        wanted = tuple(s for fam in self.families for s in fam.fields(gpu))
-        key = (wanted, self.session.capability_version)
+    def _field_batch(self, gpu: GpuCtx, state: _GpuState) -> "_FieldBatch | None":
+        """The fields the families want from this GPU now, less those it does not give, as a
+        _FieldBatch; made again only when the wanted fields, the capability answers or the GPU's
+        labels change."""
+        wanted = tuple(itertools.chain.from_iterable([fam.fields(gpu) for fam in self.families]))
+        key = (wanted, self.session.capability_version, gpu.labels)
         if state.batch is not None and state.batch[0] == key:  # same FieldSpec objects: compared by identity, in C
             return state.batch[1]
         specs = [s for s in wanted if not self.session.field_unavailable(gpu.uuid, s.field_id, s.scope)]
-        batch = (specs, FieldValues([(s.field_id, s.scope) for s in specs])) if specs else None
-        state.batch = ((wanted, self.session.capability_version), batch)  # after expired answers went
+        batch = _FieldBatch(specs, gpu.labels) if specs else None
+        state.batch = (key, batch)  # after expired answers went
         return batch
 
     def _log(self, key: Any, msg: str, exc_info: bool = False, **extra: Any) -> None:

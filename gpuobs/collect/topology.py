@@ -1,9 +1,10 @@
 """Topology: per pair of GPUs on the node the closest path between them (NVLink straight to the
 peer, through NVSwitches, or the PCIe path) and its NVLink link count, and each GPU's NUMA node and
 CPU affinity, as `nvidia-smi topo -m` shows them. Read at probe (the wiring is fixed for the GPUs'
-life; re-read after NVML re-initialises and every Session.reprobe_after seconds); on slow samples
-only the NVLink P2P status of each pair is asked again, and a change re-reads the whole topology
-(a link that went down takes its pairs off NVLink)."""
+life; re-read after NVML re-initialises and every Session.reprobe_after seconds). The NVLink P2P
+status of each pair is asked again when the GPU's NVLink link states (read by the nvlink family in
+the batch) change, or on slow samples without them; a change re-reads the whole topology (a link
+that went down takes its pairs off NVLink)."""
 
 from __future__ import annotations
 
@@ -54,6 +55,7 @@ class TopologyState:
     counts: list[int] = field(default_factory=list)  # NVLink links per pair, in pairs' order
     numa: int | None = None
     cpus: str | None = None
+    links: tuple | None = None  # NVLink link states (field values) when P2P was last asked
 
 
 def cpu_list(words: Any) -> str:
@@ -157,7 +159,11 @@ class Topology(Family):
 
     def collect(self, gpu: GpuCtx) -> None:
         st = self.state(gpu)
-        if gpu.slow and st.peers and any(_p2p(gpu, p) != st.p2p.get(p.uuid) for p in st.peers):
+        links = tuple(v for (fid, _), v in gpu.fields.items() if fid == N.NVML_FI_DEV_NVLINK_GET_STATE)
+        moved, st.links = links != st.links, links
+        # without link states (nvlink family off): slow samples, where a pair is on NVLink to lose
+        if (moved or (gpu.slow and not links and any(st.counts))) and st.peers and \
+                any(_p2p(gpu, p) != st.p2p.get(p.uuid) for p in st.peers):
             self.probe(gpu)
         for labels, links in zip(st.pairs, st.counts):
             gpu.emit(c.TOPOLOGY_NVLINK, links, *labels)

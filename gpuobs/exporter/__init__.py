@@ -11,6 +11,7 @@ whatever NVML does.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import threading
@@ -21,8 +22,8 @@ from .. import catalog
 from ..collect import KernelLogWatcher, Sampler, Session, XidWatcher, build_families, default_families, needs_watcher
 from ..collect.kernel_log import DEFAULT_STATE
 from ..collect.base import Sample, Snapshot
-from .render import Renderer
-from .server import HttpServer, WebConfig, make_app
+from .render import CONTENT_TYPES, FORMATS, Renderer, negotiate
+from .server import Exposition, HttpServer, WebConfig, make_app
 
 log = logging.getLogger("gpuobs.exporter")
 
@@ -94,6 +95,10 @@ class Exporter:
 
             self.attribution.append(SlurmJobMap(config.slurm_job_dir, config.attribution_refresh))
         self.renderer = Renderer(config.naming, config.hostname, self.attribution)
+        # responses by (format, encoding), every one the naming can serve counted from 0
+        self._served = collections.Counter({(fmt, enc): 0 for fmt in FORMATS for enc in ("identity", "gzip")
+                                            if fmt == "text" or config.naming == "gpuobs"})
+        self._served_lock = threading.Lock()
         self.sampler = Sampler(self.session, families, config.interval, config.expected_gpus,
                                on_snapshot=self._on_snapshot)
         self.liveness_timeout = liveness_timeout(config.interval, config.liveness_timeout)
@@ -108,20 +113,28 @@ class Exporter:
                                  fresh=self.fresh)
 
     def _on_snapshot(self, snap: Snapshot) -> None:
+        health = ()
         if self.attribution:  # the sources' health, as of this pass, with the exporter's own
             health = tuple(Sample(catalog.ATTRIBUTION_UP, (source.name,), float(source.up))
                            for source in self.attribution)
-            snap = dataclasses.replace(snap, samples=snap.samples + health)
-        self.renderer.render(snap)
+        with self._served_lock:
+            served = tuple(Sample(catalog.SCRAPES, key, float(n)) for key, n in sorted(self._served.items()))
+        self.renderer.render(dataclasses.replace(snap, samples=snap.samples + health + served))
 
     def fresh(self, snap: Snapshot | None = None) -> bool:
         """True if the latest snapshot (or `snap`) is younger than two sampling intervals."""
         snap = self.renderer.snapshot if snap is None else snap
         return snap is not None and time.time() - snap.time <= FRESH_INTERVALS * self.config.interval
 
-    def metrics(self) -> bytes:
-        """The /metrics body: the latest snapshot, or only self-health when it is stale."""
-        return self.renderer.fresh if self.fresh() else self.renderer.stale
+    def metrics(self, accept: str | None = None, accept_encoding: str | None = None) -> Exposition:
+        """The /metrics response for a scrape's Accept and Accept-Encoding headers (render.negotiate:
+        OpenMetrics and gzip when asked for, else text 0.0.4): the latest snapshot, or only
+        self-health when it is stale. Counted in gpuobs_exporter_scrapes_total."""
+        fmt, gz = negotiate(accept, accept_encoding, self.config.naming)
+        with self._served_lock:
+            self._served[(fmt, "gzip" if gz else "identity")] += 1
+        body = self.renderer.body(fmt, gz, stale=not self.fresh())
+        return Exposition(body, CONTENT_TYPES[fmt], gz)
 
     def ready(self) -> tuple[bool, str]:
         """/readyz: NVML up and a fresh snapshot."""

@@ -1,13 +1,29 @@
-"""Render a Snapshot as Prometheus text, once per snapshot, in gpuobs or dcgm-exporter naming."""
+"""Render a Snapshot as Prometheus text, once per snapshot and format, in gpuobs or dcgm-exporter naming.
+
+Two renderings of the same families:
+- the reference: prometheus_client builds the families (native_families, dcgm_families) and writes
+  them (generate_latest, or its OpenMetrics twin). It is used for the rarely served stale body and
+  is what tests compare the fast one with.
+- the fast one (Renderer): per series, the text before the value (name and labels) is written once,
+  by prometheus_client itself, when the series appears; each pass formats only the values (with
+  prometheus_client's floatToGoString), and a family whose samples did not change keeps its text.
+  tests/test_render.py proves the two byte-identical.
+"""
 
 from __future__ import annotations
 
+import gzip
+import math
 import socket
+import threading
 from collections import defaultdict
 from itertools import chain
 from typing import Callable, Iterable, Sequence
 
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import openmetrics
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder, gzip_accepted
+from prometheus_client.utils import floatToGoString
 from prometheus_client.metrics_core import Metric as PromMetric
 
 from .. import catalog as c
@@ -24,7 +40,7 @@ ATTRIBUTION_LABELS = {
     "gpuobs": {"pod": "k8s_pod", "namespace": "k8s_namespace", "container": "k8s_container", "hpc_job": "hpc_job"},
     "dcgm": {"pod": "pod", "namespace": "namespace", "container": "container", "hpc_job": "hpc_job"},
 }
-Extra = Callable[[Sample], "dict[str, str] | None"]
+Extra = Callable[[Sample], "tuple[tuple[str, str], ...] | None"]  # (label, value) pairs to add to a sample
 
 
 class _Collect:
@@ -37,10 +53,16 @@ class _Collect:
         return iter(self._families)
 
 
-def _to_text(families: Iterable[PromMetric]) -> bytes:
+def _to_text(families: Iterable[PromMetric], fmt: str = "text") -> bytes:
+    """prometheus_client's rendering of `families`: text format 0.0.4 (fmt "text") or OpenMetrics
+    1.0.0 (fmt "openmetrics", ending in "# EOF")."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Collect(list(families)))
-    return generate_latest(registry)
+    return ENCODERS[fmt](registry)
+
+
+ENCODERS = {"text": generate_latest, "openmetrics": openmetrics.exposition.generate_latest}
+EOF_LINE = "# EOF\n"
 
 
 def native_families(samples: Iterable[Sample], extra: Extra | None = None) -> list[PromMetric]:
@@ -172,19 +194,225 @@ def dcgm_text(families: list[PromMetric]) -> bytes:
     """Text format 0.0.4 of dcgm_families(): prometheus_client's output with only the HELP and TYPE
     lines of counter families renamed from `<field>_total` to `<field>`, as dcgm-exporter writes them
     (its samples carry the bare field name, and dashboards built for it query that name)."""
-    text = _to_text(families)
+    text = _to_text(families).decode()
     for fam in families:
         if fam.type == "counter":
-            name = fam.name.encode()
-            for kind in (b"HELP", b"TYPE"):
-                text = text.replace(b"# %s %s_total " % (kind, name), b"# %s %s " % (kind, name), 1)
+            text = _dcgm_counter_header(text, fam.name)
+    return text.encode()
+
+
+def _dcgm_counter_header(text: str, name: str) -> str:
+    """`text` with the HELP and TYPE lines of counter `name` naming it `name`, not `name`_total."""
+    for kind in ("HELP", "TYPE"):
+        text = text.replace(f"# {kind} {name}_total ", f"# {kind} {name} ", 1)
     return text
 
 
+
+FORMATS = ("text", "openmetrics")
+CONTENT_TYPES = {"text": CONTENT_TYPE_PLAIN_0_0_4, "openmetrics": openmetrics.exposition.CONTENT_TYPE_LATEST}
+GZIP_LEVEL = 1  # a body of repeated label text compresses ~10x at level 1; higher levels cost 2-3x the CPU
+
+
+def negotiate(accept: str | None, accept_encoding: str | None, naming: str = "gpuobs") -> tuple[str, bool]:
+    """(format, gzip) for a scrape's Accept and Accept-Encoding headers, decided as prometheus_client
+    decides them (choose_encoder, gzip_accepted): "openmetrics" when the scraper asks for OpenMetrics
+    (Prometheus does), else "text" (0.0.4; curl asks for neither). dcgm naming serves text only, as
+    dcgm-exporter does: its counters carry no `_total`, which OpenMetrics requires of a counter."""
+    encoder, _ = choose_encoder(accept or "")
+    om = getattr(encoder, "func", encoder) is openmetrics.exposition.generate_latest
+    return ("openmetrics" if om and naming == "gpuobs" else "text"), gzip_accepted(accept_encoding or "")
+
+
+class _Text:
+    """One format's text pieces as prometheus_client writes them: HELP/TYPE headers (kept per
+    family) and the text of a series before its value (name and labels, escaped), made by rendering
+    the series once with a placeholder value."""
+
+    def __init__(self, fmt: str):
+        self.fmt = fmt
+        self._headers: dict[tuple[str, str, str], str] = {}
+
+    def _one(self, name: str, help_text: str, kind: str, sample: tuple | None = None) -> str:
+        fam = PromMetric(name, help_text, kind)
+        if sample:
+            fam.add_sample(*sample)
+        text = _to_text([fam], self.fmt).decode()
+        return text[:-len(EOF_LINE)] if self.fmt == "openmetrics" else text
+
+    def header(self, name: str, help_text: str, kind: str, dcgm: bool = False) -> str:
+        """The HELP and TYPE lines of a family (dcgm: a counter named as dcgm-exporter names it)."""
+        key = (name, help_text, kind)
+        text = self._headers.get(key)
+        if text is None:
+            text = self._one(name, help_text, kind)
+            if dcgm and kind == "counter":
+                text = _dcgm_counter_header(text, name)
+            if len(self._headers) > 4096:  # names and help texts come from the catalog: never reached
+                self._headers.clear()
+            self._headers[key] = text
+        return text
+
+    def prefix(self, sample_name: str, labels: dict[str, str]) -> str:
+        """`name{labels} `: a series' line up to its value."""
+        line = self._one(sample_name, "", "gauge", (sample_name, labels, 0.0)).rsplit("\n", 2)[-2]
+        return line[:-len("0.0")]
+
+
+def _line(entry: list, value: float) -> str:
+    """A series' line for `value`; entry is [prefix, last value, last line], updated in place, so that
+    an unchanged value costs no formatting (0.0 and -0.0 compare equal but are written apart)."""
+    if entry[1] != value or (value == 0 and math.copysign(1.0, value) != math.copysign(1.0, entry[1])):
+        entry[1], entry[2] = value, f"{entry[0]}{floatToGoString(value)}\n"
+    return entry[2]
+
+
+class _NativeText:
+    """gpuobs-named text of a snapshot's samples, one family per metric in name order, as
+    native_families() + prometheus_client write it. Kept between renders: a family whose samples
+    (and attribution) did not change keeps its text, and each series its text up to the value."""
+
+    def __init__(self, text: _Text):
+        self.text = text
+        self._families: dict[c.Metric, tuple[tuple, str]] = {}  # metric -> ((samples, extras, -0.0), text)
+        self._series: dict[c.Metric, dict] = {}  # metric -> series key -> [prefix, value, line]
+
+    def render(self, by_metric: dict[c.Metric, list[Sample]], extra: Extra | None,
+               negative_zero: frozenset = frozenset()) -> str:
+        """The text of every metric's samples; extra: attribution; negative_zero: metrics with a
+        -0.0 value, whose text is never reused (-0.0 equals 0.0 but is written "-0.0")."""
+        previous, self._families = self._families, {}
+        parts = []
+        for metric in sorted(by_metric, key=_name):
+            group = tuple(by_metric[metric])
+            extras = tuple(map(extra, group)) if extra else None
+            key = (group, extras, metric in negative_zero)
+            old = previous.get(metric)
+            if old is not None and old[0] == key and not key[2]:
+                text = old[1]
+            else:
+                text = self._family(metric, group, extras)
+            self._families[metric] = (key, text)
+            parts.append(text)
+        for gone in self._series.keys() - by_metric.keys():
+            del self._series[gone]
+        return "".join(parts)
+
+    def _family(self, metric: c.Metric, group: tuple[Sample, ...], extras: tuple | None) -> str:
+        exposed = metric.exposed_name
+        old = self._series.get(metric, {})
+        new = self._series[metric] = {}  # only the series of this render: churn does not pile up
+        if metric.kind == "info":  # a gauge named ..._info, as native_families() makes it
+            lines = [self.text.header(exposed, metric.help, "gauge")]
+        else:
+            lines = [self.text.header(metric.name, metric.help, metric.kind)]
+        for i, s in enumerate(group):
+            more = extras[i] if extras else None
+            key = s.labels if more is None else (s.labels, more)
+            entry = new.get(key) or old.get(key)
+            if entry is None:
+                labels = dict(zip(metric.labels, s.labels))
+                labels.update(more or ())
+                entry = [self.text.prefix(exposed, labels), None, ""]
+            new[key] = entry
+            lines.append(_line(entry, s.value))
+        return "".join(lines)
+
+
+def _name(metric: c.Metric) -> str:
+    return metric.name
+
+
+class _DcgmText:
+    """dcgm-named text of a snapshot's GPU samples, as dcgm_families() + dcgm_text() write it. Kept
+    between renders: per source series (metric, labels, attribution), the DCGM series it feeds and
+    their text up to the value; all of it is made again when the GPUs' identity changes."""
+
+    def __init__(self, text: _Text, hostname: str):
+        self.text, self.hostname = text, hostname
+        self._identity: tuple | None = None
+        self._ident: DcgmIdentity | None = None
+        self._series: dict[tuple, list] = {}  # (metric, labels, extra) -> [[prefix, field, line entry]]
+        self._xids: dict[tuple, str] = {}  # labels -> prefix of an XID series
+
+    def render(self, samples: list[Sample], info: list[Sample], xids: list[Sample], extra: Extra | None,
+               watched: bool) -> str:
+        """samples: the GPU samples in snapshot order; info: its gpuobs_gpu_info and gpuobs_mig_info
+        samples; xids: its gpuobs_gpu_xid_last_seen_timestamp_seconds samples."""
+        identity = tuple(info)
+        if identity != self._identity:
+            self._identity, self._ident, self._series, self._xids = identity, DcgmIdentity(info, self.hostname), {}, {}
+        ident = self._ident
+        old, new = self._series, {}
+        fams: dict[str, list[str]] = {}
+        seen: set[str] = set()  # DCGM has no compute-instance label: the first of a GPU instance's devices wins
+        for s in samples:
+            m = s.metric
+            if not m.dcgm:
+                continue
+            more = extra(s) if extra else None
+            key = (m, s.labels, more)
+            routes = new.get(key) or old.get(key)
+            if routes is None:
+                routes = self._routes(s, more, ident)
+            new[key] = routes
+            for prefix, field, entry in routes:
+                if prefix in seen:
+                    continue
+                seen.add(prefix)
+                lines = fams.get(field)
+                if lines is None:
+                    kind = "counter" if m.kind == "counter" or field in DCGM_COUNTERS else "gauge"
+                    lines = fams[field] = [self.text.header(field, f"{m.help} ({m.name})", kind, dcgm=True)]
+                lines.append(_line(entry, s.value * m.dcgm_scale))
+        self._series = new
+        for field, help_text, s, labels, value in _xid_series(xids, ident, watched):
+            labels.update((extra(s) if extra else None) or ())
+            key = tuple(labels.items())
+            prefix = self._xids.get(key) or self._xids.setdefault(key, self.text.prefix(field, labels))
+            if prefix in seen:
+                continue
+            seen.add(prefix)
+            if field not in fams:
+                fams[field] = [self.text.header(field, help_text, "gauge", dcgm=True)]
+            fams[field].append(f"{prefix}{floatToGoString(value)}\n")
+        return "".join("".join(fams[field]) for field in sorted(fams))
+
+    def _routes(self, s: Sample, more: tuple | None, ident: DcgmIdentity) -> list:
+        """[[prefix, field, line entry]] of the DCGM series a sample feeds (its field and aliases)."""
+        out = []
+        for name, _, _, labels, _ in _field_series([s], ident):
+            labels.update(more or ())
+            prefix = self.text.prefix(name, labels)
+            out.append((prefix, name, [prefix, None, ""]))
+        return out
+
+
+def _split(samples: Iterable[Sample]) -> tuple[dict, dict, list[Sample], frozenset]:
+    """(GPU samples by metric, self-health samples by metric, GPU samples in order, metrics with a
+    -0.0 value)."""
+    gpu: dict[c.Metric, list[Sample]] = defaultdict(list)
+    own: dict[c.Metric, list[Sample]] = defaultdict(list)
+    ordered = []
+    negative_zero = set()
+    for s in samples:
+        if s.metric.family in SELF_FAMILIES:
+            own[s.metric].append(s)
+        else:
+            gpu[s.metric].append(s)
+            ordered.append(s)
+        if s.value == 0 and math.copysign(1.0, s.value) < 0:
+            negative_zero.add(s.metric)
+    return gpu, own, ordered, frozenset(negative_zero)
+
+
 class Renderer:
-    """Renders each Snapshot once into `fresh`, the complete body; `stale`, the self-health-only body
-    served when the snapshot is stale (so that no stale GPU value is served as fresh), is rendered
-    when first asked for, since it is rarely served."""
+    """Renders each Snapshot into the bodies scrapers ask for: per format (text 0.0.4 or OpenMetrics,
+    see negotiate()), plain or gzip, fresh or stale, each made at most once per snapshot and only
+    once asked for; render() makes again at once, on the sampling thread, those asked for since the
+    previous snapshot, so that a scrape finds its body ready. The stale body (self-health only, so
+    that no stale GPU value is served as fresh) is written by prometheus_client itself: it is rarely
+    served. Thread-safe: bodies are made under one lock."""
 
     def __init__(self, naming: str = "gpuobs", hostname: str | None = None, attribution: Sequence = ()):
         if naming not in NAMINGS:
@@ -192,32 +420,95 @@ class Renderer:
         self.naming = naming
         self.attribution = tuple(attribution)  # sources with lookup(uuid, index, gpu_instance)
         self.hostname = hostname or socket.gethostname()
-        self.fresh = b""
         self.snapshot: Snapshot | None = None
-        self._own: list[Sample] = []  # the snapshot's self-health samples
-        self._stale: tuple[Snapshot | None, bytes] | None = None  # (for which snapshot, body)
-        self._texts: dict[c.Metric, tuple[tuple, bytes]] = {}  # metric -> (its samples, their text)
+        self._lock = threading.RLock()
+        self._bodies: tuple[Snapshot | None, dict] = (None, {})  # (for which snapshot, key -> body)
+        self._split: tuple[Snapshot | None, tuple | None] = (None, None)
+        self._asked: set[tuple[str, bool, bool]] = set()  # bodies asked for since the last render
+        self._texts = {fmt: _Text(fmt) for fmt in FORMATS}
+        self._gpu = {fmt: _NativeText(self._texts[fmt]) for fmt in FORMATS}
+        self._own = {fmt: _NativeText(self._texts[fmt]) for fmt in FORMATS}
+        self._dcgm = _DcgmText(self._texts["text"], self.hostname)
 
-    def _stale_flag(self, stale: bool) -> PromMetric:
-        fam = PromMetric(c.SNAPSHOT_STALE.name, c.SNAPSHOT_STALE.help, "gauge")
-        fam.add_sample(c.SNAPSHOT_STALE.name, {}, float(stale))
-        return fam
+    def render(self, snap: Snapshot) -> None:
+        """Take a new snapshot (called on the sampling thread, once per snapshot)."""
+        asked, self._asked = self._asked, set()
+        with self._lock:
+            self.snapshot, self._bodies = snap, (snap, {})
+        for fmt, gz, stale in asked:
+            if not stale:
+                self.body(fmt, gz)
 
-    def _self_only(self, samples: list[Sample], stale: bool) -> bytes:
-        return _to_text(native_families(samples) + [self._stale_flag(stale)])
+    def body(self, fmt: str = "text", gz: bool = False, stale: bool = False) -> bytes:
+        """The latest snapshot in format `fmt` (FORMATS), gzip-compressed if `gz`; stale: its
+        self-health less what is then unknown (NVML and GPU state), with gpuobs_exporter_snapshot_stale 1.
+        b"" before the first snapshot. Raises ValueError for an unknown format."""
+        if fmt not in FORMATS:
+            raise ValueError(f"format must be one of {FORMATS}, got {fmt!r}")
+        key = (fmt, gz, stale)
+        self._asked.add(key)
+        got = self._bodies[1].get(key)
+        if got is not None:
+            return got
+        with self._lock:
+            snap, bodies = self._bodies
+            got = bodies.get(key)
+            if got is None:
+                if gz:
+                    got = gzip.compress(self.body(fmt, False, stale), compresslevel=GZIP_LEVEL, mtime=0)
+                elif snap is None:
+                    got = b""
+                else:
+                    got = (self._stale_body(snap, fmt) if stale else self._fresh_body(snap, fmt)).encode()
+                bodies[key] = got
+            return got
 
-    def _attributor(self, samples: list[Sample]) -> Extra | None:
-        """Attribution labels of a per-GPU or MIG sample, looked up once per device per render. A MIG
-        sample is looked up by its MIG UUID (and GPU instance), else by its parent GPU."""
+    @property
+    def fresh(self) -> bytes:
+        """The latest snapshot's text body (format 0.0.4)."""
+        return self.body("text")
+
+    @property
+    def stale(self) -> bytes:
+        """The stale text body (format 0.0.4): see body()."""
+        return self.body("text", stale=True)
+
+    def _fresh_body(self, snap: Snapshot, fmt: str) -> str:
+        if self._split[0] is not snap:
+            self._split = (snap, _split(snap.samples))
+        gpu, own, ordered, negative_zero = self._split[1]
+        extra = self._attributor(gpu.get(c.MIG_INFO, ()))
+        if self.naming == "dcgm":
+            watched = c.XID_WATCHER_UP in own
+            info = gpu.get(c.GPU_INFO, []) + gpu.get(c.MIG_INFO, [])
+            body = self._dcgm.render(ordered, info, gpu.get(c.XID_LAST_SEEN, []), extra, watched)
+        else:
+            body = self._gpu[fmt].render(gpu, extra, negative_zero)
+        text = self._texts[fmt]
+        flag = text.header(c.SNAPSHOT_STALE.name, c.SNAPSHOT_STALE.help, "gauge") + f"{c.SNAPSHOT_STALE.name} 0.0\n"
+        return body + self._own[fmt].render(own, None, negative_zero) + flag + (EOF_LINE if fmt == "openmetrics" else "")
+
+    def _stale_body(self, snap: Snapshot, fmt: str) -> str:
+        own = [s for s in snap.samples if s.metric.family in SELF_FAMILIES and s.metric not in UNKNOWN_WHEN_STALE]
+        return _to_text(native_families(own) + [_stale_flag(True)], fmt).decode()
+
+    def _attributor(self, mig_info: Iterable[Sample]) -> Extra | None:
+        """Attribution labels of a per-GPU or MIG sample, as a tuple of (label, value) pairs (None:
+        none), looked up once per device per render. A MIG sample is looked up by its MIG UUID (and
+        GPU instance), else by its parent GPU."""
         if not self.attribution:
             return None
         names = ATTRIBUTION_LABELS[self.naming]
         n_mig = len(c.MIG_LABELS)
-        mig_uuids = {tuple(s.labels[:n_mig]): s.labels[n_mig] for s in samples if s.metric is c.MIG_INFO}
-        cache: dict[tuple, dict[str, str] | None] = {}
+        mig_uuids = {tuple(s.labels[:n_mig]): s.labels[n_mig] for s in mig_info}
+        cache: dict[tuple, tuple | None] = {}
+        identity: dict[c.Metric, int] = {}  # metric -> how many identity labels it starts with
 
-        def extra(s: Sample) -> dict[str, str] | None:
-            key = tuple(s.labels[:len(s.metric.identity)])
+        def extra(s: Sample) -> tuple | None:
+            n = identity.get(s.metric)
+            if n is None:
+                n = identity[s.metric] = len(s.metric.identity)
+            key = s.labels[:n]
             if not key:
                 return None
             if key not in cache:
@@ -230,50 +521,13 @@ class Renderer:
                     for k, v in (found or {}).items():
                         if k in names and v:
                             labels[names[k]] = v
-                cache[key] = labels or None
+                cache[key] = tuple(sorted(labels.items())) or None
             return cache[key]
 
         return extra
 
-    def _native_text(self, samples: list[Sample], extra: Extra | None) -> bytes:
-        """gpuobs-named text of the GPU samples, metric by metric in name order. A metric whose
-        samples (and attribution labels) equal the previous snapshot's keeps its text: most series
-        (limits, error counters, info) change rarely, and formatting is most of a render's cost."""
-        by_metric: dict[c.Metric, list[Sample]] = defaultdict(list)
-        for s in samples:
-            by_metric[s.metric].append(s)
-        previous, self._texts = self._texts, {}
-        parts = []
-        for metric in sorted(by_metric, key=lambda m: m.name):
-            group = tuple(by_metric[metric])
-            key = (group, tuple(map(extra, group)) if extra else None)
-            old = previous.get(metric)
-            text = old[1] if old is not None and old[0] == key else _to_text(native_families(group, extra))
-            self._texts[metric] = (key, text)
-            parts.append(text)
-        return b"".join(parts)
 
-    def render(self, snap: Snapshot) -> None:
-        """Render a new snapshot (called on the sampling thread, once per snapshot)."""
-        own = [s for s in snap.samples if s.metric.family in SELF_FAMILIES]
-        gpu = [s for s in snap.samples if s.metric.family not in SELF_FAMILIES]
-        extra = self._attributor(gpu)
-        if self.naming == "dcgm":
-            watched = any(s.metric is c.XID_WATCHER_UP for s in own)
-            body = dcgm_text(dcgm_families(gpu, self.hostname, extra, xid_watched=watched))
-        else:
-            body = self._native_text(gpu, extra)
-        self.fresh = body + _to_text(native_families(own) + [self._stale_flag(False)])
-        self._own, self.snapshot = own, snap
-
-    @property
-    def stale(self) -> bytes:
-        """The body served when the latest snapshot is stale: its self-health, less what is then
-        unknown (NVML and GPU state), with gpuobs_exporter_snapshot_stale 1. Safe from any thread:
-        a race renders the same bytes twice."""
-        snap, own = self.snapshot, self._own
-        cached = self._stale
-        if cached is None or cached[0] is not snap:
-            cached = self._stale = (snap, self._self_only([s for s in own if s.metric not in UNKNOWN_WHEN_STALE],
-                                                          stale=True))
-        return cached[1]
+def _stale_flag(stale: bool) -> PromMetric:
+    fam = PromMetric(c.SNAPSHOT_STALE.name, c.SNAPSHOT_STALE.help, "gauge")
+    fam.add_sample(c.SNAPSHOT_STALE.name, {}, float(stale))
+    return fam

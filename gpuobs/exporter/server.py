@@ -15,14 +15,21 @@ import ssl
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 import bcrypt
 import yaml
-from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, ThreadingWSGIServer
+from prometheus_client.exposition import ThreadingWSGIServer
 
 log = logging.getLogger("gpuobs.http")
+
+
+class Exposition(NamedTuple):
+    """A metrics response: body bytes, its Content-Type, and whether the body is gzip-compressed."""
+    body: bytes
+    content_type: str
+    gzipped: bool = False
 
 
 class WebConfigError(ValueError):
@@ -188,13 +195,15 @@ def check_telemetry_path(path: str) -> str:
     return path
 
 
-def make_app(metrics: Callable[[], bytes], ready: Callable[[], tuple[bool, str]],
+def make_app(metrics: Callable[[str | None, str | None], Exposition], ready: Callable[[], tuple[bool, str]],
              users: dict[str, bytes], alive: Callable[[], tuple[bool, str]] = _alive,
              telemetry_path: str = "/metrics"):
-    """The WSGI application. `telemetry_path` serves `metrics()` (behind basic auth when `users`
-    is not empty); /healthz (liveness: `alive`) and /readyz (readiness: `ready`) answer 200 or 503
-    with the reason, and skip auth so that probes need no secret; every other path is 404 (but "/",
-    an index). Raises ValueError for a telemetry path check_telemetry_path refuses."""
+    """The WSGI application. `telemetry_path` serves `metrics(accept, accept_encoding)` (the
+    request's Accept and Accept-Encoding headers, None when absent: the format and encoding are the
+    callee's choice) behind basic auth when `users` is not empty; /healthz (liveness: `alive`) and
+    /readyz (readiness: `ready`) answer 200 or 503 with the reason, and skip auth so that probes
+    need no secret; every other path is 404 (but "/", an index). Raises ValueError for a telemetry
+    path check_telemetry_path refuses."""
     check_telemetry_path(telemetry_path)
     index = f"gpuobs exporter: {telemetry_path} {' '.join(PROBE_PATHS)}\n".encode()
 
@@ -207,8 +216,11 @@ def make_app(metrics: Callable[[], bytes], ready: Callable[[], tuple[bool, str]]
             return _reply(start_response, "401 Unauthorized", b"unauthorized\n",
                           [("WWW-Authenticate", 'Basic realm="gpuobs"')])
         if path == telemetry_path:
-            # text format 0.0.4: what generate_latest writes (1.0.0 also needs an escaping= parameter)
-            return _reply(start_response, "200 OK", metrics(), [("Content-Type", CONTENT_TYPE_PLAIN_0_0_4)])
+            got = metrics(environ.get("HTTP_ACCEPT"), environ.get("HTTP_ACCEPT_ENCODING"))
+            headers = [("Content-Type", got.content_type), ("Vary", "Accept, Accept-Encoding")]
+            if got.gzipped:
+                headers.append(("Content-Encoding", "gzip"))
+            return _reply(start_response, "200 OK", got.body, headers)
         if path == "/":
             return _reply(start_response, "200 OK", index)
         return _reply(start_response, "404 Not Found", b"not found\n")

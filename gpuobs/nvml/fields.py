@@ -1,15 +1,17 @@
-"""nvmlDeviceGetFieldValues into a reused array, decoded in one pass.
+"""nvmlDeviceGetFieldValues into a reused array, decoded in bulk.
 
 pynvml's wrapper builds a new c_nvmlFieldValue_t array per call and every attribute read of its
 structures goes through Python; on a node with 18 NVLink links per GPU that was a third of the
-exporter's sampling CPU. The array and the call here are pynvml's own; only the decoding reads the
-array's bytes with `struct`, which is valid because the layout is NVML's C ABI (checked below).
-A pynvml without the private names used here, or with another layout, gets the public call.
+exporter's sampling CPU. The array and the call here are pynvml's own; the decoding slices typed
+views of the array's memory (every return code in one slice, every 64-bit value in another), which
+is valid because the layout is NVML's C ABI (checked below). A pynvml without the private names
+used here, or with another layout, gets the public call.
 """
 
 from __future__ import annotations
 
 import ctypes
+import operator
 import struct
 
 import pynvml as N
@@ -26,20 +28,18 @@ def _fast_path_ok() -> bool:
         return False
     rec = N.c_nvmlFieldValue_t
     return (_RECORD.size == ctypes.sizeof(rec) and getattr(rec, "value", None) is not None
-            and rec.value.offset == 32 and rec.nvmlReturn.offset == 28)
+            and rec.value.offset == 32 and rec.nvmlReturn.offset == 28 and rec.valueType.offset == 24)
 
 
 FAST = _fast_path_ok()
 
-# nvmlValueType_t -> decoder of the value union (unsigned long is 8 bytes on 64-bit Linux)
-_DECODE = {N.NVML_VALUE_TYPE_DOUBLE: struct.Struct("<d").unpack_from,
-           N.NVML_VALUE_TYPE_UNSIGNED_INT: struct.Struct("<I").unpack_from,
-           N.NVML_VALUE_TYPE_UNSIGNED_LONG: struct.Struct("<Q").unpack_from,
-           N.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: struct.Struct("<Q").unpack_from,
-           N.NVML_VALUE_TYPE_SIGNED_LONG_LONG: struct.Struct("<q").unpack_from,
-           N.NVML_VALUE_TYPE_SIGNED_INT: struct.Struct("<i").unpack_from,
-           N.NVML_VALUE_TYPE_UNSIGNED_SHORT: struct.Struct("<H").unpack_from}
-_DEFAULT = _DECODE[N.NVML_VALUE_TYPE_UNSIGNED_INT]
+# nvmlValueType_t -> (typed view, offset, stride) of the value union, in items of that view: a record
+# is 40 bytes, the union starts at byte 32 (unsigned long is 8 bytes on 64-bit Linux)
+_COLUMNS = {N.NVML_VALUE_TYPE_DOUBLE: ("d", 4, 5), N.NVML_VALUE_TYPE_UNSIGNED_INT: ("I", 8, 10),
+            N.NVML_VALUE_TYPE_UNSIGNED_LONG: ("Q", 4, 5), N.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: ("Q", 4, 5),
+            N.NVML_VALUE_TYPE_SIGNED_LONG_LONG: ("q", 4, 5), N.NVML_VALUE_TYPE_SIGNED_INT: ("i", 8, 10),
+            N.NVML_VALUE_TYPE_UNSIGNED_SHORT: ("H", 16, 20)}
+_DEFAULT = _COLUMNS[N.NVML_VALUE_TYPE_UNSIGNED_INT]
 # nvmlValueType_t -> member of pynvml's c_nvmlValue_t union (for the public path)
 _MEMBER = {N.NVML_VALUE_TYPE_DOUBLE: "dVal", N.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
            N.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal", N.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
@@ -50,9 +50,10 @@ _MEMBER = {N.NVML_VALUE_TYPE_DOUBLE: "dVal", N.NVML_VALUE_TYPE_UNSIGNED_INT: "ui
 class FieldValues:
     """A fixed list of (NVML field id, scope id) read together with nvmlDeviceGetFieldValues.
 
-    `read(handle)` -> [(nvmlReturn, value)] in the order given: value is a Python number decoded by
-    the entry's valueType (None unless nvmlReturn is NVML_SUCCESS). Raises pynvml.NVMLError when the
-    call as a whole fails. Not thread-safe: one instance per GPU, used by the sampling thread.
+    `read(handle)` -> (return codes, values), two lists in the order given: a value is a Python
+    number decoded by its entry's valueType (None unless its nvmlReturn is NVML_SUCCESS). Raises
+    pynvml.NVMLError when the call as a whole fails. Not thread-safe: one instance per GPU, used by
+    one reader at a time.
     """
 
     def __init__(self, ids: list[tuple[int, int]], fast: bool | None = None):
@@ -62,17 +63,41 @@ class FieldValues:
             self._array = (N.c_nvmlFieldValue_t * len(ids))()
             for entry, (field_id, scope) in zip(self._array, ids):
                 entry.fieldId, entry.scopeId = field_id, scope
+            raw = memoryview(self._array).cast("B")
+            self._views = {fmt: raw.cast(fmt) for fmt in "IiQqdH"}
+            self._types: list[int] | None = None  # value types of the last read, and how to decode them:
+            self._columns: list[tuple[str, int, int]] = []  # the distinct (view, offset, stride) they need
+            self._gather = None  # picks each entry's value out of the columns laid end to end
 
-    def read(self, handle) -> list[tuple[int, float | None]]:
+    def read(self, handle) -> tuple[list[int], list[float | None] | tuple[float | None, ...]]:
         if not self.fast:
             return self._read_public(handle)
         fn = N._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues")  # pynvml caches the lookup
         N._nvmlCheckReturn(fn(handle, ctypes.c_int32(len(self.ids)), ctypes.byref(self._array)))
-        return [(ret, _DECODE.get(vtype, _DEFAULT)(raw)[0] if ret == N.NVML_SUCCESS else None)
-                for _, _, _, _, vtype, ret, raw in _RECORD.iter_unpack(bytes(self._array))]
+        u32 = self._views["I"]
+        rets, types = u32[7::10].tolist(), u32[6::10].tolist()
+        if types != self._types:  # a field's type is fixed: this runs on the first read, as a rule
+            self._plan(types)
+        views = self._views
+        columns = [views[fmt][offset::stride].tolist() for fmt, offset, stride in self._columns]
+        values = columns[0] if self._gather is None else self._gather([v for col in columns for v in col])
+        if any(rets):  # NVML_SUCCESS is 0: a value that did not come back is None, not what the array held
+            values = [v if r == N.NVML_SUCCESS else None for r, v in zip(rets, values)]
+        return rets, values
 
-    def _read_public(self, handle) -> list[tuple[int, float | None]]:
+    def _plan(self, types: list[int]) -> None:
+        """Where each entry's value is, for these value types: one column (a strided slice of one
+        typed view) per distinct decoding, and an itemgetter over the columns laid end to end."""
+        picks = [_COLUMNS.get(t, _DEFAULT) for t in types]
+        self._types, self._columns = types, sorted(set(picks))
+        n = len(types)
+        where = {pick: k * n for k, pick in enumerate(self._columns)}
+        self._gather = None if len(self._columns) == 1 else \
+            operator.itemgetter(*(where[pick] + i for i, pick in enumerate(picks)))
+
+    def _read_public(self, handle) -> tuple[list[int], list[float | None]]:
         """The same through pynvml's public call, decoded by the structure's own attributes."""
         values = N.nvmlDeviceGetFieldValues(handle, list(self.ids))
-        return [(v.nvmlReturn, getattr(v.value, _MEMBER.get(v.valueType, "uiVal"), None)
-                 if v.nvmlReturn == N.NVML_SUCCESS else None) for v in values]
+        return ([v.nvmlReturn for v in values],
+                [getattr(v.value, _MEMBER.get(v.valueType, "uiVal"), None) if v.nvmlReturn == N.NVML_SUCCESS
+                 else None for v in values])

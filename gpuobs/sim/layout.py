@@ -14,7 +14,7 @@ import ctypes as C
 import re
 
 MAGIC = 0x4F42534E  # "NSBO"
-LAYOUT_VERSION = 5
+LAYOUT_VERSION = 6
 
 MAX_GPUS = 64
 MAX_MIG = 7
@@ -171,6 +171,7 @@ class State(C.Structure):
         ("magic", C.c_uint32), ("version", C.c_uint32), ("size", C.c_uint64),
         ("init_error", C.c_int32), ("init_error_remaining", C.c_int32),
         ("cuda_version", C.c_int32), ("gpu_slots", C.c_int32),
+        ("call_latency_us", C.c_int32), ("pad", C.c_int32),  # every call answers after this long (a sleep)
         ("driver_version", Str), ("nvml_version", Str),
         ("faults", Fault * MAX_FAULTS),
         ("event_head", C.c_uint64),

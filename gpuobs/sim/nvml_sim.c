@@ -21,6 +21,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -28,6 +29,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -165,8 +167,13 @@ static nvmlReturn_t map_state(void) {
     return NVML_SUCCESS;
 }
 
+/* Count one call; then wait the node's per-call latency, if any: the time a real driver takes to
+   answer (an ioctl into the kernel module, which may ask the GPU's firmware), spent asleep. */
 static void count(int fid) {
-    if (S) __atomic_fetch_add(&S->calls[fid], 1, __ATOMIC_RELAXED);
+    if (!S) return;
+    __atomic_fetch_add(&S->calls[fid], 1, __ATOMIC_RELAXED);
+    int us = __atomic_load_n(&S->call_latency_us, __ATOMIC_RELAXED);
+    if (us > 0) usleep((useconds_t)us);
 }
 
 /* Take one use of a fault; returns 1 when it applies to this call. */
@@ -604,6 +611,8 @@ typedef struct { unsigned gpu, memory; } nvmlUtilization_t;
 API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t dev, nvmlUtilization_t *u) {
     DEV(F_nvmlDeviceGetUtilizationRates, 0);
     NEED(u);
+    /* nvml.h: "On MIG-enabled GPUs, querying device utilization rates is not currently supported." */
+    if (!g->mig_current.ret && u32(&g->mig_current) == 1) return NVML_ERROR_NOT_SUPPORTED;
     GET(&g->util_gpu);
     u->gpu = u32(&g->util_gpu);
     u->memory = g->util_mem.ret ? 0 : u32(&g->util_mem);
@@ -1434,10 +1443,20 @@ static int next_event(sim_set_t *s, nvmlEventData_t *d) {
     return 0;
 }
 
+/* Sleep until the event head is no longer `seen` (in its low 32 bits) or `seconds` pass: a futex on
+   the shared state file, which SimState.queue_event wakes after queuing. Real NVML blocks in the
+   kernel the same way; a writer that does not wake is seen within half a second. */
+static void wait_head(uint64_t seen, double seconds) {
+    if (seconds > 0.5) seconds = 0.5;
+    struct timespec ts = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
+    syscall(SYS_futex, (uint32_t *)&S->event_head, FUTEX_WAIT, (uint32_t)seen, &ts, NULL, 0);
+}
+
 static nvmlReturn_t wait_event(nvmlEventSet_t set, nvmlEventData_t *data, unsigned timeout_ms) {
     NEED(data);
     double deadline = now_s() + timeout_ms / 1000.0;
     for (;;) {
+        uint64_t seen = __atomic_load_n(&S->event_head, __ATOMIC_ACQUIRE);
         pthread_mutex_lock(&L);
         sim_set_t *s = set_of(set);
         int got = s ? next_event(s, data) : -1;
@@ -1446,9 +1465,7 @@ static nvmlReturn_t wait_event(nvmlEventSet_t set, nvmlEventData_t *data, unsign
         if (got) return NVML_SUCCESS;
         double left = deadline - now_s();
         if (left <= 0) return NVML_ERROR_TIMEOUT;
-        /* Real NVML blocks in the kernel; events arrive through the shared state file, so poll,
-           at 20 Hz: fast enough for XID tests, cheap enough not to dominate a benchmark. */
-        usleep((useconds_t)((left < 0.05 ? left : 0.05) * 1e6));
+        wait_head(seen, left);
     }
 }
 

@@ -54,6 +54,20 @@ def add_to_counter(v: Val, delta: float) -> None:
     set_counter(v, start=current(v) + delta)
 
 
+# futex(2)'s syscall number by machine (FUTEX_WAKE = 1): the simulator's event waits sleep on the
+# state file's event head until a writer wakes them
+_SYS_FUTEX = {"x86_64": 202, "aarch64": 98}.get(os.uname().machine)
+_libc = C.CDLL(None, use_errno=True)
+
+
+def _futex_wake(address: int) -> None:
+    """Wake every thread (of any process) sleeping on the 32-bit word at `address` of the shared
+    state; without futex here the waiters see the change within their half-second cap."""
+    if _SYS_FUTEX is not None:
+        _libc.syscall(C.c_long(_SYS_FUTEX), C.c_void_p(address), C.c_int(1), C.c_int(2 ** 31 - 1),
+                      C.c_void_p(0), C.c_void_p(0), C.c_int(0))
+
+
 class SimState:
     """A mapped state file. Create one per simulated node; open it again from other processes."""
 
@@ -195,6 +209,7 @@ class SimState:
         e = self.s.events[head % layout.MAX_EVENTS]
         e.seq, e.gpu, e.type, e.data, e.gi_id, e.ci_id = head, slot, event_type, data, gi_id, ci_id
         self.s.event_head = head + 1  # published last: readers only look below the head
+        _futex_wake(C.addressof(self.s) + State.event_head.offset)  # waiters sleep on the head
 
     def xid(self, slot: int, code: int, gi: int | None = None, ci: int | None = None) -> None:
         """Queue an XID error (nvmlEventTypeXidCriticalError with eventData = the XID code).
@@ -214,6 +229,13 @@ class SimState:
     def calls(self) -> dict[str, int]:
         """Calls per NVML function since the last reset, across every process using this state."""
         return {name: self.s.calls[i] for name, i in self._ids.items() if self.s.calls[i]}
+
+    def set_call_latency(self, microseconds: int) -> None:
+        """Make every NVML call (of every process using this state) answer after `microseconds`,
+        asleep, as a real driver's calls take time; 0: at once (the default)."""
+        if not 0 <= microseconds < 2 ** 31:
+            raise ValueError(f"call latency must be 0 to 2^31-1 microseconds, got {microseconds}")
+        self.s.call_latency_us = microseconds
 
     def reset_calls(self) -> None:
         """Zero every call counter."""
