@@ -12,9 +12,9 @@ from .. import catalog as c
 from .base import Family, FieldSpec, GpuCtx, Rate, register
 
 LINK = [(c.PCIE_GENERATION, N.nvmlDeviceGetCurrPcieLinkGeneration),
-        (c.PCIE_MAX_GENERATION, N.nvmlDeviceGetMaxPcieLinkGeneration),
-        (c.PCIE_WIDTH, N.nvmlDeviceGetCurrPcieLinkWidth),
-        (c.PCIE_MAX_WIDTH, N.nvmlDeviceGetMaxPcieLinkWidth)]
+        (c.PCIE_WIDTH, N.nvmlDeviceGetCurrPcieLinkWidth)]
+MAXIMA = [(c.PCIE_MAX_GENERATION, N.nvmlDeviceGetMaxPcieLinkGeneration),  # what GPU and slot can do: fixed
+          (c.PCIE_MAX_WIDTH, N.nvmlDeviceGetMaxPcieLinkWidth)]
 
 DIRECTIONS = {"transmit": N.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, "receive": N.NVML_FI_DEV_PCIE_COUNT_RX_BYTES}
 
@@ -22,6 +22,7 @@ DIRECTIONS = {"transmit": N.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, "receive": N.NVML_F
 @dataclass
 class PcieState:
     link: list[tuple[c.Metric, int | None]] = field(default_factory=list)  # last link state read
+    maxima: list[tuple[c.Metric, int | None]] = field(default_factory=list)  # probed
     rates: dict[str, Rate] = field(default_factory=lambda: {d: Rate() for d in DIRECTIONS})
 
 
@@ -35,13 +36,18 @@ class Pcie(Family):
     def fields(self, gpu: GpuCtx) -> list[FieldSpec]:
         return self.FIELDS
 
+    def probe(self, gpu: GpuCtx) -> None:
+        self.state(gpu).maxima = [(metric, gpu.get(fn)) for metric, fn in MAXIMA]
+
     def collect(self, gpu: GpuCtx) -> None:
         st = self.state(gpu)
         # link state changes rarely: slow samples only, unless a read gave nothing (a failed or
         # timed-out call is read again next pass; NOT_SUPPORTED costs nothing: remembered by gpuobs.nvml)
         if gpu.slow or not st.link or any(value is None for _, value in st.link):
             st.link = [(metric, gpu.get(fn)) for metric, fn in LINK]
-        for metric, value in st.link:
+        if any(value is None for _, value in st.maxima):
+            self.probe(gpu)  # a failed read is asked again next pass, as the link's
+        for metric, value in st.link + st.maxima:
             gpu.emit(metric, value)
         now = time.monotonic()  # the counters were read just before, in this pass's field-values call
         for direction, fid in DIRECTIONS.items():

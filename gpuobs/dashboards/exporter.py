@@ -91,6 +91,10 @@ def build():
                        "NVML shutdown and re-init after repeated driver-level errors.", min=0, bars=True), 12, 8)
     L.add(k.timeseries("Scrape duration", [target(sel("scrape_duration_seconds", *E), NODE)], "s",
                        "How long Prometheus takes to scrape each exporter.", min=0), 12, 8)
+    L.add(k.timeseries("Scrapes by format and encoding", [target(
+        f"sum by (node, format, encoding) ({rate(m(c.SCRAPES))})", NODE + " {{format}} {{encoding}}")], "reqps",
+        "Metrics responses by what the scraper asked for: OpenMetrics and gzip from Prometheus, text from curl "
+        "and most tools.", min=0), 12, 8)
     L.add(k.timeseries("GPU sampling timeouts", [target(
         f"sum by (node, gpu, uuid) ({rate(m(c.GPU_TIMEOUTS))})", NODE + " GPU {{gpu}}")], "cps",
         "Passes per second in which a GPU's NVML reads missed the sampling deadline: its series were withheld.",

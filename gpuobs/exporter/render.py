@@ -409,10 +409,12 @@ def _split(samples: Iterable[Sample]) -> tuple[dict, dict, list[Sample], frozens
 class Renderer:
     """Renders each Snapshot into the bodies scrapers ask for: per format (text 0.0.4 or OpenMetrics,
     see negotiate()), plain or gzip, fresh or stale, each made at most once per snapshot and only
-    once asked for; render() makes again at once, on the sampling thread, those asked for since the
-    previous snapshot, so that a scrape finds its body ready. The stale body (self-health only, so
-    that no stale GPU value is served as fresh) is written by prometheus_client itself: it is rarely
-    served. Thread-safe: bodies are made under one lock."""
+    once asked for. render() makes the bodies asked for since the previous snapshot first, on the
+    sampling thread, and only then publishes the new snapshot with them: until it does, scrapes get
+    the previous snapshot's bodies without waiting, and `snapshot` is always the one being served
+    (so its age is what a freshness check must judge). The stale body (self-health only, so that no
+    stale GPU value is served as fresh) is written by prometheus_client itself: it is rarely served.
+    Thread-safe: bodies are made under one lock."""
 
     def __init__(self, naming: str = "gpuobs", hostname: str | None = None, attribution: Sequence = ()):
         if naming not in NAMINGS:
@@ -422,7 +424,7 @@ class Renderer:
         self.hostname = hostname or socket.gethostname()
         self.snapshot: Snapshot | None = None
         self._lock = threading.RLock()
-        self._bodies: tuple[Snapshot | None, dict] = (None, {})  # (for which snapshot, key -> body)
+        self._bodies: tuple[Snapshot | None, dict] = (None, {})  # (the published snapshot, key -> body)
         self._split: tuple[Snapshot | None, tuple | None] = (None, None)
         self._asked: set[tuple[str, bool, bool]] = set()  # bodies asked for since the last render
         self._texts = {fmt: _Text(fmt) for fmt in FORMATS}
@@ -431,16 +433,18 @@ class Renderer:
         self._dcgm = _DcgmText(self._texts["text"], self.hostname)
 
     def render(self, snap: Snapshot) -> None:
-        """Take a new snapshot (called on the sampling thread, once per snapshot)."""
+        """Take a new snapshot (called on the sampling thread, once per snapshot): make the fresh
+        bodies asked for since the last one, then publish it."""
         asked, self._asked = self._asked, set()
+        bodies: dict = {}
         with self._lock:
-            self.snapshot, self._bodies = snap, (snap, {})
-        for fmt, gz, stale in asked:
-            if not stale:
-                self.body(fmt, gz)
+            for fmt, gz, stale in asked:
+                if not stale:
+                    self._build(snap, bodies, fmt, gz, False)
+            self.snapshot, self._bodies = snap, (snap, bodies)
 
     def body(self, fmt: str = "text", gz: bool = False, stale: bool = False) -> bytes:
-        """The latest snapshot in format `fmt` (FORMATS), gzip-compressed if `gz`; stale: its
+        """The published snapshot in format `fmt` (FORMATS), gzip-compressed if `gz`; stale: its
         self-health less what is then unknown (NVML and GPU state), with gpuobs_exporter_snapshot_stale 1.
         b"" before the first snapshot. Raises ValueError for an unknown format."""
         if fmt not in FORMATS:
@@ -452,16 +456,21 @@ class Renderer:
             return got
         with self._lock:
             snap, bodies = self._bodies
-            got = bodies.get(key)
-            if got is None:
-                if gz:
-                    got = gzip.compress(self.body(fmt, False, stale), compresslevel=GZIP_LEVEL, mtime=0)
-                elif snap is None:
-                    got = b""
-                else:
-                    got = (self._stale_body(snap, fmt) if stale else self._fresh_body(snap, fmt)).encode()
-                bodies[key] = got
-            return got
+            return self._build(snap, bodies, fmt, gz, stale)
+
+    def _build(self, snap: Snapshot | None, bodies: dict, fmt: str, gz: bool, stale: bool) -> bytes:
+        """The body of `snap` for (fmt, gz, stale), made into `bodies` unless there (under the lock)."""
+        key = (fmt, gz, stale)
+        got = bodies.get(key)
+        if got is None:
+            if gz:
+                got = gzip.compress(self._build(snap, bodies, fmt, False, stale), compresslevel=GZIP_LEVEL, mtime=0)
+            elif snap is None:
+                got = b""
+            else:
+                got = (self._stale_body(snap, fmt) if stale else self._fresh_body(snap, fmt)).encode()
+            bodies[key] = got
+        return got
 
     @property
     def fresh(self) -> bytes:
