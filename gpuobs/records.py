@@ -515,26 +515,32 @@ def gpu_hour_cost(t: CostWindows) -> str:
 
 
 def _allocated(by: tuple[str, ...], condition: str = "") -> str:
+    """Utilization of the GPUs a holder (`by`) has, filtered by condition."""
     return f'{c.UTILIZATION.name}{{{by[-1]}!=""}}{condition}'
+
+
+def _holdings(by: tuple[str, ...]) -> str:
+    """The GPUs a holder has: gpuobs_gpu_up, which every GPU reports (a GPU in MIG mode has no
+    utilization rate: NVML does not give one), lost or timed out ones too (they are still held)."""
+    return f'{c.GPU_UP.name}{{{by[-1]}!=""}}'
 
 
 def _wasted(t: Windows) -> str:
     return f" <= {t.idle_utilization:g}"
 
 
-def _any(t: Windows) -> str:
-    return ""
-
-
-def _priced(by: tuple[str, ...], condition: Callable[[Windows], str] = _any) -> Callable[[CostWindows], str]:
-    """Cost per hour of the allocated GPUs that meet condition, summed by `by`."""
-    return lambda t: (f"sum by ({_by(by)}) (({_allocated(by, condition(t))})"
-                      f" * 0 + on ({GPU_BY}) group_left () ({gpu_hour_cost(t)}))")
+def _priced(by: tuple[str, ...], condition: Callable[[Windows], str] | None = None) -> Callable[[CostWindows], str]:
+    """Cost per hour of the GPUs held (condition None) or of the held GPUs whose utilization meets
+    condition, summed by `by`."""
+    def expr(t: CostWindows) -> str:
+        gpus = _holdings(by) if condition is None else _allocated(by, condition(t))
+        return f"sum by ({_by(by)}) (({gpus}) * 0 + on ({GPU_BY}) group_left () ({gpu_hour_cost(t)}))"
+    return expr
 
 
 def _usage(by: tuple[str, ...]) -> tuple[Record, ...]:
     """GPUs allocated, used and wasted, and the cost per hour of the allocated and wasted ones, by `by`."""
-    return (Record(by, "gpuobs_gpus_allocated", "count", lambda t: f"count by ({_by(by)}) ({_allocated(by)})"),
+    return (Record(by, "gpuobs_gpus_allocated", "count", lambda t: f"count by ({_by(by)}) ({_holdings(by)})"),
             Record(by, "gpuobs_gpus_used", "sum", lambda t: f"sum by ({_by(by)}) ({_allocated(by)})"),
             Record(by, "gpuobs_gpus_wasted", "count",
                    lambda t: f"count by ({_by(by)}) ({_allocated(by, _wasted(t))}) or {_none(by)}"),
@@ -545,7 +551,7 @@ def _usage(by: tuple[str, ...]) -> tuple[Record, ...]:
 
 def _none(by: tuple[str, ...]) -> str:
     # 0, not nothing, where GPUs are allocated and none is wasted: a holder without waste is data too
-    return f"0 * count by ({_by(by)}) ({_allocated(by)})"
+    return f"0 * count by ({_by(by)}) ({_holdings(by)})"
 
 
 def _teams(t: CostWindows) -> str:

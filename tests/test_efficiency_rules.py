@@ -38,6 +38,7 @@ GPUS = [
     ("n2", 1, A100, 0.25, {"k8s_namespace": "b", "k8s_pod": "b-0"}),
     ("n2", 2, A100, 0.0, {}),  # no pod holds it: idle, but nobody's waste
     ("n3", 0, H100, 0.25, {"k8s_namespace": "c", "k8s_pod": "c-0"}),
+    ("n3", 1, H100, None, {"k8s_namespace": "c", "k8s_pod": "c-0"}),  # in MIG mode: no utilization (NVML gives none)
     ("n4", 0, H100, 0.0, {"hpc_job": "42"}),
     ("n4", 1, H100, 0.75, {"hpc_job": "42"}),
 ]
@@ -58,7 +59,9 @@ def s(metric: str, lbl: dict, value: float) -> dict:
 def gpu_series() -> list[dict]:
     out = []
     for node, i, model, util, who in GPUS:
-        out.append(s("gpuobs_gpu_utilization_ratio", {**labels(node, i), **who}, util))
+        if util is not None:
+            out.append(s("gpuobs_gpu_utilization_ratio", {**labels(node, i), **who}, util))
+        out.append(s("gpuobs_gpu_up", {**labels(node, i), **who}, 1))
         out.append(s("gpuobs_gpu_info", {**labels(node, i), "name": model, **who}, 1))
     return out
 
@@ -99,8 +102,8 @@ def cost(model: str) -> float:
 def expected(key: str, value: str) -> dict[str, float]:
     """{allocated, used, wasted, allocated_cost, wasted_cost} of the GPUs whose `key` is value."""
     mine = [(model, util) for _, _, model, util, who in GPUS if who.get(key) == value]
-    wasted = [(model, util) for model, util in mine if util <= T.idle_utilization]
-    return {"allocated": len(mine), "used": sum(u for _, u in mine), "wasted": len(wasted),
+    wasted = [(model, util) for model, util in mine if util is not None and util <= T.idle_utilization]
+    return {"allocated": len(mine), "used": sum(u for _, u in mine if u is not None), "wasted": len(wasted),
             "allocated_cost": sum(cost(m) for m, _ in mine), "wasted_cost": sum(cost(m) for m, _ in wasted)}
 
 
@@ -158,7 +161,9 @@ def _tests_of(prefix: str, lbl: dict, want: dict[str, float]) -> list[dict]:
 def test_the_worked_example_is_what_the_brief_says():
     a = expected("k8s_namespace", "a")
     assert a == {"allocated": 4, "used": 2.0, "wasted": 1, "allocated_cost": 12.0, "wasted_cost": 3.0}
-    assert expected_team("ml")["allocated"] == 5 and expected_team("b")["allocated"] == 2
+    assert expected_team("ml")["allocated"] == 6 and expected_team("b")["allocated"] == 2  # ml: a's 4, c's 2
+    assert expected("k8s_namespace", "c") == {"allocated": 2, "used": 0.25, "wasted": 0, "allocated_cost": 6.0,
+                                              "wasted_cost": 0}  # the GPU in MIG mode: held, neither used nor wasted
 
 
 def test_allocation_use_and_cost_by_namespace_team_and_job(tmp_path):
