@@ -313,7 +313,7 @@ def exporter(ctx, families, scenario_file, log_level, kubelet_socket, slurm_job_
     import logging
 
     from . import logs
-    from .exporter import Exporter, ExporterConfig
+    from .exporter import Exporter, ExporterConfig, tune_process
     from .exporter.server import WebConfigError
 
     chosen = _families(families) | {name for name in _opt_in_families() if settings.pop(name)}  # usage errors first
@@ -328,9 +328,7 @@ def exporter(ctx, families, scenario_file, log_level, kubelet_socket, slurm_job_
     sim = _simulator(scenario_file, log)
     config = ExporterConfig(families=chosen, kubelet_socket=_kubelet_socket(kubelet_socket),
                             slurm_job_dir=slurm_job_dir or None, **settings)
-    # The sampling pass is pure Python for tens of ms on a big node; a scrape needs the GIL a few
-    # times, and at the default 5 ms switch interval it waited up to ~60 ms behind a pass.
-    sys.setswitchinterval(0.0005)
+    tune_process()  # GIL switch interval, malloc's mmap threshold: see there
     try:
         exp = Exporter(config).start()
     except (WebConfigError, OSError) as e:

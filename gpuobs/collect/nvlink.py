@@ -3,6 +3,7 @@ field-values call with the link as scope; and the GPU's bytes per second over al
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 
@@ -29,6 +30,14 @@ class NvlinkState:
     rate: Rate = field(default_factory=Rate)  # of the data bytes sent and received over all links
 
 
+@functools.lru_cache(maxsize=None)
+def link_fields(links: int) -> list[FieldSpec]:
+    """The field specs of `links` links (PER_LINK for each), one list shared by every GPU with that
+    many links: at 64 GPUs of 18 links, thousands of specs fewer. Not to be modified."""
+    return [FieldSpec(fid, metric, scale, (str(link), *extra), scope=link)
+            for link in range(links) for fid, metric, scale, extra in PER_LINK]
+
+
 @register("nvlink")
 class Nvlink(Family):
     """The link count is probed (per GPU, after re-init and every Session.reprobe_after seconds, so
@@ -41,9 +50,7 @@ class Nvlink(Family):
         links = fv[0].value.uiVal if ok else 0
         st = self.state(gpu)
         if links != st.links or not st.fields:
-            st.links = links
-            st.fields = [FieldSpec(fid, metric, scale, (str(link), *extra), scope=link)
-                         for link in range(links) for fid, metric, scale, extra in PER_LINK]
+            st.links, st.fields = links, link_fields(links)
 
     def fields(self, gpu: GpuCtx) -> list[FieldSpec]:
         return self.state(gpu).fields

@@ -259,12 +259,18 @@ class _Text:
         return line[:-len("0.0")]
 
 
+def _entry(prefix: str, value: float) -> list:
+    """A series' kept line: [line, its value, length of the prefix in it] (see _line)."""
+    return [f"{prefix}{floatToGoString(value)}\n", value, len(prefix)]
+
+
 def _line(entry: list, value: float) -> str:
-    """A series' line for `value`; entry is [prefix, last value, last line], updated in place, so that
-    an unchanged value costs no formatting (0.0 and -0.0 compare equal but are written apart)."""
+    """A series' line for `value`, from its _entry(), updated in place so that an unchanged value
+    costs no formatting (0.0 and -0.0 compare equal but are written apart). The prefix is kept only
+    inside the line: at 64 GPUs a second copy of every series' labels would be megabytes."""
     if entry[1] != value or (value == 0 and math.copysign(1.0, value) != math.copysign(1.0, entry[1])):
-        entry[1], entry[2] = value, f"{entry[0]}{floatToGoString(value)}\n"
-    return entry[2]
+        entry[0], entry[1] = f"{entry[0][:entry[2]]}{floatToGoString(value)}\n", value
+    return entry[0]
 
 
 class _NativeText:
@@ -275,7 +281,7 @@ class _NativeText:
     def __init__(self, text: _Text):
         self.text = text
         self._families: dict[c.Metric, tuple[tuple, str]] = {}  # metric -> ((samples, extras, -0.0), text)
-        self._series: dict[c.Metric, dict] = {}  # metric -> series key -> [prefix, value, line]
+        self._series: dict[c.Metric, dict] = {}  # metric -> series key -> _entry()
 
     def render(self, by_metric: dict[c.Metric, list[Sample]], extra: Extra | None,
                negative_zero: frozenset = frozenset()) -> str:
@@ -313,7 +319,7 @@ class _NativeText:
             if entry is None:
                 labels = dict(zip(metric.labels, s.labels))
                 labels.update(more or ())
-                entry = [self.text.prefix(exposed, labels), None, ""]
+                entry = _entry(self.text.prefix(exposed, labels), s.value)
             new[key] = entry
             lines.append(_line(entry, s.value))
         return "".join(lines)
@@ -332,7 +338,7 @@ class _DcgmText:
         self.text, self.hostname = text, hostname
         self._identity: tuple | None = None
         self._ident: DcgmIdentity | None = None
-        self._series: dict[tuple, list] = {}  # (metric, labels, extra) -> [[prefix, field, line entry]]
+        self._series: dict[tuple, list] = {}  # (metric, labels, extra) -> [(prefix, field, _entry())]
         self._xids: dict[tuple, str] = {}  # labels -> prefix of an XID series
 
     def render(self, samples: list[Sample], info: list[Sample], xids: list[Sample], extra: Extra | None,
@@ -354,7 +360,7 @@ class _DcgmText:
             key = (m, s.labels, more)
             routes = new.get(key) or old.get(key)
             if routes is None:
-                routes = self._routes(s, more, ident)
+                routes = self._routes(s, more, ident, s.value * m.dcgm_scale)
             new[key] = routes
             for prefix, field, entry in routes:
                 if prefix in seen:
@@ -378,13 +384,13 @@ class _DcgmText:
             fams[field].append(f"{prefix}{floatToGoString(value)}\n")
         return "".join("".join(fams[field]) for field in sorted(fams))
 
-    def _routes(self, s: Sample, more: tuple | None, ident: DcgmIdentity) -> list:
-        """[[prefix, field, line entry]] of the DCGM series a sample feeds (its field and aliases)."""
+    def _routes(self, s: Sample, more: tuple | None, ident: DcgmIdentity, value: float) -> list:
+        """[(prefix, field, _entry())] of the DCGM series a sample feeds (its field and aliases)."""
         out = []
         for name, _, _, labels, _ in _field_series([s], ident):
             labels.update(more or ())
             prefix = self.text.prefix(name, labels)
-            out.append((prefix, name, [prefix, None, ""]))
+            out.append((prefix, name, _entry(prefix, value)))
         return out
 
 
