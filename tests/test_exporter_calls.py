@@ -1,7 +1,7 @@
 """How many NVML calls a sampling pass makes, counted by the simulator: within the budget (12 per
 physical GPU, 3 more per MIG instance), and what the cheaper reads must not lose: a MIG
 reconfiguration is still seen with the new instance's ids and profile, the memory clock follows
-the P-state, the ECC breakdown follows its totals."""
+the P-state, the ECC breakdown follows its totals. And the process settings the exporter runs under."""
 
 from __future__ import annotations
 
@@ -96,3 +96,20 @@ def test_ecc_breakdown_is_read_again_when_its_totals_move(make_sim):
     assert list(_values(snap, "gpuobs_gpu_ecc_location_errors", location="dram", error_type="corrected",
                         counter_type="volatile").values()) == [5]
     session.shutdown()
+
+
+def test_tune_process_sets_what_the_exporter_runs_under():
+    import gc
+    import sys
+
+    from gpuobs.exporter import tune_process
+
+    threshold, interval = gc.get_threshold(), sys.getswitchinterval()
+    try:
+        tune_process()
+        assert gc.get_threshold() == (20_000, 20, 20) and gc.get_freeze_count() > 0
+        assert sys.getswitchinterval() == pytest.approx(0.0005)
+    finally:  # this test process keeps its own settings
+        gc.unfreeze()
+        gc.set_threshold(*threshold)
+        sys.setswitchinterval(interval)
