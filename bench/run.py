@@ -513,7 +513,8 @@ def header_section(run: dict, cmd: str) -> list[str]:
     alone = [k for k in ("exporter", "load", "tracing", "fleet")
              if (run.get("exporter_run") if k == "exporter" else run.get(k, {})).get("cmd")] if run else []
     if alone:
-        every = (f"Every number below, except the {' and '.join(alone)} section{'s' if len(alone) > 1 else ''}' "
+        named = alone[0] if len(alone) == 1 else f"{', '.join(alone[:-1])} and {alone[-1]}"
+        every = (f"Every number below, except the {named} section{'s' if len(alone) > 1 else ''}' "
                  "(re-measured on their own later; each says so),")
     return [
         "# Benchmarks", "",
@@ -533,6 +534,7 @@ def header_section(run: dict, cmd: str) -> list[str]:
         ".venv/bin/pip install -q -e '.[test,bench]'   # in the README's venv: nvitop-exporter, numpy",
         ".venv/bin/python bench/run.py           # full",
         ".venv/bin/python bench/run.py --quick   # fewer sizes, shorter periods, a 125-node fleet",
+        ".venv/bin/python bench/run.py --again exporter,load   # re-measure those sections, keep the others",
         ".venv/bin/python bench/run.py --render bench/last_run.json   # this report again from its numbers",
         "```", "",
     ]
@@ -654,6 +656,33 @@ def exporter_section(rows: list[dict], run: dict | None = None) -> list[str]:
               f"({g['series'] / max(n['series'], 1):.1f}×). nvitop-exporter spends {fmt(n['cpu_per_s'] * 1e3, 1)} "
               f"ms/s, and 0.2× of that is {fmt(n['cpu_per_s'] * 200, 1)} ms/s: "
               f"{fmt(n['cpu_per_s'] * 200 / max(g['series'], 1) * 1e3, 2)} µs per gpuobs series and second.")
+        for g, _ in _pairs(rows):
+            if not g.get("latency_us") and g["p99_ms"] > 10:
+                w(f"- {g['label']}: p99 {fmt(g['p99_ms'])} ms while p50 is {fmt(g['p50_ms'])} ms: its slowest scrapes "
+                  "landed while a pass ran (a garbage collection or the pass's rendering holds the GIL); not "
+                  "investigated further.")
+        at_once = {g["label"]: (g, n) for g, n in _pairs(rows) if not g.get("latency_us")}
+        for g, n in _pairs(rows):
+            latency = g.get("latency_us", 0)
+            if not latency or g["label"] not in at_once:
+                continue
+            g0, n0 = at_once[g["label"]]
+            calls_per_s = g["calls_per_gpu_sample"] * g["gpus"] / PAGE_INTERVAL
+            extra = (g["cpu_per_s"] - g0["cpu_per_s"]) * 1e3
+            line = (f"- {g['label']} at {latency} µs per call: a gpuobs pass spends about "
+                    f"{calls_per_s * latency / 1e3:.0f} ms of each second asleep in {calls_per_s:.0f} calls, and its "
+                    f"CPU changes by {extra:+.1f} ms/s ({extra * 1e3 / max(calls_per_s, 1):+.0f} µs per call: a call "
+                    "lets go of the GIL and the core, and takes them back).")
+            if g["p99_ms"] > 10:
+                line += (f" p99 {fmt(g['p99_ms'])} ms, against {fmt(g0['p99_ms'])} ms at once: a scrape that lands in "
+                         "the longer pass waits for the GIL each time the reader thread takes it back after a call "
+                         "(not investigated further: reading GPUs on more threads, or a server outside Python, "
+                         "would be the ways out).")
+            if n["calls_per_gpu_sample"] < 0.95 * n0["calls_per_gpu_sample"]:
+                line += (f" nvitop-exporter made {n['calls_per_gpu_sample']:.1f} calls per GPU per sample here "
+                         f"({n0['calls_per_gpu_sample']:.1f} at once): its pass no longer fits its interval, so it "
+                         "samples less often and spends less; the ratio flatters it.")
+            w(line)
         w("- What is left is Python per value: a sampling pass makes a Sample only for a value that changed and "
           "the renderer formats only those (a series' label text is written once), but each NVML call, each "
           "family's collect() and each value compared still runs bytecode, on the order of 0.5-1 µs a value. The "
