@@ -394,19 +394,21 @@ class _DcgmText:
         return out
 
 
-def _split(samples: Iterable[Sample]) -> tuple[dict, dict, list[Sample], frozenset]:
-    """(GPU samples by metric, self-health samples by metric, GPU samples in order, metrics with a
+def _split(samples: Iterable[Sample], in_order: bool) -> tuple[dict, dict, list[Sample], frozenset]:
+    """(GPU samples by metric, self-health samples by metric, GPU samples in order (only when
+    in_order: dcgm naming needs them, and the list costs an append per sample), metrics with a
     -0.0 value)."""
     gpu: dict[c.Metric, list[Sample]] = defaultdict(list)
     own: dict[c.Metric, list[Sample]] = defaultdict(list)
-    ordered = []
+    ordered: list[Sample] = []
     negative_zero = set()
     for s in samples:
         if s.metric.family in SELF_FAMILIES:
             own[s.metric].append(s)
         else:
             gpu[s.metric].append(s)
-            ordered.append(s)
+            if in_order:
+                ordered.append(s)
         if s.value == 0 and math.copysign(1.0, s.value) < 0:
             negative_zero.add(s.metric)
     return gpu, own, ordered, frozenset(negative_zero)
@@ -490,7 +492,7 @@ class Renderer:
 
     def _fresh_body(self, snap: Snapshot, fmt: str) -> str:
         if self._split[0] is not snap:
-            self._split = (snap, _split(snap.samples))
+            self._split = (snap, _split(snap.samples, in_order=self.naming == "dcgm"))
         gpu, own, ordered, negative_zero = self._split[1]
         extra = self._attributor(gpu.get(c.MIG_INFO, ()))
         if self.naming == "dcgm":
