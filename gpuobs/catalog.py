@@ -329,6 +329,18 @@ NVLINK_RX = _m("gpu_nvlink_receive_bytes", "counter", "bytes", "Data bytes recei
 NVLINK_ERRORS = _m("gpu_nvlink_errors", "counter", "", "NVLink data-link errors per link.", "nvlink",
                    "NVML_FI_DEV_NVLINK_ERROR_DL_{CRC,REPLAY,RECOVERY}, scope = link",
                    labels=GPU_LABELS + ("link", "error_type"))
+# The same, summed over the GPU's links: what the alerts and records read (one series per GPU where
+# the per-link ones are 18 x 6 on an H100 SXM; those are detail, --detail nvlink)
+NVLINKS_DOWN = _m("gpu_nvlinks_down", "gauge", "", "NVLink links of the GPU that are not active (of those it "
+                  "reports, NVML_FI_DEV_NVLINK_LINK_COUNT); 0 when every link is up.", "nvlink",
+                  "NVML_FI_DEV_NVLINK_GET_STATE per link, counted where not NVML_FEATURE_ENABLED", max_value=64)
+NVLINKS_TX = _m("gpu_nvlinks_transmit_bytes", "counter", "bytes", "Data bytes sent over all the GPU's NVLink links.",
+                "nvlink", "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX (KiB) * 1024 summed over links")
+NVLINKS_RX = _m("gpu_nvlinks_receive_bytes", "counter", "bytes", "Data bytes received over all the GPU's NVLink "
+                "links.", "nvlink", "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX (KiB) * 1024 summed over links")
+NVLINKS_ERRORS = _m("gpu_nvlinks_errors", "counter", "", "NVLink data-link errors (CRC, replay and recovery) over "
+                    "all the GPU's links.", "nvlink",
+                    "NVML_FI_DEV_NVLINK_ERROR_DL_{CRC,REPLAY,RECOVERY} summed over links")
 NVLINK_THROUGHPUT = _m("gpu_nvlink_throughput_bytes_per_second", "gauge", "bytes_per_second",
                        "NVLink data bytes sent plus received per second over all links, between the last two "
                        "passes.", "nvlink", "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_{TX,RX} (KiB) * 1024 summed over "
@@ -371,6 +383,11 @@ TOPOLOGY_NVLINK = _m("gpu_topology_nvlink_links", "gauge", "", "NVLink links bet
                      labels=GPU_LABELS + ("peer_gpu", "peer_uuid", "link_type", "pcie_path"), max_value=64)
 NUMA_NODE = _m("gpu_numa_node", "gauge", "", "NUMA node the GPU is attached to (its CPU socket on most "
                "servers); absent where the system has no NUMA information.", "topology", "nvmlDeviceGetNumaNodeId")
+NVLINK_DOMAIN = _m("gpu_topology_nvlink_domain", "gauge", "", "Lowest NVML index among this GPU and the GPUs of "
+                   "the node it reaches over NVLink (straight or through NVSwitches): GPUs with the same value "
+                   "share NVLink (on NVSwitch systems every GPU, with NVLink bridges each bridged set); a GPU "
+                   "without NVLink peers has its own index.", "topology",
+                   "the pairs of gpuobs_gpu_topology_nvlink_links with links > 0", max_value=1024)
 CPU_AFFINITY = _m("gpu_cpu_affinity", "info", "", "The CPUs closest to the GPU (ideal CPU affinity), as a "
                   "CPU list such as 0-55,112-167 in the cpus label.", "topology",
                   "nvmlDeviceGetCpuAffinity (a bitmask of 64-bit words)", labels=GPU_LABELS + ("cpus",))
@@ -621,6 +638,35 @@ LOGS_DROPPED = _otel("gpuobs.telemetry.log_records_dropped", "counter", "{record
 ALL: tuple[Metric, ...] = tuple(v for v in list(globals().values()) if isinstance(v, Metric)) + \
     tuple(GPM_METRICS.values()) + tuple(MIG_GPM_METRICS.values())
 BY_NAME: dict[str, Metric] = {m.name: m for m in ALL}
+# ------------------------------------------------------------------------------------------ tiers
+# What the default profile leaves out (docs/cardinality.md): every series an alert, a recording rule
+# or a default panel reads is served; the rest is detail, served with --profile full or per family
+# with --detail FAMILY. A per-GPU total stands in for per-link NVLink series, the NVLink domain for
+# the GPU pairs. The budget (tests/test_cardinality.py): at most 40 series per H100 SXM GPU.
+DETAIL: frozenset[Metric] = frozenset({
+    PERSISTENCE_MODE, COMPUTE_MODE,
+    MEMORY_UTILIZATION, ENCODER_UTILIZATION, DECODER_UTILIZATION, ENCODER_SESSIONS, ENCODER_FPS, ENCODER_LATENCY,
+    FBC_SESSIONS, FBC_FPS, FBC_LATENCY,
+    MEMORY_RESERVED, MEMORY_FREE, BAR1_TOTAL, BAR1_USED,
+    POWER_DEFAULT_LIMIT, POWER_MIN_LIMIT, POWER_MAX_LIMIT, POWER_AVERAGE, MEMORY_POWER, POWER_REQUESTED_LIMIT,
+    SHUTDOWN_TEMPERATURE, MAX_OPERATING_TEMPERATURE, FAN_SPEED,
+    MAX_CLOCK, PSTATE, CLOCK_EVENT_REASONS_MASK, CLOCK_EVENT_DURATION,
+    ECC_MODE, ECC_PENDING, ECC_LOCATION_ERRORS, REMAPPED_ROWS,
+    PCIE_THROUGHPUT,
+    NVLINK_UP, NVLINK_TX, NVLINK_RX, NVLINK_ERRORS, NVLINK_THROUGHPUT,
+    FABRIC_STATE, FABRIC_STATUS, FABRIC_CLIQUE, FABRIC_HEALTH,
+    TOPOLOGY_NVLINK, CPU_AFFINITY,
+    MIG_PENDING, MIG_BAR1_TOTAL, MIG_BAR1_USED, MIG_SMS,
+    *(m for gid, m in GPM_METRICS.items() if m.name not in ("gpuobs_gpu_sm_active_ratio", "gpuobs_gpu_tensor_active_ratio")),
+    *MIG_GPM_METRICS.values()})
+# Metrics of which the default profile serves only some label values: (label, values served)
+DEFAULT_VALUES: dict[Metric, tuple[str, frozenset[str]]] = {
+    CLOCK: ("clock", frozenset({"sm"})),
+    CLOCK_EVENT_ACTIVE: ("reason", frozenset({"sw_power_cap", "hw_slowdown", "sw_thermal_slowdown",
+                                              "hw_thermal_slowdown", "hw_power_brake_slowdown"})),
+    ECC_ERRORS: ("counter_type", frozenset({"volatile"})),
+    REMAP_BANKS: ("availability", frozenset({"low", "none"})),
+}
 # The exporter's families (names, default on/off) are registered with their collectors: gpuobs.collect.REGISTRY
 APP_FAMILIES = ("training", "inference", "telemetry")  # recorded by gpuobs.instrument, not the exporter
 # What the exporter emits: every non-OTel metric, plus its own dropped log records (gpuobs.logs in its process)

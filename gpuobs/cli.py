@@ -73,20 +73,20 @@ def _finite(value: float, hint: str) -> float:
     return value
 
 
-def _families(value: str | None) -> set[str]:
-    """The families named by --families (comma-separated), else the registry's default ones.
-    Raises BadParameter for an empty list or an unknown name."""
+def _families(value: str | None, flag: str = "--families") -> set[str]:
+    """The families named by --families (or --detail: `flag`), comma-separated; else the registry's
+    default ones (--detail: none). Raises BadParameter for an empty list or an unknown name."""
     from .collect import REGISTRY, default_families
 
     if not value:
-        return default_families()
+        return default_families() if flag == "--families" else set()
     names = {v.strip() for v in value.split(",") if v.strip()}
     if not names:
-        raise click.BadParameter("name at least one family", param_hint="--families")
+        raise click.BadParameter("name at least one family", param_hint=flag)
     unknown = names - set(REGISTRY)
     if unknown:
         raise click.BadParameter(f"unknown: {', '.join(sorted(unknown))}; known: {', '.join(REGISTRY)}",
-                                 param_hint="--families")
+                                 param_hint=flag)
     return names
 
 
@@ -195,6 +195,13 @@ def _collection_options(d, opt_in: list) -> list:
         *[_option(f"--{spec.name}/--no-{spec.name}", envvar=f"GPUOBS_{spec.name.upper()}", default=False,
                   show_default=True, help=f"Also export {spec.summary} (the {spec.name} family).")
           for spec in opt_in],
+        _option("--profile", envvar="GPUOBS_PROFILE", type=click.Choice(["default", "full"]),
+                help="Series served: default (what the alerts, recording rules and default panels read: at "
+                     "most 40 per H100) or full (every series, the detail too: per-link NVLink, ECC by "
+                     "location, clock-event durations, ...). Default: default, full with --naming dcgm. "
+                     "See docs/cardinality.md."),
+        _option("--detail", envvar="GPUOBS_DETAIL",
+                help="Comma-separated families served in full under the default profile (e.g. nvlink,ecc)."),
         _option("--process-cap", envvar="GPUOBS_PROCESS_CAP", type=click.IntRange(min=1), default=d.process_cap,
                 show_default=True, help="Most processes exported per GPU (the largest memory users)."),
         _option("--naming", envvar="GPUOBS_NAMING", type=click.Choice(["gpuobs", "dcgm"]), default=d.naming,
@@ -326,6 +333,7 @@ def exporter(ctx, families, scenario_file, log_level, kubelet_socket, slurm_job_
     logs.setup(log_level)
     log = logging.getLogger("gpuobs.exporter")
     sim = _simulator(scenario_file, log)
+    settings["detail"] = _families(settings["detail"], "--detail")
     config = ExporterConfig(families=chosen, kubelet_socket=_kubelet_socket(kubelet_socket),
                             slurm_job_dir=slurm_job_dir or None, **settings)
     tune_process()  # GIL switch interval, malloc's mmap threshold: see there

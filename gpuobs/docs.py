@@ -18,8 +18,21 @@ CARDINALITY_MD = DOCS / "cardinality.md"
 CARDINALITY_CASES = (("H100 SXM", "h100-sxm-80gb", None), ("H100, MIG 7 × 1g.10gb", "h100-sxm-80gb", ["1g.10gb"] * 7),
                      ("H200", "h200", None), ("A100 40GB", "a100-40gb", None), ("L40S", "l40s-pcie", None),
                      ("RTX 4080 SUPER", "rtx-4080-super", None))
+PROFILE_NAMES = ("default", "full")  # gpuobs.collect.profile.PROFILES, in the order the tables show them
+SERIES_BUDGET = 40  # most series per H100/H200 GPU in the default profile (tests/test_cardinality.py)
 MULTIPLIER_PROCESSES = 3  # compute processes placed on the GPU to measure series per process
 MULTIPLIER_XIDS = (79, 48)  # XID codes injected to measure series per code seen
+
+
+def _tier_note(m: c.Metric) -> str:
+    """What the default profile serves of a metric (docs/cardinality.md), for the metrics reference."""
+    if m in c.DETAIL:
+        return " *Detail: `--profile full` or `--detail " + m.family + "`.*"
+    if m in c.DEFAULT_VALUES:
+        label, values = c.DEFAULT_VALUES[m]
+        return (f" *Default profile: {label} " + ", ".join(sorted(values)) + " only; every value with "
+                f"`--profile full` or `--detail {m.family}`.*")
+    return ""
 
 
 def metrics_markdown() -> str:
@@ -27,7 +40,8 @@ def metrics_markdown() -> str:
     out = ["# Metrics", "",
            "Generated from `gpuobs/catalog.py` by `gpuobs generate`; a test fails when this file differs.",
            "", f"Every per-GPU series carries the identity labels `{', '.join(c.GPU_LABELS)}` (NVML index and UUID);",
-           f"MIG series carry `{', '.join(c.MIG_LABELS)}`. Families marked opt-in are off by default.",
+           f"MIG series carry `{', '.join(c.MIG_LABELS)}`. Families marked opt-in are off by default;",
+           "metrics marked detail are left out by the default profile (docs/cardinality.md).",
            "The training and inference families are recorded by `gpuobs.instrument` through OpenTelemetry;",
            "their names are what OTel's Prometheus conversion makes of the instrument names.", ""]
     from .collect import REGISTRY
@@ -40,7 +54,7 @@ def metrics_markdown() -> str:
         for m in sorted(metrics, key=lambda m: m.name):
             extra = ", ".join(m.extra_labels if m.identity else m.labels) or "-"
             dcgm = ", ".join(sorted(set(m.dcgm.values()))) or "-"
-            out.append(f"| `{m.exposed_name}` | {m.kind} | {extra} | {m.help} | {m.source} | {dcgm} |")
+            out.append(f"| `{m.exposed_name}` | {m.kind} | {extra} | {m.help}{_tier_note(m)} | {m.source} | {dcgm} |")
         out.append("")
     return "\n".join(out)
 
@@ -60,13 +74,15 @@ def count_series(body: str) -> collections.Counter[str]:
     return out
 
 
-def render_node(spec: dict, xids: tuple[int, ...] = ()) -> str:
+def render_node(spec: dict, xids: tuple[int, ...] = (), profile: str = "full") -> str:
     """The /metrics body after the second sampling pass (GPM needs two) of an exporter with every
-    family on a simulated node; `xids` are queued on GPU slot 0 after the first pass."""
+    family on a simulated node, serving the series of `profile` (collect.profile: default or full);
+    `xids` are queued on GPU slot 0 after the first pass."""
     import time
 
     from .collect import REGISTRY, Sampler, Session, XidWatcher, build_families
     from .exporter import ExporterConfig
+    from .collect.profile import Profile
     from .exporter.render import Renderer
     from .sim import Simulator
 
@@ -78,7 +94,7 @@ def render_node(spec: dict, xids: tuple[int, ...] = ()) -> str:
     session = Session()
     watcher = XidWatcher(session, wait_ms=20)
     sampler = Sampler(session, build_families(set(REGISTRY), watcher=watcher, process_cap=ExporterConfig().process_cap),
-                      interval=1.0)
+                      interval=1.0, profile=Profile(profile))
     renderer = Renderer(hostname="node")
     try:
         sampler.sample_once()
@@ -111,15 +127,18 @@ def _gpu_spec(profile: str, mig: list[str] | None) -> dict:
 
 
 def measure_cardinality() -> dict:
-    """Series counts: per family for one GPU of each case, and the multipliers (per process, per XID
-    code, per NVLink link, per MIG instance), all from rendered /metrics bodies."""
+    """Series counts: per profile (default, full) per family for one GPU of each case, and the
+    multipliers (per process, per XID code, per NVLink link, per MIG instance, under full), all from
+    rendered /metrics bodies."""
     from .sim import profiles
 
-    cases = {label: count_series(render_node(_gpu_spec(profile, mig))) for label, profile, mig in CARDINALITY_CASES}
+    cases = {prof: {label: count_series(render_node(_gpu_spec(gpu, mig), profile=prof))
+                    for label, gpu, mig in CARDINALITY_CASES} for prof in PROFILE_NAMES}
     procs = [{"gpu": 0, "pid": 4000 + i, "name": f"python worker{i}.py", "used_mib": 1024 * (i + 1),
               "sm_util": 50} for i in range(MULTIPLIER_PROCESSES)]
     busy = count_series(render_node({**_gpu_spec("h100-sxm-80gb", None), "processes": procs}, MULTIPLIER_XIDS))
-    h100, mig = cases[CARDINALITY_CASES[0][0]], cases[CARDINALITY_CASES[1][0]]
+    h100, mig = cases["full"][CARDINALITY_CASES[0][0]], cases["full"][CARDINALITY_CASES[1][0]]
+    mig_default = cases["default"][CARDINALITY_CASES[1][0]]["mig"] - cases["default"][CARDINALITY_CASES[0][0]]["mig"]
     links = profiles.get("h100-sxm-80gb")["nvlink"]["links"]
     from .exporter import ExporterConfig
 
@@ -129,7 +148,8 @@ def measure_cardinality() -> dict:
             # less the NVLink series a GPU has once, whatever its links (no `link` label)
             "per_link": (h100["nvlink"] - sum(m.family == "nvlink" and "link" not in m.labels
                                               for m in c.EXPORTED)) / links,
-            "per_mig": (mig["mig"] - h100["mig"]) / len(CARDINALITY_CASES[1][2])}
+            "per_mig": (mig["mig"] - h100["mig"]) / len(CARDINALITY_CASES[1][2]),
+            "per_mig_default": mig_default / len(CARDINALITY_CASES[1][2])}
 
 
 def _n(x: float) -> str:
@@ -137,56 +157,91 @@ def _n(x: float) -> str:
 
 
 def _family_table(cases: dict) -> list[str]:
-    """One row per exporter family (default-on, then opt-in), one column per case."""
+    """One row per exporter family (default-on, then opt-in), one column per case and profile
+    (cases: {profile: {case: Counter}})."""
     from .collect import REGISTRY
 
-    labels = list(cases)
-    out = ["| family | " + " | ".join(labels) + " |", "| --- |" + " ---: |" * len(labels)]
+    cols = [(prof, label) for label in cases["default"] for prof in PROFILE_NAMES]
+    out = ["| family | " + " | ".join(f"{label}, {prof}" for prof, label in cols) + " |",
+           "| --- |" + " ---: |" * len(cols)]
     default = [name for name, spec in REGISTRY.items() if spec.default]
     for fam in default:
-        out.append(f"| {fam} | " + " | ".join(str(cases[k][fam]) for k in labels) + " |")
-    total = {k: sum(cases[k][f] for f in default) for k in labels}
-    out.append("| **per GPU, default families** | " + " | ".join(f"**{total[k]}**" for k in labels) + " |")
+        out.append(f"| {fam} | " + " | ".join(str(cases[p][k][fam]) for p, k in cols) + " |")
+    total = {col: sum(cases[col[0]][col[1]][f] for f in default) for col in cols}
+    out.append("| **per GPU, default families** | " + " | ".join(f"**{total[col]}**" for col in cols) + " |")
+    return out
+
+
+def per_gpu_series(measured: dict, profile: str, case: str) -> int:
+    """Series per GPU of the default-on families in one measured case and profile (the budget's number)."""
+    from .collect import default_families
+
+    return sum(measured["cases"][profile][case][f] for f in default_families())
+
+
+def _detail_lines() -> list[str]:
+    """What the default profile leaves out, per family: the detail metrics and the narrowed ones."""
+    from .collect import REGISTRY
+
+    out = []
+    for fam in REGISTRY:
+        left = sorted(f"`{m.exposed_name}`" for m in c.DETAIL if m.family == fam)
+        left += sorted(f"`{m.exposed_name}` other than {label} " + ", ".join(sorted(v))
+                       for m, (label, v) in c.DEFAULT_VALUES.items() if m.family == fam)
+        if left:
+            out.append(f"- **{fam}** (`--detail {fam}`): " + "; ".join(left) + ".")
     return out
 
 
 def cardinality_markdown(measured: dict | None = None) -> str:
-    """docs/cardinality.md: the series budget per GPU and per node, measured on the simulator."""
+    """docs/cardinality.md: the series budget per GPU and per node, per profile, measured on the simulator."""
     m = measured or measure_cardinality()
-    cases, h100 = m["cases"], m["cases"][CARDINALITY_CASES[0][0]]
-    node = h100["exporter"]
+    h100 = CARDINALITY_CASES[0][0]
+    node = m["cases"]["default"][h100]["exporter"]
+    per_gpu = {prof: per_gpu_series(m, prof, h100) for prof in PROFILE_NAMES}
     profiles = ", ".join(f"{label} = `{p}`" + (f" with MIG {len(mig)} × {mig[0]}" if mig else "")
                          for label, p, mig in CARDINALITY_CASES)
     out = ["# Cardinality budget", "",
            "Generated by `gpuobs generate` from the exporter itself: for each GPU below, a simulated node "
            "with that one GPU (`gpuobs.sim`, idle, no processes, no XIDs) is sampled twice by the exporter's "
-           "sampler with every family on, and the second pass is rendered as `/metrics` (gpuobs naming). A series "
-           "is one sample line. A test fails when this file differs from what the code measures.", "",
+           "sampler with every family on, and the second pass is rendered as `/metrics` (gpuobs naming), once "
+           "per profile. A series is one sample line. A test fails when this file differs from what the code "
+           "measures, and another when the default profile serves more than "
+           f"{SERIES_BUDGET} series per H100 or H200 GPU.", "",
+           "## Profiles", "",
+           "- **default** (`gpuobs exporter`, `--profile default`): what every shipped alert, recording rule "
+           "and default dashboard panel reads. Per-GPU totals stand in for the per-link NVLink series, and the "
+           "NVLink domain (`gpuobs_gpu_topology_nvlink_domain`) for the GPU pairs.",
+           "- **full** (`--profile full`; the default with `--naming dcgm`): every series, the detail too.",
+           "- **detail per family** (`--detail nvlink,ecc`): the default profile plus every series of those "
+           "families. Panels that need detail say so in their description.", "",
            f"Simulator profiles: {profiles}.", "",
            "## Series per GPU, by family", ""]
-    out += _family_table(cases)
-    from .collect import default_families
-
-    per_gpu = sum(h100[f] for f in default_families())
+    out += _family_table(m["cases"])
     out += ["", f"Per node, on top: **{node}** exporter self-health series (`gpuobs_nvml_up`, `gpuobs_gpus_*`, "
             "`gpuobs_exporter_*`, `gpuobs_nvml_info`), plus one per NVML error seen (by call and code) and one "
             "per kind of dropped value (by metric and reason).", "",
-            "A node of N such GPUs serves N × (per GPU) + per node + N × (N − 1) GPU pairs (topology); for "
-            f"example 8 × H100 SXM with the default families: 8 × {per_gpu} + {node} + 56 = "
-            f"{8 * per_gpu + node + 56} series.", "",
-            "## What multiplies", ""]
-    out += [f"- **NVLink links**: {_n(m['per_link'])} series per link ({m['links']} links on an H100 SXM); a GPU "
-            "without NVLink, or in MIG mode, has none.",
-            "- **GPU pairs** (topology): one series per ordered pair of GPUs on a node, N × (N − 1) (56 on an "
-            "8-GPU node, 7 per GPU), not in the per-GPU column above (measured on a node of one GPU); bounded by "
-            "the node's GPU count, read at probe.",
-            f"- **MIG instances**: {_n(m['per_mig'])} series per MIG device (identity, memory and GPM activity per "
-            "GPU instance), on top of the physical GPU's own series (the MIG column shows the net effect).",
+            f"A node of N such GPUs serves N × (per GPU) + per node, plus N × (N − 1) GPU pairs (topology) in "
+            f"the full profile; for example 8 × H100 SXM: 8 × {per_gpu['default']} + {node} = "
+            f"{8 * per_gpu['default'] + node} series by default, 8 × {per_gpu['full']} + {node} + 56 = "
+            f"{8 * per_gpu['full'] + node + 56} with `--profile full`.", "",
+            "## What the default profile leaves out", ""]
+    out += _detail_lines()
+    out += ["", "## What multiplies", ""]
+    out += [f"- **NVLink links** (detail): {_n(m['per_link'])} series per link ({m['links']} links on an H100 "
+            "SXM); a GPU without NVLink, or in MIG mode, has none. By default 4 per GPU, whatever its links.",
+            "- **GPU pairs** (topology, detail): one series per ordered pair of GPUs on a node, N × (N − 1) (56 "
+            "on an 8-GPU node, 7 per GPU), not in the per-GPU column above (measured on a node of one GPU); "
+            "bounded by the node's GPU count, read at probe.",
+            f"- **MIG instances**: {_n(m['per_mig_default'])} series per MIG device by default, "
+            f"{_n(m['per_mig'])} in the full profile (identity, memory, BAR1, SMs and GPM activity per GPU "
+            "instance), on top of the physical GPU's own series (the MIG columns show the net effect).",
             f"- **XID codes**: {_n(m['per_xid'])} series per distinct XID code a GPU has reported since the "
             f"exporter started (measured with {len(MULTIPLIER_XIDS)} codes); none until the first XID.",
-            f"- **Clock-event reasons**: one 0/1 series for each of the {len(c.CLOCK_EVENT_REASONS)} known reasons, "
-            f"plus one per unknown bit NVML sets (`bit_N`), and {len(c.CLOCK_EVENT_COUNTER_FIELDS)} duration "
-            "counters where the GPU supports them.",
+            f"- **Clock-event reasons**: one 0/1 series for each of the {len(c.CLOCK_EVENT_REASONS)} known reasons "
+            f"({len(c.DEFAULT_VALUES[c.CLOCK_EVENT_ACTIVE][1])} by default: those the alerts read), plus one per "
+            f"unknown bit NVML sets (`bit_N`, full profile), and {len(c.CLOCK_EVENT_COUNTER_FIELDS)} duration "
+            "counters where the GPU supports them (detail).",
             "- **Unsupported values** are left out, which is why consumer and older cards have fewer series.",
             "- **Attribution** (`k8s_pod`, `k8s_namespace`, `k8s_container`, `hpc_job`) adds labels, not series "
             "on a scrape, but every new pod or job starts new series in the TSDB.", "",

@@ -178,15 +178,15 @@ CLUSTER_THROTTLED = aggregate("sum", ("cluster", "reason"), c.CLOCK_EVENT_ACTIVE
 CLUSTER_MAX_TEMPERATURE = aggregate("max", CLUSTER, c.TEMPERATURE)
 NODE_MAX_TEMPERATURE = aggregate("max", NODE, c.TEMPERATURE)
 # ------------------------------------------------------------------------------------ interconnects
-# Per node, so the fleet dashboard's node filter still applies: per-link NVLink series are 108 per
-# H100, and over 6 h on thousands of GPUs their raw rates take seconds to query.
-NODE_NVLINK_TX = rate_of(NODE, c.NVLINK_TX)
-NODE_NVLINK_RX = rate_of(NODE, c.NVLINK_RX)
+# Per node, so the fleet dashboard's node filter still applies; NVLink from the per-GPU totals over
+# the GPU's links, which the default profile serves (the per-link series are detail).
+NODE_NVLINK_TX = rate_of(NODE, c.NVLINKS_TX)
+NODE_NVLINK_RX = rate_of(NODE, c.NVLINKS_RX)
 NODE_PCIE_TX = rate_of(NODE, c.PCIE_TX)
 NODE_PCIE_RX = rate_of(NODE, c.PCIE_RX)
 NODE_PCIE_REPLAYS = rate_of(NODE, c.PCIE_REPLAYS)
-NODE_NVLINK_ERRORS = rate_of(NODE + ("error_type",), c.NVLINK_ERRORS)
-NODE_NVLINK_LINKS_DOWN = count_of(NODE, "gpuobs_gpu_nvlink_links_down", lambda t: f"{c.NVLINK_UP.name} == 0")
+NODE_NVLINK_ERRORS = rate_of(NODE, c.NVLINKS_ERRORS)
+NODE_NVLINK_LINKS_DOWN = aggregate("sum", NODE, c.NVLINKS_DOWN)
 # ----------------------------------------------------------------------------------- memory repairs
 NODE_REMAP_PENDING = aggregate("sum", NODE, c.REMAP_PENDING)
 NODE_REMAP_FAILURE = aggregate("sum", NODE, c.REMAP_FAILURE)
@@ -200,11 +200,10 @@ GPU_ECC_CORRECTED_RATE = Record(GPU, c.ECC_ERRORS, "corrected_rate",
                                 lambda t: f"rate({c.ECC_ERRORS.exposed_name}{CORRECTED}[{t.trend_step}])")
 GPU_PCIE_REPLAYS_RATE = Record(GPU, c.PCIE_REPLAYS, "rate",
                                lambda t: f"rate({c.PCIE_REPLAYS.exposed_name}[{t.trend_step}])")
-# CRC and replay errors of all of a GPU's links, by type: one flaky link is the GPU's (or its
-# baseboard's) problem, and a GPU's 18 links would make 18 trends to judge
-GPU_NVLINK_ERRORS_RATE = Record(
-    GPU, c.NVLINK_ERRORS, "rate",
-    lambda t: f'sum without (link) (rate({c.NVLINK_ERRORS.exposed_name}{{error_type=~"crc|replay"}}[{t.trend_step}]))')
+# Data-link errors of all of a GPU's links: one flaky link is the GPU's (or its baseboard's)
+# problem, and a GPU's 18 links would make 18 trends to judge
+GPU_NVLINK_ERRORS_RATE = Record(GPU, c.NVLINKS_ERRORS, "rate",
+                                lambda t: f"rate({c.NVLINKS_ERRORS.exposed_name}[{t.trend_step}])")
 GPU_REMAP_BANKS_LOW = Record(GPU, c.REMAP_BANKS, "low_or_none",
                              lambda t: f'sum without (availability) ({c.REMAP_BANKS.name}{{availability=~"low|none"}})')
 # ------------------------------------------------------------------------------------------- idle
@@ -440,9 +439,11 @@ WEEKLY = (GPU_MEMORY_STEP, GPU_SM_STEP, GPU_UP_STEP, GPU_UP_STEP_MIN, GPU_REMAP_
           CLUSTER_FAILURE_RATE, NODE_MTBF, MODEL_MTBF, CLUSTER_RESTART_HOURS, CLUSTER_GOODPUT)
 
 # ------------------------------------------------------------------------ placement (topology family)
-# Per pod (Kubernetes attribution) and per Slurm job: GPUs held, GPU pairs without an NVLink path
-# between them (0 for a pod whose pairs all have one, so a good placement is a value too) and the
-# NUMA nodes (CPU sockets) its GPUs span. A pair is seen from both its GPUs: counted once.
+# Per pod (Kubernetes attribution) and per Slurm job: GPUs held, the NVLink domains its GPUs span on
+# one node (1 for a pod whose GPUs all share NVLink, so a good placement is a value too; a Slurm job's
+# worst node) and the NUMA nodes (CPU sockets) its GPUs span. The domain of a GPU is the lowest index
+# it shares NVLink with (gpuobs_gpu_topology_nvlink_domain): one series per GPU, where the GPU pairs
+# are n - 1 per GPU and detail.
 POD = ("cluster", "node", "k8s_namespace", "k8s_pod")
 HPC_JOB = ("cluster", "hpc_job")
 
@@ -451,10 +452,11 @@ def _held(by: tuple[str, ...]) -> str:
     return f'count by ({_by(by)}) ({c.GPU_INFO.exposed_name}{{{by[-1]}!=""}})'
 
 
-def _pairs_without_nvlink(by: tuple[str, ...]) -> str:
-    peers = f'label_replace({c.GPU_INFO.exposed_name}{{{by[-1]}!=""}}, "peer_uuid", "$1", "uuid", "(.+)")'
-    return (f'(count by ({_by(by)}) ({c.TOPOLOGY_NVLINK.name}{{{by[-1]}!=""}} == 0 '
-            f'and on ({_by(by)}, peer_uuid) {peers}) / 2) or on ({_by(by)}) (0 * {_held(by)})')
+def _nvlink_domains(by: tuple[str, ...]) -> str:
+    per_node = by if "node" in by else by + ("node",)  # domain 0 of two hosts is two domains, never shared
+    per_node_count = (f'count by ({_by(per_node)}) (count_values by ({_by(per_node)}) ("domain", '
+                      f'{c.NVLINK_DOMAIN.name}{{{by[-1]}!=""}}))')
+    return per_node_count if per_node == by else f"max by ({_by(by)}) ({per_node_count})"
 
 
 def _numa_nodes(by: tuple[str, ...]) -> str:
@@ -463,14 +465,15 @@ def _numa_nodes(by: tuple[str, ...]) -> str:
             f'{c.NUMA_NODE.name}{{{by[-1]}!=""}}))')
 
 
-NODE_NVLINK_LINKS_MAX = aggregate("max", NODE, c.TOPOLOGY_NVLINK)  # > 0: the node has NVLink between some GPUs
+# GPUs in the node's largest NVLink domain: > 1 when the node has NVLink between some GPUs
+NODE_NVLINK_DOMAIN_MAX = Record(NODE, "gpuobs_gpu_nvlink_domain_gpus", "max",
+                                lambda t: f'max by ({_by(NODE)}) (count_values by ({_by(NODE)}) ("domain", '
+                                          f'{c.NVLINK_DOMAIN.name}))')
 POD_GPUS_HELD = Record(POD, "gpuobs_gpus_held", "count", lambda t: _held(POD))
-POD_PAIRS_WITHOUT_NVLINK = Record(POD, "gpuobs_gpu_pairs_without_nvlink", "count",
-                                  lambda t: _pairs_without_nvlink(POD))
+POD_NVLINK_DOMAINS = Record(POD, "gpuobs_gpu_nvlink_domains", "count", lambda t: _nvlink_domains(POD))
 POD_NUMA_NODES = Record(POD, "gpuobs_gpu_numa_nodes", "count", lambda t: _numa_nodes(POD))
 JOB_GPUS_HELD = Record(HPC_JOB, "gpuobs_gpus_held", "count", lambda t: _held(HPC_JOB))
-JOB_PAIRS_WITHOUT_NVLINK = Record(HPC_JOB, "gpuobs_gpu_pairs_without_nvlink", "count",
-                                  lambda t: _pairs_without_nvlink(HPC_JOB))
+JOB_NVLINK_DOMAINS = Record(HPC_JOB, "gpuobs_gpu_nvlink_domains", "max", lambda t: _nvlink_domains(HPC_JOB))
 JOB_NUMA_NODES = Record(HPC_JOB, "gpuobs_gpu_numa_nodes", "count", lambda t: _numa_nodes(HPC_JOB))
 
 # ------------------------------------------------------------------- allocation, use and cost (fleet efficiency)

@@ -124,6 +124,7 @@ def start(make_sim):
         config.setdefault("port", 0)
         config.setdefault("interval", 0.2)
         config.setdefault("families", set(REGISTRY))
+        config.setdefault("profile", "full")  # every series of every family; the default profile's tests say so
         config.setdefault("kernel_log", "off")  # tests never read the host's kernel log or write its state
         exp = Exporter(ExporterConfig(**config)).start()
         running.append(exp)

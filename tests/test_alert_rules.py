@@ -297,15 +297,16 @@ gauge_alert("GpuRowRemapFailure", "gpuobs_gpu_row_remap_failure", GPU0, 1, 0,
             f"{G} could not remap a failing DRAM row: take it out of service.")
 
 # ---- interconnects
-gauge_alert("GpuNvlinkDown", "gpuobs_gpu_nvlink_link_up", {**GPU0, "link": "3"}, 0, 1,
-            f"{G} NVLink link 3 is down.", quiet_extra=[s("gpuobs_gpu_nvlink_link_up", {**GPU0, "link": "4"},
-                                                          "1x40")])
+# the exporter's per-GPU totals over the GPU's links (the default profile: per-link series are detail)
+gauge_alert("GpuNvlinkDown", "gpuobs_gpu_nvlinks_down", GPU0, 1, 0,
+            f"{G} has 1 NVLink link(s) down (which: gpuobs exporter --detail nvlink serves "
+            "gpuobs_gpu_nvlink_link_up per link).", quiet_extra=[s("gpuobs_gpu_nvlinks_down", GPU1, "0x40")])
 
-NVL = "gpuobs_gpu_nvlink_errors_total"
-_nvl = {**GPU0, "link": "3", "error_type": "crc"}
-_nvl_exp = [(_nvl, f"{G} link 3 has 2 crc errors/s.")]
-case("GpuNvlinkErrorRate", "fires", "120 CRC errors a minute (2/s); another link 10/min",
-     [s(NVL, _nvl, "0+120x30"), s(NVL, {**_nvl, "link": "4"}, "0+10x30")], (10, _nvl_exp), (20, _nvl_exp))
+NVL = "gpuobs_gpu_nvlinks_errors_total"
+_nvl = GPU0
+_nvl_exp = [(_nvl, f"{G} has 2 NVLink data-link errors/s over its links.")]
+case("GpuNvlinkErrorRate", "fires", "120 errors a minute over the GPU's links (2/s); another GPU 10/min",
+     [s(NVL, _nvl, "0+120x30"), s(NVL, GPU1, "0+10x30")], (10, _nvl_exp), (20, _nvl_exp))
 case("GpuNvlinkErrorRate", "quiet", "30 errors a minute (0.5/s)", [s(NVL, _nvl, "0+30x30")], (10, []), (30, []))
 case("GpuNvlinkErrorRate", "flap", "a 3-minute burst every 10 minutes: never 5m over",
      [s(NVL, _nvl, cum(([0] * 7 + [200] * 3) * 4))], (15, []), (30, []), (40, []))
@@ -825,22 +826,26 @@ case("GpuRowRemapBanksDepleting", "fires", "a bank goes low at 2 h, another at 3
 case("GpuRowRemapBanksDepleting", "quiet", "one bank goes low at 1 h and runs out at 3 h",
      banks(f"0x{H} 1x{2 * H} 0x{3 * H}", f"0x{3 * H} 1x{3 * H}", 6 * H), (2 * H, []), (4 * H, []), (6 * H, []))
 
-# NVLink CRC errors of two links, 0.5/min each (a GPU sum of 1/min); link 3 climbs to 4/min over 3 h
-_nvl5 = {**GPU0, "link": "5", "error_type": "crc"}
-_nvl_gpu = {**GPU0, "error_type": "crc"}
+# NVLink CRC errors of two links, 0.5/min each (a GPU sum of 1/min); link 3 climbs to 4/min over 3 h.
+# The exporter serves their sum (gpuobs_gpu_nvlinks_errors_total): each minute's errors of both links.
 _nvl_base = poisson([0.5] * 12 * H, seed=3)
 
 
+def _links_sum(*per_minute: list[int]) -> str:
+    """The per-GPU counter of links whose errors per minute are given (summed minute by minute)."""
+    return cum([sum(minute) for minute in zip(*per_minute)])
+
+
 def _nvl_rise_exp(v):
-    return [(_nvl_gpu, f"{G} has {v} NVLink crc errors per second over the last 2h, over "
+    return [(GPU0, f"{G} has {v} NVLink data-link errors per second over the last 2h, over "
             "1.5x its rate 6h earlier.")]
 
 
 case("GpuNvlinkErrorsRising", "fires", "link 3 climbs from 0.5 to 4 CRC errors a minute over 3 h; link 5 steady",
-     [s(NVL, _nvl, cum(poisson([0.5] * 8 * H + ramp(0.5, 4, 3 * H) + [4] * H, seed=4))),
-      s(NVL, _nvl5, cum(_nvl_base))], (9 * H, []), (11 * H + 30, _nvl_rise_exp(0.0572)))
+     [s(NVL, _nvl, _links_sum(poisson([0.5] * 8 * H + ramp(0.5, 4, 3 * H) + [4] * H, seed=4), _nvl_base))],
+     (9 * H, []), (11 * H + 30, _nvl_rise_exp(0.0572)))
 case("GpuNvlinkErrorsRising", "quiet", "steady noise, and one burst of 500 CRC errors on link 3 at 9 h",
-     [s(NVL, _nvl, cum(burst(poisson([0.5] * 12 * H, seed=5), 9 * H, 500))), s(NVL, _nvl5, cum(_nvl_base))],
+     [s(NVL, _nvl, _links_sum(burst(poisson([0.5] * 12 * H, seed=5), 9 * H, 500), _nvl_base))],
      *((9 * H + m, []) for m in range(0, 3 * H, 30)))
 
 def _pr_rise_exp(v):
@@ -1091,28 +1096,25 @@ case("GpuKernelLogWatcherDown", "quiet", "the kernel_log family off: no series a
 
 
 # ---- placement: a multi-GPU pod on GPUs without NVLink between them (topology family)
-TOPO, INFO = "gpuobs_gpu_topology_nvlink_links", "gpuobs_gpu_info"
+# The exporter's NVLink domain per GPU (the lowest index it shares NVLink with), as it serves it by
+# default: the GPU pairs (gpuobs_gpu_topology_nvlink_links) are detail.
+DOMAIN, INFO = "gpuobs_gpu_topology_nvlink_domain", "gpuobs_gpu_info"
 _pod = {"k8s_namespace": "ml", "k8s_pod": "p1"}
 
 
-def _pair(src: dict, dst: dict, links: int, values: str, pod: dict | None = _pod) -> dict:
-    """One pair series of src's GPU towards dst's, src attributed to pod (None: to none)."""
-    kind = "nvswitch" if links else "system"
-    return s(TOPO, {**src, **(pod or {}), "peer_gpu": dst["gpu"], "peer_uuid": dst["uuid"], "link_type": kind,
-                    "pcie_path": "system"}, values.replace("L", str(links)))
-
-
 def _placement(links_ab: int, links_ac: int, n: int = 40, end: str = "") -> list[dict]:
-    """GPU0 and GPU1 in pod ml/p1 (links_ab NVLinks between them), GPU2 unattributed (links_ac to GPU0)."""
+    """GPU0 and GPU1 in pod ml/p1 (links_ab NVLinks between them), GPU2 unattributed (links_ac to GPU0):
+    their domains as the exporter computes them from those links."""
     gpu2 = {**NODE, "gpu": "2", "uuid": "GPU-c"}
+    d1, d2 = (0 if links_ab else 1), (0 if links_ac else 2)
     return [s(INFO, {**GPU0, **_pod}, f"1x{n}{end}"), s(INFO, {**GPU1, **_pod}, f"1x{n}{end}"), s(INFO, gpu2, f"1x{n}"),
-            _pair(GPU0, GPU1, links_ab, f"Lx{n}{end}"), _pair(GPU1, GPU0, links_ab, f"Lx{n}{end}"),
-            _pair(GPU0, gpu2, links_ac, f"Lx{n}{end}"), _pair(gpu2, GPU0, links_ac, f"Lx{n}", None)]
+            s(DOMAIN, {**GPU0, **_pod}, f"0x{n}{end}"), s(DOMAIN, {**GPU1, **_pod}, f"{d1}x{n}{end}"),
+            s(DOMAIN, gpu2, f"{d2}x{n}")]
 
 
 _place_exp = [({"cluster": "c1", "node": "n1", **_pod},
-               "Pod ml/p1 on n1 holds GPUs of which 1 pair(s) have no NVLink path, on a node where other GPUs "
-               "have one: its GPU-to-GPU traffic crosses PCIe or the CPU interconnect.")]
+               "Pod ml/p1 on n1 holds GPUs of 2 NVLink domains, on a node where other GPUs share NVLink: its "
+               "GPU-to-GPU traffic between them crosses PCIe or the CPU interconnect.")]
 case("GpuPodPlacementWithoutNvlink", "fires", "a pod's two GPUs without NVLink, the node's third NVLinked to one",
      _placement(0, 18), (14, []), (16, _place_exp), (35, _place_exp))
 case("GpuPodPlacementWithoutNvlink", "quiet", "the pod's two GPUs joined by NVLink (NVSwitch)",
@@ -1224,22 +1226,19 @@ def test_every_alert_has_a_firing_and_a_quiet_case():
 
 
 def test_per_node_fleet_recording_rules(rule_dir):
-    """The per-node aggregates the fleet dashboard reads instead of per-link and per-GPU series:
-    rates summed per node (and error type), links down, degraded PCIe links and pending row remaps
-    per node; the per-link ones in a group of their own."""
+    """The per-node aggregates the fleet dashboard reads instead of per-GPU series: NVLink rates and
+    links down (from the exporter's per-GPU totals over the links), degraded PCIe links and pending
+    row remaps per node; no rule reads a per-link series."""
     n2 = {**NODE, "node": "n2", "instance": "n2:9445"}
     gpu2 = {**n2, "gpu": "0", "uuid": "GPU-c"}
-    link = lambda gpu, i, **kw: {**gpu, "link": str(i), **kw}  # noqa: E731
     series = [
-        # NVLink replay errors: 60/min on GPU0 link 0, 120/min on GPU1 link 3, 30/min CRC on n2
-        s("gpuobs_gpu_nvlink_errors_total", link(GPU0, 0, error_type="replay"), "0+60x10"),
-        s("gpuobs_gpu_nvlink_errors_total", link(GPU1, 3, error_type="replay"), "0+120x10"),
-        s("gpuobs_gpu_nvlink_errors_total", link(gpu2, 1, error_type="crc_flit"), "0+30x10"),
-        s("gpuobs_gpu_nvlink_transmit_bytes_total", link(GPU0, 0), "0+6000x10"),
-        s("gpuobs_gpu_nvlink_transmit_bytes_total", link(GPU0, 1), "0+600x10"),
-        s("gpuobs_gpu_nvlink_link_up", link(GPU0, 0), "1x10"),
-        s("gpuobs_gpu_nvlink_link_up", link(GPU0, 1), "0x10"),
-        s("gpuobs_gpu_nvlink_link_up", link(GPU1, 0), "0x10"),
+        # NVLink errors over each GPU's links: 60/min on GPU0, 120/min on GPU1, 30/min on n2's GPU
+        s("gpuobs_gpu_nvlinks_errors_total", GPU0, "0+60x10"),
+        s("gpuobs_gpu_nvlinks_errors_total", GPU1, "0+120x10"),
+        s("gpuobs_gpu_nvlinks_errors_total", gpu2, "0+30x10"),
+        s("gpuobs_gpu_nvlinks_transmit_bytes_total", GPU0, "0+6600x10"),
+        s("gpuobs_gpu_nvlinks_down", GPU0, "1x10"), s("gpuobs_gpu_nvlinks_down", GPU1, "1x10"),
+        s("gpuobs_gpu_nvlinks_down", gpu2, "0x10"),
         s("gpuobs_gpu_pcie_link_generation", GPU0, "4x10"), s("gpuobs_gpu_pcie_link_generation_max", GPU0, "5x10"),
         s("gpuobs_gpu_pcie_link_width", GPU0, "16x10"), s("gpuobs_gpu_pcie_link_width_max", GPU0, "16x10"),
         s("gpuobs_gpu_pcie_link_generation", GPU1, "5x10"), s("gpuobs_gpu_pcie_link_generation_max", GPU1, "5x10"),
@@ -1252,11 +1251,10 @@ def test_per_node_fleet_recording_rules(rule_dir):
     at = "8m"
     node = {"cluster": "c1", "node": "n1"}
     checks = [
-        ('cluster_node_error_type:gpuobs_gpu_nvlink_errors:rate{node="n1"}', [({**node, "error_type": "replay"}, 3)]),
-        ('cluster_node_error_type:gpuobs_gpu_nvlink_errors:rate{node="n2"}',
-         [({"cluster": "c1", "node": "n2", "error_type": "crc_flit"}, 0.5)]),
-        ("cluster_node:gpuobs_gpu_nvlink_transmit_bytes:rate", [(node, 110)]),
-        ("cluster_node:gpuobs_gpu_nvlink_links_down:count", [(node, 2)]),
+        ('cluster_node:gpuobs_gpu_nvlinks_errors:rate{node="n1"}', [(node, 3)]),
+        ('cluster_node:gpuobs_gpu_nvlinks_errors:rate{node="n2"}', [({"cluster": "c1", "node": "n2"}, 0.5)]),
+        ("cluster_node:gpuobs_gpu_nvlinks_transmit_bytes:rate", [(node, 110)]),
+        ('cluster_node:gpuobs_gpu_nvlinks_down:sum{node="n1"}', [(node, 2)]),
         ("cluster_node:gpuobs_gpus_pcie_degraded:count", [(node, 1)]),
         ("cluster_node:gpuobs_gpu_row_remap_pending:sum", [(node, 2), ({"cluster": "c1", "node": "n2"}, 0)]),
         ("cluster_node:gpuobs_gpu_temperature_celsius:max",
@@ -1271,12 +1269,9 @@ def test_per_node_fleet_recording_rules(rule_dir):
                     for labels, value in want]}
                 for expr, want in checks]}]}
     groups = {g["name"]: [r["record"] for r in g["rules"] if "record" in r] for g in rule_groups(DEFAULT)}
-    assert "cluster_node_error_type:gpuobs_gpu_nvlink_errors:rate" in groups["gpuobs-recording-links"]
-    # every record reading per-link series is in the links group (the topology records name NVLink too,
-    # but read one series per GPU pair, not per link)
+    # no record reads a per-link series (the default profile serves none): no links group
     from gpuobs.records import RECORDS, per_link
-    link_records = {r.name for r in RECORDS if per_link(r.expr(DEFAULT))}
-    assert link_records and not link_records & set(groups["gpuobs-recording"])
+    assert not {r.name for r in RECORDS if per_link(r.expr(DEFAULT))} and "gpuobs-recording-links" not in groups
     (rule_dir / "fleet_records_test.yml").write_text(yaml.safe_dump(test, sort_keys=False))
     out = promtool("test", "rules", "fleet_records_test.yml", cwd=rule_dir)
     assert out.returncode == 0, out.stdout + out.stderr

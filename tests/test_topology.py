@@ -17,6 +17,7 @@ from gpuobs.sim.state import set_val
 from test_attribution import FAST, kubelet  # noqa: F401 - kubelet is a fixture
 
 LINKS = "gpuobs_gpu_topology_nvlink_links"
+DOMAIN = "gpuobs_gpu_topology_nvlink_domain"
 ALERT = "GpuPodPlacementWithoutNvlink"
 
 
@@ -43,6 +44,7 @@ def test_nvswitch_board_every_pair_over_nvswitch_with_sockets_and_affinity(expor
     assert got[("0", "1")][2] == "pcie_switches" and got[("0", "2")][2] == "numa_node"
     assert got[("0", "4")][2] == "system" and got[("7", "6")][2] == "pcie_switches"
     assert by_gpu(run, "gpuobs_gpu_numa_node", 8) == {str(i): float(i // 4) for i in range(8)}
+    assert by_gpu(run, DOMAIN, 8) == {str(i): 0.0 for i in range(8)}  # one NVLink domain: the NVSwitches
     cpus = by_gpu(run, "gpuobs_gpu_cpu_affinity_info", 8, "cpus")
     assert cpus["0"] == "0-55,112-167" and cpus["7"] == "56-111,168-223"
 
@@ -57,6 +59,7 @@ def test_nvlink_bridged_pairs_and_a_link_going_down(make_sim, start):
     assert got[("0", "1")] == (18.0, "nvlink", "pcie_switch") and got[("3", "2")] == (18.0, "nvlink", "pcie_switch")
     assert got[("0", "2")] == (0.0, "numa_node", "numa_node") and got[("1", "3")] == (0.0, "numa_node", "numa_node")
     assert set(by_gpu(run, "gpuobs_gpu_cpu_affinity_info", 4, "cpus").values()) == {"0-63"}
+    assert by_gpu(run, DOMAIN, 4) == {"0": 0.0, "1": 0.0, "2": 2.0, "3": 2.0}  # a domain per bridge
     for slot in (2, 3):
         g = sim.state.gpu(slot)
         for link in g.links[: g.link_count]:
@@ -65,12 +68,14 @@ def test_nvlink_bridged_pairs_and_a_link_going_down(make_sim, start):
                                for n, l, v in s), 10, "the downed bridge's pair to lose NVLink")
     assert pairs(run, 12)[("2", "3")] == (0.0, "pcie_switch", "pcie_switch")
     assert pairs(run, 12)[("0", "1")][0] == 18.0
+    assert by_gpu(run, DOMAIN, 4) == {"0": 0.0, "1": 0.0, "2": 2.0, "3": 3.0}  # the bridge's GPUs apart now
 
 
 def test_pcie_only_node_has_no_nvlink_pairs(exporter):
     run = exporter({"gpus": [{"profile": "l40s-pcie", "count": 4}]})  # no NVLink: the default is pcie
     got = pairs(run, 12)
     assert len(got) == 12 and all(links == 0 for links, _, _ in got.values())
+    assert by_gpu(run, DOMAIN, 4) == {str(i): float(i) for i in range(4)}  # no NVLink: a domain each
     assert got[("0", "1")][1] == "pcie_switch" and got[("1", "2")][1] == "system"
 
 
@@ -95,23 +100,25 @@ def _alerts(query) -> dict[str, str]:
 
 def test_pod_without_nvlink_fires_and_nvlink_pair_stays_quiet(make_sim, start, kubelet, prometheus, tmp_path):
     """HGX H100 board whose GPU 7 lost its NVLinks (fabric down): a pod given GPUs 0 and 7 has no NVLink
-    between them and fires the alert; one given 1 and 2 (NVSwitch) does not; a 1-GPU pod neither."""
+    between them and fires the alert; one given 1 and 2 (NVSwitch) does not; a 1-GPU pod neither. The
+    exporter serves the default profile: no GPU pairs, only each GPU's NVLink domain."""
     require_tool("prometheus")
     server, path, _ = kubelet
     sim = make_sim({"gpus": [{"profile": "h100-sxm-80gb", "count": 8}], "topology": "nvswitch"}, init=False)
     g = sim.state.gpu(7)
     for link in g.links[: g.link_count]:
         set_val(link.state, 0)
-    run = start(sim, kubelet_socket=path, **FAST)
+    run = start(sim, kubelet_socket=path, profile="default", **FAST)
     info = run.wait_for(lambda s: sum(n == "gpuobs_gpu_info" for n, _, _ in s) == 8, 10, "8 GPUs")
     u = [l["uuid"] for l in sorted((l for n, l, _ in info if n == "gpuobs_gpu_info"), key=lambda l: int(l["gpu"]))]
     server.pods = [("split", "ml", "trainer", "nvidia.com/gpu", [u[0], u[7]]),
                    ("packed", "ml", "trainer", "nvidia.com/gpu", [u[1], u[2]]),
                    ("single", "ml", "trainer", "nvidia.com/gpu", [u[3]])]
-    run.wait_for(lambda s: any(n == LINKS and l.get("k8s_pod") == "split" for n, l, _ in s), 5, "pod labels")
+    run.wait_for(lambda s: any(n == DOMAIN and l.get("k8s_pod") == "split" for n, l, _ in s), 5, "pod labels")
+    assert not any(n == LINKS for n, _, _ in run.scrape())
     query = prometheus([f"127.0.0.1:{run.exp.http.port}"], rule_files=(str(write_fast_rules(tmp_path)),))
     assert eventually(lambda: _alerts(query), {"split": "firing"}) == {"split": "firing"}
-    for record, want in ((records.POD_PAIRS_WITHOUT_NVLINK, {"split": 1, "packed": 0, "single": 0}),
+    for record, want in ((records.POD_NVLINK_DOMAINS, {"split": 2, "packed": 1, "single": 1}),
                          (records.POD_GPUS_HELD, {"split": 2, "packed": 2, "single": 1}),
                          (records.POD_NUMA_NODES, {"split": 2, "packed": 1, "single": 1})):
         assert eventually(lambda: per_pod(query, record), want) == want, record.name

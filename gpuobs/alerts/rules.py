@@ -438,18 +438,20 @@ def memory(t: Thresholds) -> list[Alert]:
 
 
 def interconnect(t: Thresholds) -> list[Alert]:
-    """NVLink links and errors (the per-link ones evaluate in group links), PCIe link and replays."""
+    """NVLink links and errors (per GPU, over its links: the per-link series are detail), PCIe link
+    and replays."""
     nvlink = partial(Alert, family="nvlink", scope="gpu")
     pcie = partial(Alert, family="pcie", scope="gpu")
     w = t.rate_window
     return [
-        nvlink(name="GpuNvlinkDown", expr=f"{c.NVLINK_UP.name} == 0", for_=t.for_short, severity="critical",
-               summary="An NVLink link is down.", description=f"{GPU} NVLink link {{{{ $labels.link }}}} is down."),
+        nvlink(name="GpuNvlinkDown", expr=f"{c.NVLINKS_DOWN.name} > 0", for_=t.for_short, severity="critical",
+               summary="An NVLink link is down.",
+               description=f"{GPU} has {{{{ $value }}}} NVLink link(s) down (which: gpuobs exporter --detail nvlink "
+                           f"serves {c.NVLINK_UP.name} per link)."),
         nvlink(name="GpuNvlinkErrorRate",
-               expr=f"rate({c.NVLINK_ERRORS.exposed_name}[{w}]) > {t.nvlink_errors_per_s:g}", for_=t.for_short,
+               expr=f"rate({c.NVLINKS_ERRORS.exposed_name}[{w}]) > {t.nvlink_errors_per_s:g}", for_=t.for_short,
                severity="warning", summary="NVLink errors are rising.",
-               description=f"{GPU} link {{{{ $labels.link }}}} has {{{{ $value | humanize }}}} "
-                           "{{ $labels.error_type }} errors/s."),
+               description=f"{GPU} has {{{{ $value | humanize }}}} NVLink data-link errors/s over its links."),
         pcie(name="GpuPcieLinkDegraded",
              expr=f"({records.pcie_below_max()}) and on ({GPU_BY}) {c.UTILIZATION.name} > {t.pcie_busy_utilization:g}",
              for_=t.for_medium, severity="warning",
@@ -460,8 +462,8 @@ def interconnect(t: Thresholds) -> list[Alert]:
              description=f"{GPU} has {{{{ $value | humanize }}}} PCIe replays per second."),
         nvlink(name="GpuNvlinkErrorsRising",
                expr=_rising(records.GPU_NVLINK_ERRORS_RATE, t.nvlink_errors_trend_per_s, t), for_=t.for_medium,
-               severity="warning", summary="NVLink CRC or replay errors on a GPU are rising. " + DEGRADING,
-               description=f"{GPU} has {{{{ $value | printf \"%.3g\" }}}} NVLink {{{{ $labels.error_type }}}} "
+               severity="warning", summary="NVLink data-link errors on a GPU are rising. " + DEGRADING,
+               description=f"{GPU} has {{{{ $value | printf \"%.3g\" }}}} NVLink data-link "
                            f"errors per second over the last {t.trend_window}, over {t.trend_factor:g}x its rate "
                            f"{t.trend_baseline} earlier."),
         pcie(name="GpuPcieReplaysRising",
@@ -686,13 +688,13 @@ def placement(t: Thresholds) -> list[Alert]:
     return [
         Alert(name="GpuPodPlacementWithoutNvlink",
               # only on nodes with NVLink at all: on a PCIe-only node no placement is better
-              expr=f"({records.POD_PAIRS_WITHOUT_NVLINK.name} > 0) "
-                   f"and on (cluster, node) ({records.NODE_NVLINK_LINKS_MAX.name} > 0)",
+              expr=f"({records.POD_NVLINK_DOMAINS.name} > 1) "
+                   f"and on (cluster, node) ({records.NODE_NVLINK_DOMAIN_MAX.name} > 1)",
               for_=t.for_medium, severity="warning", scope="node", family="placement",
               summary="A multi-GPU pod got GPUs without NVLink between them.",
               description="Pod {{ $labels.k8s_namespace }}/{{ $labels.k8s_pod }} on {{ $labels.node }} holds GPUs "
-                          "of which {{ $value }} pair(s) have no NVLink path, on a node where other GPUs have "
-                          "one: its GPU-to-GPU traffic crosses PCIe or the CPU interconnect."),
+                          "of {{ $value }} NVLink domains, on a node where other GPUs share NVLink: its "
+                          "GPU-to-GPU traffic between them crosses PCIe or the CPU interconnect."),
     ]
 
 

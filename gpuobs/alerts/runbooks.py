@@ -502,8 +502,8 @@ RUNBOOKS: dict[str, dict[str, str]] = {
               (error counters); `nvidia-smi topo -m` for the topology.
             - On NVSwitch systems: `systemctl status nvidia-fabricmanager` and its journal.""", """
             ```promql
-            $NVLINK_UP{node="<node>"} == 0
-            rate($NVLINK_ERRORS{node="<node>"}[5m])
+            $NVLINKS_DOWN{node="<node>"} > 0
+            rate($NVLINKS_ERRORS{node="<node>"}[5m])
             increase($XID_ERRORS{node="<node>", xid="74"}[24h])
             ```"""],
         action=["""
@@ -632,8 +632,8 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             - On NVSwitch systems: `systemctl status nvidia-fabricmanager` and `journalctl -u nvidia-fabricmanager`.""",
             """
             ```promql
-            $NVLINK_UP{node="<node>"} == 0
-            rate($NVLINK_ERRORS{node="<node>"}[1h])
+            $NVLINKS_DOWN{node="<node>"} > 0
+            rate($NVLINKS_ERRORS{node="<node>"}[1h])
             increase($XID_ERRORS{node="<node>", xid="74"}[24h])
             ```"""],
         action=["""
@@ -643,11 +643,11 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             cards.""", _UNDRAIN]),
     "GpuNvlinkErrorRate": _rb(
         meaning="""
-            An NVLink link of this GPU counts more than $thresholds.nvlink_errors_per_s data-link errors per second
-            over
-            $thresholds.rate_window. The
-            `error_type` label says which counter: `crc` (received flits or data with CRC errors), `replay`
-            (retransmissions) or `recovery` (link recovery events, where the link retrains).""",
+            The NVLink links of this GPU count more than $thresholds.nvlink_errors_per_s data-link errors per
+            second together over $thresholds.rate_window: `crc` (received flits or data with CRC errors), `replay`
+            (retransmissions) and `recovery` (link recovery events, where the link retrains). Which link and
+            which counter: the per-link series, served with the exporter's `--detail nvlink`, or
+            `nvidia-smi nvlink -e -i <index>`.""",
         impact="""
             Retries and recoveries eat bandwidth and add latency to NCCL collectives; a link that keeps degrading
             may raise XID 74 or go down.""",
@@ -656,9 +656,9 @@ RUNBOOKS: dict[str, dict[str, str]] = {
               state and speed.
             - One link (a physical fault) or many links on many GPUs (driver, firmware, fabric)?""", """
             ```promql
-            rate($NVLINK_ERRORS{node="<node>"}[5m])
-            $NVLINK_UP{node="<node>"}
-            rate($NVLINK_TX{node="<node>"}[5m])
+            rate($NVLINKS_ERRORS{node="<node>"}[5m])
+            $NVLINKS_DOWN{node="<node>"}
+            rate($NVLINKS_TX{node="<node>"}[5m])
             ```"""],
         action="""
             Ticket. If errors persist on one link, drain the node at a convenient time, reset or reboot, and open a
@@ -1460,8 +1460,8 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             """
             ```promql
             increase($KERNEL_LOG_MATCHES{node="<node>", pattern="nvlink_error"}[1h])
-            $NVLINK_UP{node="<node>"} == 0
-            rate($NVLINK_ERRORS{node="<node>"}[1h])
+            $NVLINKS_DOWN{node="<node>"} > 0
+            rate($NVLINKS_ERRORS{node="<node>"}[1h])
             ```"""],
         action="""
             Restart a failed fabric manager; if links stay down or errors keep coming, drain the node, reset
@@ -1542,7 +1542,8 @@ RUNBOOKS: dict[str, dict[str, str]] = {
               baseboard.""", """
             ```promql
             $GPU_NVLINK_ERRORS_RATE{uuid="<uuid>"}
-            rate($NVLINK_ERRORS{uuid="<uuid>", error_type=~"crc|replay"}[1h])
+            rate($NVLINKS_ERRORS{uuid="<uuid>"}[1h])
+            sum by (link, error_type) (rate($NVLINK_ERRORS{uuid="<uuid>"}[1h]))  # with --detail nvlink
             ```"""],
         action=_degrading_action("`trend_step`, `trend_window`, `trend_baseline`, `trend_factor` and "
                                  "`nvlink_errors_trend_per_s`")),
@@ -1605,9 +1606,10 @@ RUNBOOKS: dict[str, dict[str, str]] = {
     # ------------------------------------------------------------------------------ placement
     "GpuPodPlacementWithoutNvlink": _rb(
         meaning="""
-            A pod holds two or more GPUs of a node and at least one pair of them has no NVLink path
-            (`nvmlDeviceGetP2PStatus` with the NVLink index says not supported), while other GPUs of the same
-            node do have NVLink between them (`$NODE_NVLINK_LINKS_MAX` above 0). Typical nodes: PCIe cards
+            A pod holds two or more GPUs of a node that are in different NVLink domains (a GPU's domain,
+            `$NVLINK_DOMAIN`, is the lowest index it reaches over NVLink, from `nvmlDeviceGetP2PStatus` with the
+            NVLink index and the links' remote devices), while other GPUs of the same node do share NVLink
+            (`$NODE_NVLINK_DOMAIN_MAX`: more than one GPU in a domain). Typical nodes: PCIe cards
             joined two by two by NVLink bridges (H100 NVL), where the scheduler handed out GPUs of two
             different bridges; an HGX board where one GPU's NVLinks or its fabric registration are down.""",
         impact="""
@@ -1620,10 +1622,11 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             - Which GPUs the pod holds: `kubectl get pod -n <namespace> <pod> -o yaml` and the
               kubelet's PodResources (the exporter's `k8s_pod` labels).
             - A GPU whose NVLinks are down (HGX): `nvidia-smi nvlink -s -i <index>`, and
-              `$NVLINK_UP{node="<node>"} == 0`.""", """
+              `$NVLINKS_DOWN{node="<node>"} > 0`.""", """
             ```promql
-            $TOPOLOGY_NVLINK{node="<node>", k8s_pod="<pod>"} == 0
-            $POD_PAIRS_WITHOUT_NVLINK{node="<node>"}
+            $NVLINK_DOMAIN{node="<node>", k8s_pod="<pod>"}
+            $POD_NVLINK_DOMAINS{node="<node>"}
+            $TOPOLOGY_NVLINK{node="<node>", k8s_pod="<pod>"} == 0  # the pairs, with --detail topology
             $POD_NUMA_NODES{node="<node>"}
             ```"""],
         action="""

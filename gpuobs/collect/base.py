@@ -14,6 +14,7 @@ import pynvml
 
 from ..catalog import Metric
 from ..nvml import UNAVAILABLE, UNUSABLE, Session, call_name
+from .profile import FULL, Profile
 
 SENTINELS = {0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF, 0xFFFF, 0x7FFFFFFF}  # NVML "not available" markers
 # A counter can legitimately pass 65535 or 2^31-1; it never reads exactly 2^32-1 or 2^64-1, which
@@ -241,6 +242,12 @@ class GpuCtx:
     # served as the same Sample (no new object; the renderer's comparison stops at the identity)
     memo: dict = field(default_factory=dict)
     memo_before: dict = field(default_factory=dict)
+    profile: Profile = FULL  # which series are served: others are never made
+
+    def serves(self, metric: Metric) -> bool:
+        """True when the profile serves some series of the metric: a family skips the NVML call of
+        one it does not (Profile.serves)."""
+        return self.profile.serves(metric)
 
     def __post_init__(self) -> None:
         self.labels = (str(self.index), self.uuid)
@@ -303,6 +310,9 @@ class GpuCtx:
         the scaled value is out of the metric's range; drops are counted, never served."""
         if raw is None:
             return
+        rule = self.profile.rules.get(metric, True)
+        if rule is not True and not self.profile.keeps(metric, (labels or self.labels) + extra):
+            return  # not served by this profile: no Sample, no drop counted
         key = (metric, raw, extra, labels or self.labels, scale, per)
         sample = self.memo.get(key) or self.memo_before.get(key)
         if sample is not None and (raw or type(raw) is int):  # a float zero is made again: -0.0 == 0.0

@@ -1,5 +1,7 @@
 """NVLink per link: state, data bytes sent/received and data-link errors, batched in the
-field-values call with the link as scope; and the GPU's bytes per second over all its links."""
+field-values call with the link as scope; the same summed over the GPU's links (links down, bytes,
+errors: the default profile's series, the per-link ones being detail); and the GPU's bytes per
+second over all its links."""
 
 from __future__ import annotations
 
@@ -21,6 +23,16 @@ PER_LINK = [(N.NVML_FI_DEV_NVLINK_GET_STATE, c.NVLINK_UP, 1, ()),
             (N.NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY, c.NVLINK_ERRORS, 1, ("recovery",))]
 
 DATA = (N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX)
+ERRORS = (N.NVML_FI_DEV_NVLINK_ERROR_DL_CRC, N.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY, N.NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY)
+
+
+def link_sum(gpu: GpuCtx, links: int, fids: tuple[int, ...]) -> int | None:
+    """The sum of these fields over every link, None when one of them did not come back or is a
+    sentinel: a sum missing a link would read as a counter reset, or as fewer errors than there are."""
+    raw = [gpu.fields.get((fid, link)) for link in range(links) for fid in fids]
+    if any(v is None or v in COUNTER_SENTINELS for v in raw):
+        return None
+    return sum(raw)
 
 
 @dataclass
@@ -59,6 +71,13 @@ class Nvlink(Family):
         st = self.state(gpu)
         if not st.links:
             return
-        raw = [gpu.fields.get((fid, link)) for link in range(st.links) for fid in DATA]
-        total = None if any(v is None or v in COUNTER_SENTINELS for v in raw) else sum(raw) * KIB
-        gpu.emit(c.NVLINK_THROUGHPUT, st.rate.update(total, time.monotonic()))
+        states = [gpu.fields.get((N.NVML_FI_DEV_NVLINK_GET_STATE, link)) for link in range(st.links)]
+        if None not in states:
+            gpu.emit(c.NVLINKS_DOWN, sum(state != N.NVML_FEATURE_ENABLED for state in states))
+        tx, rx = (link_sum(gpu, st.links, (fid,)) for fid in DATA)
+        gpu.emit(c.NVLINKS_TX, tx, scale=KIB)
+        gpu.emit(c.NVLINKS_RX, rx, scale=KIB)
+        gpu.emit(c.NVLINKS_ERRORS, link_sum(gpu, st.links, ERRORS))
+        if gpu.serves(c.NVLINK_THROUGHPUT):
+            total = None if tx is None or rx is None else (tx + rx) * KIB
+            gpu.emit(c.NVLINK_THROUGHPUT, st.rate.update(total, time.monotonic()))

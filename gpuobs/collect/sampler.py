@@ -14,6 +14,7 @@ the latest Snapshot and never waits on NVML; the Snapshot's time is when its val
 from __future__ import annotations
 
 import collections
+import dataclasses
 import itertools
 import logging
 import operator
@@ -28,6 +29,7 @@ from .. import catalog as c
 from ..nvml import UNUSABLE, Session
 from ..nvml.fields import FieldValues
 from .base import Family, FieldSpec, GpuCtx, GpuUnusable, LogLimiter, Sample, Snapshot, drop_reason, limits
+from .profile import FULL, Profile
 
 log = logging.getLogger("gpuobs.sampler")
 
@@ -62,7 +64,11 @@ class _FieldBatch:
     unchanged samples run in C, and the renderer then finds those samples identical to the
     previous snapshot's."""
 
-    def __init__(self, specs: list[FieldSpec], labels: tuple[str, ...]):
+    def __init__(self, specs: list[FieldSpec], labels: tuple[str, ...], profile: Profile = FULL):
+        # a spec whose series the profile does not serve is still read (its family's collect() may
+        # sum it, as NVLink's per-GPU totals do) but makes no Sample
+        specs = [s if s.metric is None or profile.keeps(s.metric, labels + s.extra)
+                 else dataclasses.replace(s, metric=None) for s in specs]
         self.specs = specs
         self.keys = [(s.field_id, s.scope) for s in specs]
         self.labels = [labels + s.extra for s in specs]
@@ -255,12 +261,15 @@ class Sampler:
     Served values are thus at most about 1.8 intervals old; the exporter withholds a snapshot
     older than 2 intervals.
     on_snapshot: called with each new Snapshot (the exporter renders it there, once).
+    profile: which series the families make (collect.profile: the exporter's default profile, or
+    FULL, every series, the default here).
     """
 
     def __init__(self, session: Session, families: list[Family], interval: float,
                  expected_gpus: int | None = None, on_snapshot: Callable[[Snapshot], None] | None = None,
-                 deadline: float | None = None):
+                 deadline: float | None = None, profile: Profile = FULL):
         self.session = session
+        self.profile = profile  # the series served (profile.py); FULL unless the exporter says otherwise
         self.families = families
         self.interval = interval
         self.deadline = 0.8 * interval if deadline is None else deadline
@@ -514,7 +523,7 @@ class Sampler:
         result = _GpuRead(index, uuid, handle)
         state = self._gpu_state(uuid)
         gpu = GpuCtx(self.session, handle, index, uuid, self.samples, result.samples, self._drop,
-                     versions=(self.versions[0], self.versions[2]), memo_before=state.memo)
+                     versions=(self.versions[0], self.versions[2]), memo_before=state.memo, profile=self.profile)
         state.memo = gpu.memo  # this pass's Samples, for the next pass
         try:
             if state.probed_at is None or time.monotonic() - state.probed_at >= self.session.reprobe_after:
@@ -561,7 +570,7 @@ class Sampler:
         if state.batch is not None and state.batch[0] == key:  # same FieldSpec objects: compared by identity, in C
             return state.batch[1]
         specs = [s for s in wanted if not self.session.field_unavailable(gpu.uuid, s.field_id, s.scope)]
-        batch = _FieldBatch(specs, gpu.labels) if specs else None
+        batch = _FieldBatch(specs, gpu.labels, self.profile) if specs else None
         state.batch = (key, batch)  # after expired answers went
         return batch
 

@@ -1,6 +1,7 @@
 """Topology: per pair of GPUs on the node the closest path between them (NVLink straight to the
-peer, through NVSwitches, or the PCIe path) and its NVLink link count, and each GPU's NUMA node and
-CPU affinity, as `nvidia-smi topo -m` shows them. Read at probe (the wiring is fixed for the GPUs'
+peer, through NVSwitches, or the PCIe path) and its NVLink link count (detail), each GPU's NVLink
+domain (the lowest index it shares NVLink with: one series standing in for the pairs by default),
+and each GPU's NUMA node and CPU affinity, as `nvidia-smi topo -m` shows them. Read at probe (the wiring is fixed for the GPUs'
 life; re-read after NVML re-initialises and every Session.reprobe_after seconds). The NVLink P2P
 status of each pair is asked again when the GPU's NVLink link states (read by the nvlink family in
 the batch) change, or on slow samples without them; a change re-reads the whole topology (a link
@@ -55,6 +56,7 @@ class TopologyState:
     counts: list[int] = field(default_factory=list)  # NVLink links per pair, in pairs' order
     numa: int | None = None
     cpus: str | None = None
+    domain: int | None = None  # lowest index of this GPU and its NVLink peers (gpuobs_gpu_topology_nvlink_domain)
     links: tuple | None = None  # NVLink link states (field values) when P2P was last asked
 
 
@@ -152,9 +154,10 @@ class Topology(Family):
         direct, switch = _links(gpu) if st.peers else ({}, 0)
         pairs = [_pair(gpu, p, st.p2p[p.uuid], direct, switch) for p in st.peers]
         st.pairs, st.counts = [labels for labels, _ in pairs], [links for _, links in pairs]
+        st.domain = min([gpu.index] + [p.index for p, links in zip(st.peers, st.counts) if links])
         numa = gpu.get(_nvml("nvmlDeviceGetNumaNodeId"))
         st.numa = numa if isinstance(numa, int) and numa >= 0 else None  # -1: no NUMA information
-        mask = gpu.get(_nvml("nvmlDeviceGetCpuAffinity"), CPU_WORDS)
+        mask = gpu.get(_nvml("nvmlDeviceGetCpuAffinity"), CPU_WORDS) if gpu.serves(c.CPU_AFFINITY) else None
         st.cpus = cpu_list(mask) if mask is not None else None
 
     def collect(self, gpu: GpuCtx) -> None:
@@ -168,5 +171,6 @@ class Topology(Family):
         for labels, links in zip(st.pairs, st.counts):
             gpu.emit(c.TOPOLOGY_NVLINK, links, *labels)
         gpu.emit(c.NUMA_NODE, st.numa)
+        gpu.emit(c.NVLINK_DOMAIN, st.domain)
         if st.cpus:
             gpu.emit(c.CPU_AFFINITY, 1, st.cpus)

@@ -305,7 +305,22 @@ class Layout:
         self._newline()
 
     def add(self, panel, w: int = 12, h: int = 8) -> None:
+        families = detail_families(panel)
+        if families:  # says which exporter flag the panel needs: the default profile leaves its series out
+            note = (f"Detail: needs the exporter's --profile full or --detail {','.join(families)} "
+                    "(docs/cardinality.md).")
+            panel = attr.evolve(panel, description=f"{panel.description} {note}".strip())
         self._place(panel, w, h)
+
+
+_EXPOSED = {name: m for m in c.EXPORTED for name in m.prometheus_samples}
+
+
+def detail_families(panel) -> list[str]:
+    """The families of the detail metrics (catalog.DETAIL) that a panel's queries read, sorted; [] for
+    a panel that reads only series of the default profile."""
+    names = {t for target in getattr(panel, "targets", []) for t in re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*", target.expr)}
+    return sorted({_EXPOSED[n].family for n in names if n in _EXPOSED and _EXPOSED[n] in c.DETAIL})
 
 
 def dashboard(title: str, key: str, description: str, layout: Layout, variables: list[Template],

@@ -198,10 +198,12 @@ def build():
                  "GPUs with a DRAM row remap waiting for a GPU reset.", thresholds=BAD, graph=False), 4, 4)
     L.add(k.stat("Row remap failures", [target(per_node_sum(r.NODE_REMAP_FAILURE))], "short",
                  "GPUs that could not remap a failing row: they need service.", thresholds=BAD, graph=False), 4, 4)
-    L.add(k.table("Most remapped rows",
-                  [target(f"topk(10, sum by ({k.GPU_BY}) {gpus(c.REMAPPED_ROWS)})")], "short",
-                  "GPUs with the most DRAM rows remapped after ECC errors (both error types).",
-                  rename={"Value": "remapped rows"}, links=[k.TO_NODE]), 8, 8)
+    L.add(k.table("Fewest spare rows",
+                  [target(f"topk(10, sum by ({k.GPU_BY}) ({sel(r.GPU_REMAP_BANKS_LOW, C, N)}))")], "short",
+                  "GPUs with the most memory banks low on or out of spare rows for remapping (a bank out of "
+                  "them cannot remap another failing row). Rows remapped so far, per GPU: the node dashboard "
+                  "with the exporter's --detail ecc.",
+                  rename={"Value": "banks low or out"}, links=[k.TO_NODE]), 8, 8)
 
     L.row("GPUs most at risk")
     L.add(k.table("GPUs most at risk", at_risk(), "short",
@@ -225,18 +227,17 @@ def build():
                  "GPUs whose PCIe link runs below its maximum generation or width. Idle GPUs downshift to save "
                  "power: only a busy GPU below its maximum is a fault.",
                  thresholds=[{"color": "green", "value": None}, {"color": "orange", "value": 1}]), 4, 6)
-    L.add(k.timeseries("NVLink errors by type", [
-        target(f"sum by (cluster, error_type) ({sel(r.NODE_NVLINK_ERRORS, C, N)})",
-               "{{cluster}} {{error_type}}")],
-        "cps", "NVLink data-link errors per second (CRC, replay, recovery).", min=0), 8, 6)
+    L.add(k.timeseries("NVLink errors", [
+        target(f"sum by (cluster) ({sel(r.NODE_NVLINK_ERRORS, C, N)})", "{{cluster}}")],
+        "cps", "NVLink data-link errors per second (CRC, replay, recovery), over every link.", min=0), 8, 6)
     L.add(k.timeseries("PCIe replays", [
         target(sel(r.NODE_PCIE_REPLAYS, C, N), "{{node}}")], "cps",
         "PCIe link-level retransmissions per second, per node.", min=0, links=[k.TO_NODE_SERIES]), 8, 6)
     L.add(k.table("Placed without NVLink", [target(
-        f"({sel(r.POD_PAIRS_WITHOUT_NVLINK, C, N)} > 0) or ({sel(r.JOB_PAIRS_WITHOUT_NVLINK, C)} > 0)")], "short",
-        "Pods and Slurm jobs holding GPUs of which some pairs have no NVLink path between them (value: such "
-        "pairs), so their GPU-to-GPU traffic crosses PCIe (GpuPodPlacementWithoutNvlink on nodes with NVLink).",
-        rename={"Value": "pairs without NVLink"}), 24, 6)
+        f"({sel(r.POD_NVLINK_DOMAINS, C, N)} > 1) or ({sel(r.JOB_NVLINK_DOMAINS, C)} > 1)")], "short",
+        "Pods and Slurm jobs holding GPUs of several NVLink domains on one node (value: the domains), so "
+        "GPU-to-GPU traffic between them crosses PCIe (GpuPodPlacementWithoutNvlink on nodes with NVLink).",
+        rename={"Value": "NVLink domains"}), 24, 6)
     L.add(k.timeseries("NVLink traffic", [
         target(per_cluster(r.NODE_NVLINK_TX), "{{cluster}} transmit"),
         target(per_cluster(r.NODE_NVLINK_RX), "{{cluster}} receive")], "Bps",

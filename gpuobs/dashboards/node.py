@@ -151,8 +151,10 @@ def build():
         f"sum by (gpu, reason) ({rate(m(c.CLOCK_EVENT_DURATION))})", GPU + " {{reason}}")], "percentunit",
         "Share of time clocks were held down, per reason (nvidia-smi's clock event reason counters).",
         min=0, stack=True), 8, 8)
-    L.add(k.table("Active clock-event reasons", [target(f"{m(c.CLOCK_EVENT_ACTIVE)} == 1")], "short",
-                  "Every clock-event reason active now, gpu_idle included.", hide=("Value", "cluster", "node")),
+    L.add(k.table("Active clock-event reasons", [target(f"{m(c.CLOCK_EVENT_ACTIVE, NOT_IDLE)} == 1")], "short",
+                  "Every clock-event reason holding clocks down now (gpu_idle left out). The default profile "
+                  "serves the reasons the alerts read; the others with the exporter's --detail clock_events.",
+                  hide=("Value", "cluster", "node")),
           18, 5)
     L.add(k.table("Clock-event reason mask", [target(m(c.CLOCK_EVENT_REASONS_MASK))], "short",
                   "nvmlClocksEventReasons bitmask, as nvidia-smi and DCGM show it (0x4: power cap, 0x40: HW "
@@ -201,14 +203,19 @@ def build():
 
     L.row("NVLink")
     L.add(k.timeseries("NVLink throughput", [
-        target(f"sum by (gpu) ({rate(m(c.NVLINK_TX))})", GPU + " transmit"),
-        target(f"sum by (gpu) ({rate(m(c.NVLINK_RX))})", GPU + " receive")], "Bps",
+        target(f"sum by (gpu) ({rate(m(c.NVLINKS_TX))})", GPU + " transmit"),
+        target(f"sum by (gpu) ({rate(m(c.NVLINKS_RX))})", GPU + " receive")], "Bps",
         "Data bytes per second over all of a GPU's links.", min=0), 8, 8)
     L.add(k.timeseries("NVLink errors", [target(
-        f"sum by (gpu, error_type) ({rate(m(c.NVLINK_ERRORS))})", GPU + " {{error_type}}")], "cps",
-        "Data-link errors per second: CRC, replay, recovery.", min=0), 8, 8)
-    L.add(k.state_timeline("NVLink links down", [target(f"sum by (gpu) (1 - {m(c.NVLINK_UP)})", GPU)], "short",
+        f"sum by (gpu) ({rate(m(c.NVLINKS_ERRORS))})", GPU)], "cps",
+        "Data-link errors per second over all of a GPU's links: CRC, replay, recovery.", min=0), 8, 8)
+    L.add(k.state_timeline("NVLink links down", [target(f"sum by (gpu) ({m(c.NVLINKS_DOWN)})", GPU)], "short",
                            "Inactive links per GPU (GPUs with NVLink only).", thresholds=BAD), 8, 8)
+    L.add(k.timeseries("NVLink errors by link", [target(
+        f"sum by (gpu, link, error_type) ({rate(m(c.NVLINK_ERRORS))}) > 0", GPU + " link {{link}} {{error_type}}")],
+        "cps", "Which link and which kind of error (CRC, replay, recovery), links with errors only.", min=0), 12, 8)
+    L.add(k.state_timeline("NVLink links down by link", [target(f"{m(c.NVLINK_UP)} == 0", GPU + " link {{link}}")],
+                           "short", "Which links are inactive.", thresholds=BAD), 12, 8)
 
     L.row("NVSwitch fabric")
     L.add(k.table("Fabric registration", [target(f"{m(c.FABRIC_STATE)} == 1"), target(m(c.FABRIC_STATUS)),
@@ -224,9 +231,14 @@ def build():
                   "closest path (nvlink, nvswitch, or the PCIe path) and the PCIe path itself: pcie_switch (PIX), "
                   "pcie_switches (PXB), host_bridge (PHB), numa_node (same socket), system (across sockets).",
                   hide=("cluster", "node", "uuid", "peer_uuid"), rename={"Value": "NVLink links"}), 16, 8)
-    L.add(k.table("NUMA node and CPU affinity", [target(m(c.NUMA_NODE)), target(m(c.CPU_AFFINITY))], "short",
-                  "Each GPU's NUMA node (CPU socket) and the CPUs closest to it: pin a GPU's data loaders there.",
-                  merge=True, hide=("cluster", "node", "uuid", "Value #B"), rename={"Value #A": "NUMA node"}), 8, 8)
+    L.add(k.table("NUMA node and NVLink domain", [target(m(c.NUMA_NODE)), target(m(c.NVLINK_DOMAIN))], "short",
+                  "Each GPU's NUMA node (CPU socket) and NVLink domain (the lowest GPU index it shares NVLink "
+                  "with): a multi-GPU job wants GPUs of one domain, and its data loaders on their socket.",
+                  merge=True, hide=("cluster", "node", "uuid"),
+                  rename={"Value #A": "NUMA node", "Value #B": "NVLink domain"}), 8, 8)
+    L.add(k.table("CPU affinity", [target(m(c.CPU_AFFINITY))], "short",
+                  "The CPUs closest to each GPU: pin a GPU's data loaders there.",
+                  hide=("cluster", "node", "uuid", "Value")), 24, 6)
 
     L.row("MIG")
     L.add(k.table("MIG devices", [target(m(c.MIG_INFO)), target(m(c.MIG_MEMORY_TOTAL))], "bytes",

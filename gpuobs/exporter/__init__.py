@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from .. import catalog
 from ..collect import KernelLogWatcher, Sampler, Session, XidWatcher, build_families, default_families, needs_watcher
 from ..collect.kernel_log import DEFAULT_STATE
+from ..collect.profile import Profile
 from ..collect.base import Sample, Snapshot
 from .render import CONTENT_TYPES, FORMATS, Renderer, negotiate
 from .server import Exposition, HttpServer, WebConfig, make_app
@@ -80,6 +81,10 @@ class ExporterConfig:
     interval: float = 5.0  # seconds between sampling passes
     families: set[str] = field(default_factory=default_families)  # names in gpuobs.collect.REGISTRY
     naming: str = "gpuobs"
+    # the series served (gpuobs.collect.profile): "default" or "full"; None: default, but full with
+    # dcgm naming (a drop-in for dcgm-exporter serves every field its dashboards read)
+    profile: str | None = None
+    detail: set[str] = field(default_factory=set)  # families served in full under the default profile
     expected_gpus: int | None = None
     process_cap: int = 32  # most processes per GPU (the largest memory users)
     web_config: str | None = None
@@ -93,6 +98,18 @@ class ExporterConfig:
     stop_timeout: float = STOP_TIMEOUT_S   # bound of stop(), NVML shutdown included
     kernel_log: str = "auto"  # kernel-log source: auto, /dev/kmsg or another path, journal, off
     kernel_log_state: str = DEFAULT_STATE  # its state file ('': none); its directory is not created
+
+
+def series_profile(config: ExporterConfig) -> Profile:
+    """The Profile the config asks for (ExporterConfig.profile, .detail). Raises ValueError for an
+    unknown profile or detail family."""
+    from ..collect import REGISTRY
+
+    unknown = set(config.detail) - set(REGISTRY)
+    if unknown:
+        raise ValueError(f"unknown metric families in detail: {', '.join(sorted(unknown))}")
+    name = config.profile or ("full" if config.naming == "dcgm" else "default")
+    return Profile(name, frozenset(config.detail))
 
 
 def _kernel_log_watcher(config: ExporterConfig) -> KernelLogWatcher | None:
@@ -129,7 +146,7 @@ class Exporter:
                                             if fmt == "text" or config.naming == "gpuobs"})
         self._served_lock = threading.Lock()
         self.sampler = Sampler(self.session, families, config.interval, config.expected_gpus,
-                               on_snapshot=self._on_snapshot)
+                               on_snapshot=self._on_snapshot, profile=series_profile(config))
         self.liveness_timeout = liveness_timeout(config.interval, config.liveness_timeout)
         self.http = HttpServer(make_app(self.metrics, self.ready, self.web.users, alive=self.alive,
                                         telemetry_path=config.telemetry_path),
