@@ -27,7 +27,7 @@ class ClockEvents(Family):
               for fid, reason in c.CLOCK_EVENT_COUNTER_FIELDS.items()]
 
     def fields(self, gpu: GpuCtx) -> list[FieldSpec]:
-        return self.FIELDS
+        return self.FIELDS if gpu.serves(c.CLOCK_EVENT_DURATION) else []
 
     def collect(self, gpu: GpuCtx) -> None:
         # R535 renamed throttle reasons to clock events; older drivers and bindings have the old call

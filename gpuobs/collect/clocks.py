@@ -28,13 +28,17 @@ class Clocks(Family):
 
     def probe(self, gpu: GpuCtx) -> None:
         self.state(gpu).maximum = {clock: gpu.get(N.nvmlDeviceGetMaxClockInfo, clock, variant=label)
-                                   for clock, label in enumerate(c.CLOCKS)}
+                                   for clock, label in enumerate(c.CLOCKS) if gpu.serves(c.MAX_CLOCK)}
 
     def collect(self, gpu: GpuCtx) -> None:
         st = self.state(gpu)
-        pstate = gpu.get(N.nvmlDeviceGetPerformanceState)
+        served = [(clock, label) for clock, label in enumerate(c.CLOCKS)
+                  if gpu.profile.keeps(c.CLOCK, gpu.labels + (label,)) or gpu.serves(c.MAX_CLOCK)]
+        # the P-state says when to re-read the memory clock; without either served, no call
+        memory = any(clock == N.NVML_CLOCK_MEM for clock, _ in served)
+        pstate = gpu.get(N.nvmlDeviceGetPerformanceState) if memory or gpu.serves(c.PSTATE) else None
         moved, st.pstate = pstate != st.pstate, pstate
-        for clock, label in enumerate(c.CLOCKS):
+        for clock, label in served:
             if (clock in FAST or gpu.slow or clock not in st.current or st.current[clock] is None
                     or (moved and clock == N.NVML_CLOCK_MEM)):
                 st.current[clock] = gpu.get(N.nvmlDeviceGetClockInfo, clock, variant=label)

@@ -55,6 +55,8 @@ class Fabric(Family):
 
     def collect(self, gpu: GpuCtx) -> None:
         st = self.state(gpu)
+        if not gpu.serves(c.FABRIC_STATE):  # all of it is detail: no call under the default profile
+            return
         if gpu.slow or not st.read:
             st.info, st.read = gpu.first(_fabric_v, _fabric_v1), True
         info = st.info

@@ -46,9 +46,10 @@ class Identity(Family):
         st = self.state(gpu)
         if st.info is not None:
             gpu.emit(c.GPU_INFO, 1, *st.info)
-        if st.modes is None or gpu.slow:  # set by an operator (nvidia-smi -pm / -c): read on slow samples
+        # set by an operator (nvidia-smi -pm / -c): read on slow samples, and only where served
+        if (st.modes is None or gpu.slow) and (gpu.serves(c.PERSISTENCE_MODE) or gpu.serves(c.COMPUTE_MODE)):
             st.modes = (gpu.get(N.nvmlDeviceGetPersistenceMode), gpu.get(N.nvmlDeviceGetComputeMode))
-        persistence, compute = st.modes
+        persistence, compute = st.modes or (None, None)
         gpu.emit(c.PERSISTENCE_MODE, persistence)
         if compute is not None:  # one series per mode, 1 for the current one (a mode NVML adds later: none is 1)
             for i, mode in enumerate(c.COMPUTE_MODES):

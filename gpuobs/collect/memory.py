@@ -56,8 +56,8 @@ class Memory(Family):
             gpu.emit(c.MEMORY_USED, mem.used)
             gpu.emit(c.MEMORY_RESERVED, getattr(mem, "reserved", None))
             gpu.emit(c.MEMORY_FREE, mem.free)
-        if gpu.slow or st.bar1 is _UNREAD:
+        if (gpu.slow or st.bar1 is _UNREAD) and gpu.serves(c.BAR1_USED):
             st.bar1 = gpu.get(N.nvmlDeviceGetBAR1MemoryInfo)
-        if st.bar1 is not None:
+        if st.bar1 is not None and st.bar1 is not _UNREAD:
             gpu.emit(c.BAR1_TOTAL, st.bar1.bar1Total)
             gpu.emit(c.BAR1_USED, st.bar1.bar1Used)

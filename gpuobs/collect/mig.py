@@ -64,6 +64,9 @@ def _extras(gpu: GpuCtx, devices: list[MigDevice], st: MigState) -> dict[tuple[s
     read on slow samples (its use moves slowly), the SM count once per device (fixed by the profile)."""
     out, sms = {}, {}
     for handle, ids, mig_uuid, _ in devices:
+        if not gpu.serves(c.MIG_SMS) and not gpu.serves(c.MIG_BAR1_USED):  # detail: no call by default
+            out[ids] = (None, None)
+            continue
         if mig_uuid in st.sms:
             sms[mig_uuid] = st.sms[mig_uuid]
         else:

@@ -43,8 +43,9 @@ class Thermal(Family):
     def collect(self, gpu: GpuCtx) -> None:
         st = self.state(gpu)
         gpu.emit(c.TEMPERATURE, gpu.get(N.nvmlDeviceGetTemperature, N.NVML_TEMPERATURE_GPU))
-        if gpu.slow or st.fan is _UNREAD:  # fans follow temperature slowly
+        if (gpu.slow or st.fan is _UNREAD) and gpu.serves(c.FAN_SPEED):  # fans follow temperature slowly
             st.fan = gpu.get(N.nvmlDeviceGetFanSpeed)
         for metric, value in st.thresholds:
             gpu.emit(metric, value)
-        gpu.emit(c.FAN_SPEED, st.fan, scale=0.01)
+        if st.fan is not _UNREAD:
+            gpu.emit(c.FAN_SPEED, st.fan, scale=0.01)

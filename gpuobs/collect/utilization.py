@@ -50,6 +50,8 @@ class Utilization(Family):
             gpu.emit(c.MEMORY_UTILIZATION, util.memory, scale=0.01)
         video = self.state(gpu).video
         for metric, fn in VIDEO:
+            if not gpu.serves(metric):  # detail the profile leaves out: no call
+                continue
             # Video engines idle on most compute nodes: while one reads 0 it is re-read on slow
             # samples only (as after a failed read); once busy it is read every sample.
             if metric not in video or video[metric] or gpu.slow:
@@ -62,6 +64,8 @@ class Utilization(Family):
         on slow samples (as the video engines); absent where the GPU or driver does not answer."""
         last = self.state(gpu).sessions
         for read, (sessions, fps, latency) in SESSIONS:
+            if not gpu.serves(sessions):
+                continue
             if sessions not in last or (last[sessions] or (0,))[0] or gpu.slow:
                 last[sessions] = read(gpu)
             stats = last[sessions]

@@ -212,10 +212,14 @@ def build():
     L.add(k.state_timeline("NVLink links down", [target(f"sum by (gpu) ({m(c.NVLINKS_DOWN)})", GPU)], "short",
                            "Inactive links per GPU (GPUs with NVLink only).", thresholds=BAD), 8, 8)
     L.add(k.timeseries("NVLink errors by link", [target(
-        f"sum by (gpu, link, error_type) ({rate(m(c.NVLINK_ERRORS))}) > 0", GPU + " link {{link}} {{error_type}}")],
-        "cps", "Which link and which kind of error (CRC, replay, recovery), links with errors only.", min=0), 12, 8)
-    L.add(k.state_timeline("NVLink links down by link", [target(f"{m(c.NVLINK_UP)} == 0", GPU + " link {{link}}")],
-                           "short", "Which links are inactive.", thresholds=BAD), 12, 8)
+        f"topk(10, sum by (gpu, link, error_type) ({rate(m(c.NVLINK_ERRORS))}))", GPU + " link {{link}} {{error_type}}")],
+        "cps", "The ten links with the most errors, by kind (CRC, replay, recovery).", min=0), 8, 8)
+    L.add(k.timeseries("NVLink throughput by link", [target(
+        f"topk(10, sum by (gpu, link) ({rate(m(c.NVLINK_TX))} + {rate(m(c.NVLINK_RX))}))", GPU + " link {{link}}")],
+        "Bps", "The ten busiest links: data bytes per second sent plus received.", min=0), 8, 8)
+    L.add(k.table("NVLink link states", [target(m(c.NVLINK_UP))], "short",
+                  "Each link's state: 1 active, 0 down.", hide=("cluster", "node", "uuid"),
+                  rename={"Value": "up"}), 8, 8)
 
     L.row("NVSwitch fabric")
     L.add(k.table("Fabric registration", [target(f"{m(c.FABRIC_STATE)} == 1"), target(m(c.FABRIC_STATUS)),
