@@ -8,6 +8,7 @@ them): they never import it.
 - alerts (gpuobs/alerts/build.py): alerts/ and docs/runbooks/
 - dashboards (gpuobs/dashboards/build.py): dashboards/ and dashboards/provisioning/
 - docs (gpuobs/docs.py): docs/metrics.md and docs/cardinality.md
+- rule-tiers (gpuobs/alerts/tiers.py): docs/rule-tiers.md, the rule pack's local and global tiers
 - fluent-bit (gpuobs/logs/fluentbit.py): deploy/fluent-bit/gpuobs-log-patterns.conf and
   gpuobs-node-inputs.conf, the log-pattern catalog as a Fluent Bit pipeline
 
@@ -74,6 +75,13 @@ def _docs(root: Path, runbook_base: str | None) -> dict[Path, str]:
     return generated(root)
 
 
+def _rule_tiers(root: Path, runbook_base: str | None) -> dict[Path, str]:
+    from .alerts import tiers
+    from .alerts.rules import DEFAULT
+
+    return {root / tiers.DOC_PATH: tiers.markdown(DEFAULT)}
+
+
 def _fluent_bit(root: Path, runbook_base: str | None) -> dict[Path, str]:
     from .logs import fluentbit
 
@@ -84,6 +92,7 @@ GENERATORS = (
     Generator("alerts", "gpuobs/alerts", ("alerts", "docs/runbooks"), True, _alerts),
     Generator("dashboards", "gpuobs/dashboards", ("dashboards", "dashboards/provisioning"), True, _dashboards),
     Generator("docs", "gpuobs/docs.py", ("docs",), False, _docs),  # docs/ also holds hand-written pages
+    Generator("rule-tiers", "gpuobs/alerts/tiers.py", ("docs",), False, _rule_tiers),
     # deploy/fluent-bit/ also holds the hand-written fluent-bit.conf and node.conf that include them
     Generator("fluent-bit", "gpuobs/logs/fluentbit.py", ("deploy/fluent-bit",), False, _fluent_bit),
 )

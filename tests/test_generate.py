@@ -16,7 +16,7 @@ import pytest
 from conftest import REPO
 from gpuobs import generated
 
-GENERATED_MD = ["docs/metrics.md", "docs/cardinality.md", *(f"docs/runbooks/{p.name}" for p in
+GENERATED_MD = ["docs/metrics.md", "docs/cardinality.md", "docs/rule-tiers.md", *(f"docs/runbooks/{p.name}" for p in
                                                            sorted((REPO / "docs" / "runbooks").glob("*.md")))]
 
 
@@ -40,8 +40,8 @@ def test_generate_writes_each_generator_into_its_own_folders(tmp_path):
     assert written == files
     folders = {Path(f).parent.as_posix() for f in files}
     assert folders == {"alerts", "dashboards", "dashboards/provisioning", "docs", "docs/runbooks", "deploy/fluent-bit"}
-    assert {f for f in files if f.startswith("docs/") and "/runbooks/" not in f} == {"docs/metrics.md",
-                                                                                  "docs/cardinality.md"}
+    assert {f for f in files if f.startswith("docs/") and "/runbooks/" not in f} == {
+        "docs/metrics.md", "docs/cardinality.md", "docs/rule-tiers.md"}
     # pure transformations are built where they are used, not generated into the tree
     assert not {"alerts/gpuobs-fast.rules.yml", "exporters/kubernetes/dashboards.yaml"} & set(files)
     for f in files:  # the same bytes as the committed files
