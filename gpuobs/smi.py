@@ -63,7 +63,8 @@ def rows() -> list[str]:
 
 def exported_samples(spec: dict, wait_s: float = 10.0) -> list[tuple[str, dict[str, str], float]]:
     """[(sample name, labels, value)] of the /metrics body the real exporter serves on a simulated node
-    seeded from `spec` (a scenario mapping), with every collector family on, after two sampling passes.
+    seeded from `spec` (a scenario mapping), with every collector family on and every series (the full
+profile: a capture's every field is compared), after two sampling passes.
 
     Runs in this process: the simulator is activated (this process's pynvml answers from it) and
     NVML is shut down again before returning. The simulated processes' PIDs (a capture's) are not
@@ -81,7 +82,7 @@ def exported_samples(spec: dict, wait_s: float = 10.0) -> list[tuple[str, dict[s
 
     with Simulator(spec), mock.patch.object(processes, "host_view", lambda pids: False):
         exp = Exporter(ExporterConfig(listen_address="127.0.0.1", port=0, interval=0.1, families=set(REGISTRY),
-                                      kubelet_socket=None, kernel_log="off")).start()
+                                      profile="full", kubelet_socket=None, kernel_log="off")).start()
         try:
             deadline = time.monotonic() + wait_s
             while exp.sampler.samples < 2 or exp.renderer.snapshot is None:
