@@ -657,7 +657,8 @@ DETAIL: frozenset[Metric] = frozenset({
     FABRIC_STATE, FABRIC_STATUS, FABRIC_CLIQUE, FABRIC_HEALTH,
     TOPOLOGY_NVLINK, CPU_AFFINITY,
     MIG_PENDING, MIG_BAR1_TOTAL, MIG_BAR1_USED, MIG_SMS,
-    *(m for gid, m in GPM_METRICS.items() if m.name not in ("gpuobs_gpu_sm_active_ratio", "gpuobs_gpu_tensor_active_ratio")),
+    *(m for m in GPM_METRICS.values() if m.name not in ("gpuobs_gpu_sm_active_ratio",
+                                                        "gpuobs_gpu_tensor_active_ratio")),
     *MIG_GPM_METRICS.values()})
 # Metrics of which the default profile serves only some label values: (label, values served)
 DEFAULT_VALUES: dict[Metric, tuple[str, frozenset[str]]] = {

@@ -73,13 +73,14 @@ def _finite(value: float, hint: str) -> float:
     return value
 
 
-def _families(value: str | None, flag: str = "--families") -> set[str]:
-    """The families named by --families (or --detail: `flag`), comma-separated; else the registry's
-    default ones (--detail: none). Raises BadParameter for an empty list or an unknown name."""
+def _families(value: str | None, flag: str = "--families", default: set[str] | None = None) -> set[str]:
+    """The families named by --families (or another `flag`: --detail), comma-separated; else
+    `default` (None: the registry's default ones). Raises BadParameter for an empty list or an
+    unknown name."""
     from .collect import REGISTRY, default_families
 
     if not value:
-        return default_families() if flag == "--families" else set()
+        return default_families() if default is None else default
     names = {v.strip() for v in value.split(",") if v.strip()}
     if not names:
         raise click.BadParameter("name at least one family", param_hint=flag)
@@ -333,7 +334,7 @@ def exporter(ctx, families, scenario_file, log_level, kubelet_socket, slurm_job_
     logs.setup(log_level)
     log = logging.getLogger("gpuobs.exporter")
     sim = _simulator(scenario_file, log)
-    settings["detail"] = _families(settings["detail"], "--detail")
+    settings["detail"] = _families(settings["detail"], "--detail", default=set())
     config = ExporterConfig(families=chosen, kubelet_socket=_kubelet_socket(kubelet_socket),
                             slurm_job_dir=slurm_job_dir or None, **settings)
     tune_process()  # GIL switch interval, malloc's mmap threshold: see there

@@ -216,6 +216,29 @@ def prometheus(tmp_path):
         stop(proc)
 
 
+def serve_static(body: bytes):
+    """A standard-library HTTP server on a free loopback port answering every GET with `body` as
+    Prometheus text (a scrape target's fixed exposition); serving in a daemon thread. The caller
+    shuts it down."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):  # one line per scrape otherwise
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
 def stop(proc: subprocess.Popen, timeout: float = 10) -> None:
     """Terminate a server the test started; kill it if it does not exit in time."""
     proc.terminate()

@@ -38,9 +38,9 @@ from gpuobs import docs
 spec = json.loads(sys.argv[1])
 out = {}
 for prof in ("default", "full"):
-    out[prof] = docs.count_series(docs.render_node(spec, profile=prof))
-    out[prof + "_names"] = sorted({l.split("{")[0].split(" ")[0] for l in docs.render_node(spec, profile=prof).splitlines()
-                                   if l and not l.startswith("#")})
+    body = docs.render_node(spec, profile=prof)
+    out[prof] = docs.count_series(body)
+    out[prof + "_names"] = sorted({l.split("{")[0].split(" ")[0] for l in body.splitlines() if l and not l.startswith("#")})
 print(json.dumps(out))
 """
 

@@ -9,7 +9,6 @@ import json
 import re
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.parse
@@ -17,7 +16,7 @@ import urllib.request
 
 import pytest
 
-from conftest import REPO, free_port, free_port_run, require_tool, stop
+from conftest import REPO, free_port, free_port_run, require_tool, serve_static, stop
 from test_attribution import kubelet  # noqa: F401 - a fixture: node-a's pod attribution
 from gpuobs import catalog as c
 from gpuobs import records
@@ -449,24 +448,9 @@ kueue_cluster_queue_nominal_quota{cohort="all",cluster_queue="research",flavor="
 
 def _serve_cluster_state(servers: list) -> dict[str, list[tuple[str, str, str]]]:
     """Serve CLUSTER_STATE's static expositions (stdlib HTTP servers, appended to servers); their scrape jobs."""
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
     jobs = {}
     for job, text in CLUSTER_STATE.items():
-        class Handler(BaseHTTPRequestHandler):
-            body = text.encode()
-
-            def do_GET(self):
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.end_headers()
-                self.wfile.write(self.body)
-
-            def log_message(self, *args):
-                pass
-
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        server = serve_static(text.encode())
         servers.append(server)
         jobs[job] = [(f"127.0.0.1:{server.server_address[1]}", "east", "node-a")]
     return jobs

@@ -39,7 +39,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, free_port, require_tool
+from conftest import REPO, free_port, require_tool, serve_static, stop
 
 FLEET = REPO / "deploy" / "fleet"
 SHARD = FLEET / "prometheus-shard.yml"
@@ -260,12 +260,7 @@ class Procs:
         to a VictoriaMetrics still there), killing what outlives grace seconds."""
         for proc in reversed(list(self.running.values())):
             if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(grace)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+                stop(proc, grace)
 
 
 @pytest.fixture
@@ -572,24 +567,7 @@ class FakeNodes:
             if node in lost:
                 body = re.sub(r'^(gpuobs_gpu_up\{gpu="1",[^}]*\}) 1\.0$', r"\1 0.0", body, flags=re.M)
                 assert ' 0.0' in [ln for ln in body.splitlines() if ln.startswith('gpuobs_gpu_up{gpu="1"')][0]
-            self.servers[node] = self._serve(body.encode())
-
-    @staticmethod
-    def _serve(body: bytes) -> ThreadingHTTPServer:
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        return server
+            self.servers[node] = serve_static(body.encode())
 
     def inventory(self) -> list[dict]:
         """The file_sd inventory of deploy/fleet/gpuobs-nodes.yml's shape: a target and node per node."""

@@ -27,8 +27,9 @@ class Clocks(Family):
     State = ClocksState
 
     def probe(self, gpu: GpuCtx) -> None:
+        served = gpu.serves(c.MAX_CLOCK)  # detail: no call by default
         self.state(gpu).maximum = {clock: gpu.get(N.nvmlDeviceGetMaxClockInfo, clock, variant=label)
-                                   for clock, label in enumerate(c.CLOCKS) if gpu.serves(c.MAX_CLOCK)}
+                                   for clock, label in enumerate(c.CLOCKS) if served}
 
     def collect(self, gpu: GpuCtx) -> None:
         st = self.state(gpu)

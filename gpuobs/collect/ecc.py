@@ -62,10 +62,11 @@ class Ecc(Family):
         if not st.read or totals != st.totals or (gpu.slow and not any(v is not None for v in totals)):
             st.read, st.totals = True, totals
             # named per location: a GPU may count DRAM errors but not SRAM ones (answered once, remembered)
-            st.locations = {} if not gpu.serves(c.ECC_LOCATION_ERRORS) else {labels: gpu.get(N.nvmlDeviceGetMemoryErrorCounter, ERROR_TYPES[labels[1]],
+            st.locations = {labels: gpu.get(N.nvmlDeviceGetMemoryErrorCounter, ERROR_TYPES[labels[1]],
                                             COUNTERS[labels[2]], LOCATIONS[labels[0]],
                                             name=f"nvmlDeviceGetMemoryErrorCounter:{labels[0]}")
-                            for labels in itertools.product(LOCATIONS, ERROR_TYPES, COUNTERS)}
+                            for labels in itertools.product(LOCATIONS, ERROR_TYPES, COUNTERS)
+                            if gpu.serves(c.ECC_LOCATION_ERRORS)}  # detail: no call by default
             st.banks = gpu.get(N.nvmlDeviceGetRowRemapperHistogram)
         gpu.emit(c.ECC_MODE, st.mode[0] if st.mode else None)
         gpu.emit(c.ECC_PENDING, st.mode[1] if st.mode else None)

@@ -59,4 +59,3 @@ class Profile:
 
 
 FULL = Profile("full")
-DEFAULT = Profile()
