@@ -184,3 +184,53 @@ def detail_families_of(panel: dict) -> list[str]:
     """detail_families() of a generated panel (JSON): the families of the detail metrics it reads."""
     targets = [SimpleNamespace(expr=t["expr"]) for t in panel.get("targets", [])]
     return detail_families(SimpleNamespace(targets=targets))
+
+
+def test_nvlink_totals_are_the_links_summed_and_withheld_when_a_link_is_not_read(exporter):
+    """The per-GPU NVLink totals the default profile serves equal the per-link series of the same
+    pass summed (bytes, the three error counters) and counted (links down), on a GPU with two links
+    down and errors on others; a link whose counter NVML does not return withholds the GPU's sum
+    (a partial sum would read as a counter reset) while the links down and the other sums stay."""
+    from gpuobs.sim.state import set_val
+
+    run = exporter({"gpus": [{"profile": "h100-sxm-80gb", "count": 2}]}, interval=0.1)
+    g = run.sim.state.gpu(0)
+    set_val(g.links[3].state, 0)
+    set_val(g.links[7].state, 0)
+    for i, (crc, replay, recovery) in enumerate(((5, 2, 1), (0, 9, 0), (40, 0, 3))):
+        for counter, value in zip(("crc_errors", "replay_errors", "recovery_errors"), (crc, replay, recovery)):
+            set_val(getattr(g.links[i], counter), value)
+
+    def consistent(scrape) -> bool:  # in a pass read after the links changed (2 down), every total its sum
+        sums = _nvlink_sums(scrape)
+        return (2, 2) in sums.values() and all(want == got for want, got in sums.values())
+
+    scrape = run.wait_for(consistent, 10, "NVLink totals equal to their links' sums")
+    sums = _nvlink_sums(scrape)
+    uuid0 = next(l["uuid"] for n, l, _ in scrape if n == "gpuobs_gpu_info" and l["gpu"] == "0")
+    assert sums[(uuid0, "gpuobs_gpu_nvlinks_down")] == (2, 2)
+    assert sums[(uuid0, "gpuobs_gpu_nvlinks_errors_total")] == (60, 60)
+    import pynvml as N
+
+    run.sim.state.fail("nvmlDeviceGetFieldValues", 999, gpu=0, field=N.NVML_FI_DEV_NVLINK_ERROR_DL_CRC)
+    run.next_snapshot(3)
+    assert run.values("gpuobs_gpu_nvlinks_errors_total").get(uuid0) is None  # withheld, not a partial sum
+    assert run.values("gpuobs_gpu_nvlinks_down").get(uuid0) == 2
+    assert run.values("gpuobs_gpu_nvlinks_transmit_bytes_total").get(uuid0) is not None
+    assert len(run.values("gpuobs_gpu_nvlinks_errors_total")) == 1  # the other GPU keeps its sum
+
+
+def _nvlink_sums(scrape) -> dict[tuple[str, str], tuple[float, float]]:
+    """{(uuid, per-GPU total): (sum or count of its per-link series, the total served)}."""
+    per_link = {"gpuobs_gpu_nvlinks_errors_total": "gpuobs_gpu_nvlink_errors_total",
+                "gpuobs_gpu_nvlinks_transmit_bytes_total": "gpuobs_gpu_nvlink_transmit_bytes_total",
+                "gpuobs_gpu_nvlinks_receive_bytes_total": "gpuobs_gpu_nvlink_receive_bytes_total"}
+    out = {}
+    for n, labels, v in scrape:
+        if n in per_link:
+            links = [x for m, l, x in scrape if m == per_link[n] and l["uuid"] == labels["uuid"]]
+            out[(labels["uuid"], n)] = (sum(links), v)
+        elif n == "gpuobs_gpu_nvlinks_down":
+            up = [x for m, l, x in scrape if m == "gpuobs_gpu_nvlink_link_up" and l["uuid"] == labels["uuid"]]
+            out[(labels["uuid"], n)] = (up.count(0.0), v)
+    return out
