@@ -238,7 +238,9 @@ RATE = {
     c.ENERGY.exposed_name: 400.0, c.PCIE_TX.exposed_name: 2e9,
     c.PCIE_RX.exposed_name: 2e9, c.NVLINK_TX.exposed_name: 5e8,
     c.NVLINK_RX.exposed_name: 5e8, c.SAMPLES.exposed_name: 0.2,
+    c.NVLINKS_TX.exposed_name: 9e9, c.NVLINKS_RX.exposed_name: 9e9,   # the default profile's per-GPU totals
 }
+FAULTS = ("lost", "xid79", "hw_thermal")   # what Node.inject can start on a GPU during a live run
 ROLES = ("busy", "idle", "allocated_idle", "throttled", "xid", "lost")
 ROLE_P = (0.92, 0.03, 0.02, 0.02, 0.008, 0.002)
 # node -> the role of its last GPU: so that even a small fleet has XIDs and a lost GPU (the failure
@@ -262,6 +264,7 @@ class Rows:
         rows.sort(key=lambda r: order[r[0]])
         self.families = [r[0] for r in rows]
         self.spans = [r[5] for r in rows]
+        self.keys = [(r[1], r[3], r[2].get("reason")) for r in rows]   # (name, gpu, reason): what inject() finds
         self.prefix = []
         for fam, name, labels, _, _, _, target in rows:
             if extra is not None:
@@ -312,12 +315,11 @@ class Node(Rows):
     labels, as the exporter serves them; plus rank 0's goodput and badput counters of each pod."""
 
     def __init__(self, n: int, template: list[Series], fams: dict, target_labels: bool, keep: set[str] | None = None,
-                 span: tuple[float, float] | None = None, attributed: bool = True):
+                 span: tuple[float, float] | None = None, attributed: bool = True, injectable: bool = False):
         rng = np.random.default_rng(n)
         self.node = f"node-{n:04d}"
         self.cluster = f"cluster-{n % CLUSTERS}"
-        self.roles = [ROLES[i] for i in rng.choice(len(ROLES), size=GPUS, p=ROLE_P)]
-        self.roles[GPUS - 1] = FORCED.get(n, self.roles[GPUS - 1])
+        self.roles = self._roles(rng, n)
         self.busy = np.array([r in ("busy", "throttled", "xid") for r in self.roles], dtype=float)
         self.phase = rng.uniform(0, 2 * math.pi, size=(2, GPUS))
         uuids = [f"GPU-{n:08x}-{g:04x}-4{rng.integers(0, 4096):03x}-8000-{rng.integers(0, 2**47):012x}"
@@ -339,12 +341,15 @@ class Node(Rows):
             role = self.roles[s.gpu] if s.gpu >= 0 else "busy"
             rows.append((s.family, s.name, labels, s.gpu, self._coef(s, role, lost_at), None, None))
         for g, role in enumerate(self.roles):
+            lab = {"gpu": str(g), "uuid": uuids[g], "xid": "79"}
             if role == "xid":
-                lab = {"gpu": str(g), "uuid": uuids[g], "xid": "79"}
                 if wanted(c.XID_ERRORS.exposed_name):
                     rows.append((c.XID_ERRORS.name, c.XID_ERRORS.exposed_name, lab, g, _coef(1.0, step=1.0), None, None))
                 if wanted(c.XID_LAST_SEEN.name):
                     rows.append((c.XID_LAST_SEEN.name, c.XID_LAST_SEEN.name, dict(lab), g, _coef(T0), None, None))
+            elif injectable:   # an XID 79 inject() may start: absent (no span) until then
+                rows.append((c.XID_ERRORS.name, c.XID_ERRORS.exposed_name, lab, g, _coef(1.0), [], None))
+                rows.append((c.XID_LAST_SEEN.name, c.XID_LAST_SEEN.name, dict(lab), g, _coef(), [], None))
         if attributed:
             rows = self._attributed(rows)
             rows += self._training(wanted, fams)
@@ -358,6 +363,41 @@ class Node(Rows):
             extra = {"cluster": self.cluster, "instance": f"{self.node}:9445", "job": "gpuobs", "node": self.node}
         self.finish(rows, extra)
         self.xphase = rng.uniform(0, XID_PERIOD, size=len(self.prefix))
+
+    @staticmethod
+    def _roles(rng: np.random.Generator, n: int) -> list[str]:
+        roles = [ROLES[i] for i in rng.choice(len(ROLES), size=GPUS, p=ROLE_P)]
+        roles[GPUS - 1] = FORCED.get(n, roles[GPUS - 1])
+        return roles
+
+    @staticmethod
+    def roles_of(n: int) -> list[str]:
+        """The role of each GPU of node n (one of ROLES), as Node(n, ...) gives them."""
+        return Node._roles(np.random.default_rng(n), n)
+
+    def inject(self, g: int, fault: str, t: float) -> int:
+        """From time t (Unix seconds) on, GPU g shows `fault` (one of FAULTS) as the exporter would:
+        lost, gpuobs_gpu_up 0; xid79, one XID 79 counted and last seen at t (the node must be built
+        injectable); hw_thermal, the HW thermal slowdown clock-event reason active. Returns how many
+        series changed (0: the node has none of that fault's series; ValueError for an unknown fault)."""
+        want = {"lost": (c.GPU_UP.name, None), "hw_thermal": (c.CLOCK_EVENT_ACTIVE.name, "hw_thermal_slowdown"),
+                "xid79": None}
+        if fault not in want:
+            raise ValueError(f"unknown fault {fault!r} (one of {', '.join(FAULTS)})")
+        changed = 0
+        for j, (name, gpu, reason) in enumerate(self.keys):
+            if gpu != g:
+                continue
+            if fault == "xid79" and name in (c.XID_ERRORS.exposed_name, c.XID_LAST_SEEN.name) and self.spans[j] == []:
+                self.spans[j] = [(t, math.inf)]
+                if name == c.XID_LAST_SEEN.name:
+                    self.coef[j, 0] = t
+            elif fault != "xid79" and (name, reason) == want[fault]:
+                self.coef[j, COEF.index("cut" if fault == "lost" else "base")] = t if fault == "lost" else 1.0
+            else:
+                continue
+            changed += 1
+        return changed
 
     def _coef(self, s: Series, role: str, lost_at: float) -> tuple:
         """The value coefficients of a template series on this node, by the GPU's role."""
@@ -492,7 +532,8 @@ class ClusterState(Rows):
 
 
 def serve(template_path: Path, port: int, nodes: int) -> None:
-    """Answers /metrics?node=N for N in 0..nodes-1 (standard-library WSGI server, one thread per request)."""
+    """Answers /metrics?node=N for N in 0..nodes-1 (standard-library WSGI server, one thread per request),
+    and /inject?node=N&gpu=G&fault=F&at=T, which starts a fault (Node.inject) on that node from time T."""
     from socketserver import ThreadingMixIn
     from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
@@ -509,7 +550,11 @@ def serve(template_path: Path, port: int, nodes: int) -> None:
             return [b"unknown node\n"]
         node = cache.get(n)
         if node is None:
-            node = cache[n] = Node(n, series, fams, target_labels=False, attributed=False)
+            node = cache[n] = Node(n, series, fams, target_labels=False, attributed=False, injectable=True)
+        if environ.get("PATH_INFO") == "/inject":   # the bench starting a fault: ?node=N&gpu=G&fault=F&at=T
+            changed = node.inject(int(q["gpu"][0]), q["fault"][0], float(q["at"][0]))
+            start_response("200 OK", [("Content-Type", "text/plain")])
+            return [f"{changed}\n".encode()]
         body = node.body(time.time(), fams)
         start_response("200 OK", [("Content-Type", "text/plain; version=0.0.4; charset=utf-8"),
                                   ("Content-Length", str(len(body)))])
@@ -1259,6 +1304,10 @@ def fleet_report(result: dict) -> str:
                  f"file without that key ({live['vmalert_dropped_keep_firing_for']} alerts carry it); everything "
                  "else is the committed file. Prometheus loads the committed file as is.")
     L.append("")
+    if result.get("sharded"):   # bench/fleet_sharded.py: deploy/fleet at the same scale, next to the numbers above
+        from bench.fleet_sharded import sharded_report, single_run
+
+        L += sharded_report(result["sharded"], single_run(result))
     h = result.get("history", {})
     L.append("### Six hours of history: fleet dashboards with and without the recording rules")
     L.append("")
