@@ -623,7 +623,7 @@ def exporter_section(rows: list[dict], run: dict | None = None) -> list[str]:
         where = f"{label}{f', {latency} µs/call' if latency else ''}"
         cells = []
         ratio = g["cpu_per_s"] / n["cpu_per_s"] if n["cpu_per_s"] > 0 else float("nan")
-        cells.append(f"{ratio:.2f} — {'met' if ratio <= 0.2 else f'missed by {ratio / 0.2:.1f}×'}")
+        cells.append(f"{ratio:.3f} — {'met' if ratio <= 0.2 else f'missed by {ratio / 0.2:.2f}×'}")
         if not ratio <= 0.2:
             missed.append(f"{where}: CPU ratio {ratio:.2f}")
         c, budget = g["calls_per_gpu_sample"], _call_budget(label)
