@@ -503,6 +503,18 @@ KERNEL_LOG_UP = _m("exporter_kernel_log_up", "gauge", "", "1 if the kernel-log w
 KERNEL_LOG_LOST = _m("exporter_kernel_log_records_lost", "counter", "", "Kernel-log records the kernel overwrote in "
                      "its ring buffer before the watcher read them (their XIDs and messages are not counted).",
                      "exporter", "EPIPE from read(2) on /dev/kmsg; sequence-number gaps", labels=())
+KERNEL_LOG_OVERFLOW = _m("exporter_kernel_log_label_overflow", "counter", "", "Kernel-log records matched but not "
+                         "counted in gpuobs_gpu_kernel_xid_errors_total or gpuobs_gpu_kernel_log_matches_total because "
+                         "their (PCI address, code) label set would pass the cap (256 per counter and node, 64 of "
+                         "them for addresses no GPU of the node has), or their XID code is not one (over 4 digits): "
+                         "forged lines, or a node logging for far more devices than it has.", "exporter",
+                         "the kernel-log watcher's label-set cap (gpuobs.collect.kernel_log.MAX_LABEL_SETS)", labels=())
+KERNEL_LOG_TRUNCATED = _m("exporter_kernel_log_truncations", "counter", "", "Times the kernel-log file was found "
+                          "truncated (shorter than the position read to, or its bytes before that position changed: "
+                          "truncated and written again): it is read again from its start, and records written "
+                          "between the last read and the truncation may be lost (possibly lost records).", "exporter",
+                          "fstat(2) size and pread(2) of the last bytes read of a regular --kernel-log file",
+                          labels=())
 SCRAPES = _m("exporter_scrapes", "counter", "", "Metrics responses served, by exposition format (text: 0.0.4; "
              "openmetrics: 1.0.0, what Prometheus asks for) and content encoding (gzip when the scraper accepts "
              "it, else identity).", "exporter", "Accept and Accept-Encoding of each request",

@@ -92,6 +92,7 @@ def test_resolve_sources(tmp_path, monkeypatch):
 def watcher(tmp_path, source, **kw) -> KernelLogWatcher:
     kw.setdefault("state_path", str(tmp_path / "state.json"))
     kw.setdefault("boot_id_path", str(tmp_path / "boot_id"))
+    kw.setdefault("boot_time", 0.0)  # the dated lines here are of this boot whenever the tests run
     if not Path(kw["boot_id_path"]).exists():
         Path(kw["boot_id_path"]).write_text("4f1c7d0e-boot-one\n")
     return KernelLogWatcher(str(source), poll_s=0.05, retry_s=0.05, **kw)

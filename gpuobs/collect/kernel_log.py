@@ -18,6 +18,25 @@ Lost records: EPIPE from /dev/kmsg (the kernel overwrote records before they wer
 in the sequence numbers after the first record read count in KERNEL_LOG_LOST; reading goes on.
 Records overwritten before the watcher's first read are not counted as lost.
 
+Nothing read is trusted (docs/security.md):
+- Only records of the current boot count. A kern.log-style line dated ("Mar  5 23:33:35" or
+  RFC 3339) before the boot time (/proc/stat btime, else /proc/uptime; BOOT_SLACK_S of slack) or
+  before the date of the last line counted is skipped, so a reboot or a re-read file does not count
+  an earlier boot's XIDs again; journal entries of another `_BOOT_ID` are skipped. Undated lines
+  (no date, no sequence number) are counted.
+- The state file is validated field by field (types, ranges, at most MAX_STATE_BYTES; a position
+  ahead of the log, or a journal cursor journalctl refuses, is found on reading): anything wrong
+  gives one warning and a clean start, as without a state file (counts from zero since boot: the
+  source is read again from its start), never a dead thread or a NaN, negative or fractional count.
+- At most MAX_LABEL_SETS distinct (PCI address, code) label sets per counter (XID codes; pattern
+  names), of which MAX_UNKNOWN_LABEL_SETS for addresses no GPU of this node was seen at, so forged
+  lines cannot take the room of the real GPUs; XID codes of more than MAX_XID_DIGITS digits are
+  forged. A record over the cap is counted in KERNEL_LOG_OVERFLOW only.
+- A regular file is checked by inode (rotated: the new file is read from its start once the old one
+  is read to its end) and by size and the last bytes read (truncated, or truncated and refilled
+  within one poll: read again from its start). A truncation counts in KERNEL_LOG_TRUNCATED: records
+  written between the last read and the truncation may be lost.
+
 The watcher never fails the exporter: a source it cannot read (missing, not permitted) gives
 gpuobs_exporter_kernel_log_up{source} 0 and a warning (once a minute at most), and is retried.
 """
@@ -27,6 +46,7 @@ from __future__ import annotations
 import collections
 import json
 import logging
+import math
 import os
 import re
 import select
@@ -38,6 +58,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Callable, Iterator
 
 import pynvml as N
@@ -53,10 +74,20 @@ BOOT_ID = "/proc/sys/kernel/random/boot_id"
 DEFAULT_STATE = "/var/lib/gpuobs/kernel-log.json"
 STATE_VERSION = 1
 READ_SIZE = 65536  # more than one /dev/kmsg record (at most ~8 KiB): a smaller read() gets EINVAL
+PROC_STAT, PROC_UPTIME = "/proc/stat", "/proc/uptime"
+BOOT_SLACK_S = 2.0  # btime moves by clock steps; the previous boot's last line is much older than that
+MAX_LABEL_SETS = 256  # distinct (PCI address, code) label sets per counter family and node
+MAX_UNKNOWN_LABEL_SETS = 64  # of those, for addresses no GPU of this node was seen at
+MAX_XID_DIGITS = 4  # XID codes are below 1000
+MAX_STATE_BYTES = 1 << 20  # the state of MAX_LABEL_SETS label sets is far less
+TAIL_BYTES = 64  # bytes before the read offset compared to find a truncated and refilled file
 
 # /dev/kmsg: "<priority>,<sequence>,<microseconds>,<flags>[,...];<message>"
 _KMSG_RECORD = re.compile(r"(\d+),(\d+),(\d+),[^;]*;(.*)", re.S)
 _PCI = re.compile(r"PCI:([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)")
+# kern.log dates: rsyslog's traditional "Mar  5 23:33:35 " (local time, no year) and RFC 3339
+_SYSLOG_TIME = re.compile(r"([A-Z][a-z]{2}) {1,2}(\d{1,2}) (\d\d:\d\d:\d\d) ")
+_ISO_TIME = re.compile(r"(\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:\.\d{1,6})?(?:Z|[+-]\d\d:?\d\d)?) ")
 
 
 def pci_bus_id(address: str) -> str | None:
@@ -80,6 +111,48 @@ def parse_record(line: str) -> tuple[int | None, str] | None:
     if m is None:
         return None, line
     return int(m.group(2)), m.group(4)
+
+
+def line_time(line: str, now: float | None = None) -> float | None:
+    """The date a kern.log-style line starts with, in seconds since the epoch: RFC 3339 (with its
+    offset, else local time) or the traditional "Mar  5 23:33:35 " in local time, of the latest year
+    that puts it at most a day after `now` (default: the wall clock). None for an undated line."""
+    m = _ISO_TIME.match(line)
+    if m is not None:
+        try:
+            return datetime.fromisoformat(m.group(1).replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            return None
+    m = _SYSLOG_TIME.match(line)
+    if m is None:
+        return None
+    now = time.time() if now is None else now
+    year = datetime.fromtimestamp(now).year
+    for y in (year, year - 1):  # the year is not written: a December line read in January is last year's
+        try:
+            t = datetime.strptime(f"{y} {m.group(1)} {m.group(2)} {m.group(3)}", "%Y %b %d %H:%M:%S").timestamp()
+        except ValueError:  # Feb 29 of a year without one, or a month name that is none
+            continue
+        if t <= now + 86400:
+            return t
+    return None
+
+
+def read_boot_time(proc_stat: str = PROC_STAT, proc_uptime: str = PROC_UPTIME) -> float:
+    """This boot's start in seconds since the epoch: /proc/stat's btime, else the wall clock less
+    /proc/uptime; 0.0 (nothing is dated before it) where neither can be read."""
+    try:
+        with open(proc_stat) as f:
+            for line in f:
+                if line.startswith("btime "):
+                    return float(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        with open(proc_uptime) as f:
+            return time.time() - float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 def resolve(source: str, kmsg: str = KMSG, journalctl: str = "journalctl") -> tuple[str, str] | None:
@@ -110,31 +183,53 @@ def _is_char_device(path: str) -> bool:
 @dataclass
 class Position:
     """Where reading stopped: the last /dev/kmsg sequence number consumed, the inode and byte
-    offset after the last complete line of a regular file, the journal cursor (None: not known)."""
+    offset after the last complete line of a regular file with the hex of its last TAIL_BYTES bytes
+    before that offset (`tail`), the journal cursor, the date of the last dated line counted
+    (seconds since the epoch); None: not known."""
     seq: int | None = None
     inode: int | None = None
     offset: int = 0
     cursor: str | None = None
+    time: float | None = None
+    tail: str | None = None
 
 
 @dataclass
 class Counts:
     """What the watcher counted since boot: {(pci bus id in NVML form or "", xid): n},
-    {(pci bus id or "", pattern): n}, and the records lost."""
+    {(pci bus id or "", pattern): n}, the records lost, the records over the label-set cap
+    (`overflow`) and the truncations of a regular file (`truncated`)."""
     xids: collections.Counter = field(default_factory=collections.Counter)
     matches: collections.Counter = field(default_factory=collections.Counter)
     lost: int = 0
+    overflow: int = 0
+    truncated: int = 0
+
+    def copy(self) -> "Counts":
+        """An independent copy."""
+        return Counts(collections.Counter(self.xids), collections.Counter(self.matches), self.lost, self.overflow,
+                      self.truncated)
 
 
 class SourceGone(Exception):
     """The source ended (the journalctl process exited, a file was replaced): open it again."""
 
 
+class StateRejected(Exception):
+    """The saved position proved wrong on reading (ahead of the log, a cursor journalctl refuses):
+    the state was dropped; open the source again at once and count from its start."""
+
+
+class StateError(ValueError):
+    """A field of the state file that is missing, unknown, or of the wrong type or range."""
+
+
 class KernelLogWatcher:
     """Reads one kernel-log source in a daemon thread and counts what logpatterns matches.
 
     source: --kernel-log (auto, off, journal, or a path); state_path: the JSON state file (None:
-    none); boot_id_path: where the boot id is read; journalctl: the command. For the family:
+    none); boot_id_path: where the boot id is read; journalctl: the command; boot_time: this boot's
+    start in seconds since the epoch (None: read_boot_time()). For the family:
     start(), stop(), supervise() (restart a dead thread), `up`, `kind` (the source label),
     totals() (a copy of the Counts), note_gpu()/gpu_at() (which GPU is at a PCI address). Raises
     ValueError for source "off" (the exporter builds no watcher then)."""
@@ -142,13 +237,14 @@ class KernelLogWatcher:
     def __init__(self, source: str = "auto", state_path: str | None = DEFAULT_STATE, boot_id_path: str = BOOT_ID,
                  journalctl: str = "journalctl", poll_s: float = 0.5, save_every_s: float = 5.0,
                  retry_s: float = 1.0, retry_max_s: float = 30.0, log_every_s: float = 60.0,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, boot_time: float | None = None):
         resolved = resolve(source, journalctl=journalctl)
         if resolved is None:
             raise ValueError("kernel log source 'off': build no watcher")
         self.kind, self.path = resolved
         self.state_path = state_path
         self.boot_id_path = boot_id_path
+        self.boot_time = read_boot_time() if boot_time is None else boot_time
         self.poll_s, self.save_every_s = poll_s, save_every_s
         self.retry_s, self.retry_max_s = retry_s, retry_max_s
         self._clock = clock
@@ -168,6 +264,8 @@ class KernelLogWatcher:
         self._thread: threading.Thread | None = None
         self._next_restart = 0.0
         self._backoff = retry_s
+        self._unknown = {"xids": 0, "matches": 0}  # label sets admitted for addresses no GPU was seen at
+        self._max_seq_read: int | None = None  # since the source was opened
 
     # ---- public surface --------------------------------------------------------------------------
 
@@ -223,8 +321,7 @@ class KernelLogWatcher:
     def totals(self) -> Counts:
         """A copy of the counts since boot."""
         with self._lock:
-            return Counts(collections.Counter(self.counts.xids), collections.Counter(self.counts.matches),
-                          self.counts.lost)
+            return self.counts.copy()
 
     # ---- counting --------------------------------------------------------------------------------
 
@@ -234,25 +331,61 @@ class KernelLogWatcher:
         `cursor` (journal) advance the position. A sequence gap counts as lost records."""
         parsed = parse_record(line)
         found = logpatterns.match(parsed[1]) if parsed is not None else None
+        dated = line_time(parsed[1]) if parsed is not None and parsed[0] is None and self.kind == "file" else None
         with self._lock:
             if offset is not None:
                 self.position.offset = offset
             if cursor is not None:
                 self.position.cursor = cursor
             self._dirty = True
-            if parsed is None or not self._advance(parsed[0]):
+            if parsed is None or not self._advance(parsed[0]) or not self._this_boot(dated):
                 return
             if found is not None:
-                pci = _pci_of(found, parsed[1])
-                self.counts.matches[(pci, found.name)] += 1
-                if found.name == "nvrm_xid":
-                    self.counts.xids[(pci, found.fields["xid"])] += 1
+                self._count(_pci_of(found, parsed[1]), found)
+
+    def _this_boot(self, dated: float | None) -> bool:
+        """False for a line dated before the boot or before the last dated line counted; moves the
+        position's date on. Caller holds the lock."""
+        if dated is None:
+            return True
+        if dated < self.boot_time - BOOT_SLACK_S or (self.position.time is not None and dated < self.position.time):
+            return False
+        self.position.time = dated
+        return True
+
+    def _count(self, pci: str, found: logpatterns.Match) -> None:
+        """Count a matched record in its label sets, or in `overflow` when one of them would pass
+        the cap (or its XID code is forged). Caller holds the lock."""
+        keys = [("matches", self.counts.matches, (pci, found.name))]
+        if found.name == "nvrm_xid":
+            xid = _xid_code(found.fields.get("xid", ""))
+            if xid is None:
+                self.counts.overflow += 1
+                return
+            keys.append(("xids", self.counts.xids, (pci, xid)))
+        if not all(self._admissible(name, counter, key) for name, counter, key in keys):
+            self.counts.overflow += 1
+            return
+        for name, counter, key in keys:
+            if key not in counter and key[0] not in self.gpus:
+                self._unknown[name] += 1
+            counter[key] += 1
+
+    def _admissible(self, name: str, counter: collections.Counter, key: tuple[str, str]) -> bool:
+        """A label set counted already, or room for a new one under the caps."""
+        if key in counter:
+            return True
+        if len(counter) >= MAX_LABEL_SETS:
+            return False
+        return key[0] in self.gpus or self._unknown[name] < MAX_UNKNOWN_LABEL_SETS
 
     def _advance(self, seq: int | None) -> bool:
         """Move past sequence number `seq` (None: a line without one); False for one already
         consumed. Caller holds the lock."""
         if seq is None:
             return True
+        if self._max_seq_read is None or seq > self._max_seq_read:
+            self._max_seq_read = seq
         last = self.position.seq
         if last is not None and seq <= last:
             return False
@@ -278,30 +411,36 @@ class KernelLogWatcher:
         return f"{self.kind}:{self.path}"
 
     def _load(self) -> None:
-        """Restore counts and position from the state file when it is of this boot and source."""
+        """Restore counts and position from the state file when it is of this boot and source and
+        every field is valid; else start clean (one warning for a file that is not valid)."""
         self._boot_id = self._read_boot_id()
         if self._persist and not os.access(os.path.dirname(self.state_path) or ".", os.W_OK):  # type: ignore[arg-type]
             self._no_state(FileNotFoundError("state directory missing or not writable"))  # said at start, not at stop
         if not self._persist:
             return
         try:
-            with open(self.state_path) as f:  # type: ignore[arg-type]
-                saved = json.load(f)
-            same = (saved.get("version") == STATE_VERSION and self._boot_id and saved.get("boot_id") == self._boot_id
-                    and saved.get("source") == self._source_id())
-            if same:
-                self.position = Position(**saved["position"])
-                self.counts = Counts(collections.Counter({(p, x): n for p, x, n in saved["xids"]}),
-                                     collections.Counter({(p, k): n for p, k, n in saved["matches"]}),
-                                     int(saved["lost"]))
-                self.gpus = {pci: (str(i), str(u), str(b)) for pci, (i, u, b) in saved.get("gpus", {}).items()}
-                log.info("kernel log counts restored", extra={"source": self.kind, "seq": self.position.seq})
+            saved = _read_state(self.state_path)  # type: ignore[arg-type]
+            if not _same_run(saved, self._boot_id, self._source_id()):
+                return  # another boot or source: its counts are not this one's
+            position, counts, gpus = _position(saved.get("position")), _counts(saved), _gpus(saved.get("gpus", {}))
         except FileNotFoundError:
-            pass
-        except (OSError, ValueError, TypeError, KeyError) as e:  # unreadable or malformed: start from zero
-            self._warning("kernel log state file unreadable: counting from zero", type(e).__name__,
-                          path=self.state_path)
-            self.position, self.counts, self.gpus = Position(), Counts(), {}
+            return
+        except (OSError, ValueError) as e:  # unreadable, not JSON, or a field wrong: start clean
+            self._reject_state(e)
+            return
+        self.position, self.counts, self.gpus = position, counts, gpus
+        self._unknown = {name: sum(1 for pci, _ in getattr(counts, name) if pci not in gpus)
+                         for name in ("xids", "matches")}
+        log.info("kernel log counts restored", extra={"source": self.kind, "seq": self.position.seq})
+
+    def _reject_state(self, err: Exception) -> None:
+        """One warning, and counts and position from zero (the GPUs seen stay: NVML told them)."""
+        log.warning("kernel log state file rejected: counting from zero since boot",
+                    extra={"path": self.state_path, "error": type(err).__name__, "detail": str(err)[:200]})
+        with self._lock:
+            self.position, self.counts = Position(), Counts()
+            self._unknown = {"xids": 0, "matches": 0}
+            self._dirty = True
 
     def save(self, force: bool = False) -> None:
         """Write the state file atomically when something changed, at most every save_every_s
@@ -312,6 +451,7 @@ class KernelLogWatcher:
             with self._lock:
                 state = {"version": STATE_VERSION, "boot_id": self._boot_id, "source": self._source_id(),
                          "position": vars(self.position).copy(), "lost": self.counts.lost,
+                         "overflow": self.counts.overflow, "truncated": self.counts.truncated,
                          "xids": [[p, x, n] for (p, x), n in sorted(self.counts.xids.items())],
                          "matches": [[p, k, n] for (p, k), n in sorted(self.counts.matches.items())],
                          "gpus": {p: list(g) for p, g in sorted(self.gpus.items())}}
@@ -342,6 +482,8 @@ class KernelLogWatcher:
                     self.save()
                     if self._stop.is_set():
                         return
+            except StateRejected:
+                continue  # warned: open the source again at once, from its start
             except (OSError, SourceGone, ValueError) as e:
                 self._up = False
                 self._source_down(e)
@@ -355,42 +497,83 @@ class KernelLogWatcher:
     def _read_stream(self) -> Iterator[None]:
         """/dev/kmsg, a regular file or a FIFO, opened without blocking (a FIFO with no writer
         yet is then open, not hung); lines are counted as they complete. Raises SourceGone when a
-        regular file was replaced or truncated, OSError when it cannot be read."""
+        regular file was replaced (rotated), StateRejected when the saved position proved ahead of
+        the log, OSError when it cannot be read."""
         fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
         try:
             info = os.fstat(fd)
             regular = stat.S_ISREG(info.st_mode)
             offset = self._resume_offset(fd, info) if regular else 0
-            pending = b""
+            pending, replayed = b"", False
+            with self._lock:
+                saved_seq, self._max_seq_read = self.position.seq, None
             while not self._stop.is_set():
                 chunk = self._read_chunk(fd)
+                if regular and self._truncated(fd, offset):  # also after a read: it may have read new bytes
+                    offset, pending, chunk = self._restart_file(fd), b"", None
                 if chunk:
                     pending, offset = self._lines(pending + chunk, offset, regular)
-                elif chunk == b"" and regular:
-                    self._check_replaced(fd, offset)
-                    self._stop.wait(self.poll_s)
-                elif chunk == b"":  # a FIFO whose writers all closed: wait for the next one
+                elif not replayed:  # the first idle read: what the source held at open is read
+                    replayed = True
+                    self._check_replay(saved_seq)
+                if chunk == b"" and regular:
+                    self._check_replaced(fd)
+                if chunk == b"":
                     self._stop.wait(self.poll_s)
                 yield
         finally:
             os.close(fd)
 
     def _resume_offset(self, fd: int, info: os.stat_result) -> int:
-        """Seek a regular file to the saved offset when it is the same file (inode) and not shorter."""
+        """Seek a regular file to the saved offset when it is the same file (inode), not shorter and
+        with the same bytes before the offset; a truncated file is counted and read from its start."""
         with self._lock:
-            same = self.position.inode == info.st_ino and self.position.offset <= info.st_size
+            same = self.position.inode == info.st_ino
             offset = self.position.offset if same else 0
-            self.position.inode, self.position.offset = info.st_ino, offset
+            self.position.inode = info.st_ino
+            if not same:
+                self.position.offset, self.position.tail = 0, None
+        if same and offset and self._truncated(fd, offset):
+            return self._restart_file(fd)
         os.lseek(fd, offset, os.SEEK_SET)
         return offset
 
-    def _check_replaced(self, fd: int, offset: int) -> None:
+    def _truncated(self, fd: int, offset: int) -> bool:
+        """The file is shorter than the offset read to, or the bytes before it changed (truncated
+        and written again)."""
+        with self._lock:
+            tail = bytes.fromhex(self.position.tail or "")
+        if os.fstat(fd).st_size < offset:
+            return True
+        return bool(tail) and os.pread(fd, len(tail), offset - len(tail)) != tail
+
+    def _restart_file(self, fd: int) -> int:
+        """Count a truncation and read the file again from its start (lines dated before the last
+        one counted are skipped there). Returns the new offset, 0."""
+        with self._lock:
+            self.counts.truncated += 1
+            self.position.offset, self.position.tail, self._dirty = 0, None, True
+        self._warning("kernel log file truncated: reading it again from its start; records written just "
+                      "before the truncation may be lost", "truncated", path=self.path)
+        os.lseek(fd, 0, os.SEEK_SET)
+        return 0
+
+    def _check_replay(self, saved_seq: int | None) -> None:
+        """After what the source held at open is read: a saved sequence number beyond every record
+        read is not of this log (sequence numbers only grow within a boot). Raises StateRejected."""
+        with self._lock:
+            ahead = saved_seq is not None and self._max_seq_read is not None and self._max_seq_read < saved_seq
+        if ahead:
+            self._reject_state(StateError(f"position.seq {saved_seq} is ahead of the log ({self._max_seq_read})"))
+            raise StateRejected()
+
+    def _check_replaced(self, fd: int) -> None:
         try:
             now = os.stat(self.path)
         except FileNotFoundError:
             return  # rotated away, not yet replaced: keep reading the old one
-        if now.st_ino != os.fstat(fd).st_ino or now.st_size < offset:
-            raise SourceGone("file replaced or truncated")
+        if now.st_ino != os.fstat(fd).st_ino:
+            raise SourceGone("file replaced")
 
     def _read_chunk(self, fd: int) -> bytes | None:
         """What one read gives; None when nothing came within a poll (EAGAIN) or records were
@@ -412,11 +595,16 @@ class KernelLogWatcher:
         for line in lines:
             offset += len(line) + 1
             self.consume(line.decode("utf-8", "replace"), offset=offset if regular else None)
+        if regular and lines:
+            with self._lock:
+                tail = bytes.fromhex(self.position.tail or "") + data[:len(data) - len(rest)]
+                self.position.tail = tail[-TAIL_BYTES:].hex()
         return rest, offset
 
     def _read_journal(self) -> Iterator[None]:
         """`journalctl -k -b -f -o json` from the saved cursor (or the boot's start). Raises
-        SourceGone when journalctl exits, OSError when it cannot be started."""
+        SourceGone when journalctl exits, StateRejected when it exits at once on the saved cursor
+        (one it does not know), OSError when it cannot be started."""
         with self._lock:
             cursor = self.position.cursor
         args = [self.path, "-k", "-b", "-f", "-o", "json", "--no-tail"]
@@ -427,12 +615,16 @@ class KernelLogWatcher:
         try:
             fd = proc.stdout.fileno()  # type: ignore[union-attr]
             os.set_blocking(fd, False)
-            pending = b""
+            pending, answered = b"", False
             while not self._stop.is_set():
                 chunk = self._read_chunk(fd)
+                if chunk == b"" and proc.wait() != 0 and cursor and not answered:
+                    self._reject_state(StateError(f"position.cursor refused by journalctl ({proc.returncode})"))
+                    raise StateRejected()
                 if chunk == b"":
                     raise SourceGone(f"journalctl exited ({proc.wait()})")
                 if chunk:
+                    answered = True
                     pending = self._journal_lines(pending + chunk)
                 yield
         finally:
@@ -441,17 +633,23 @@ class KernelLogWatcher:
             proc.stdout.close()  # type: ignore[union-attr]
 
     def _journal_lines(self, data: bytes) -> bytes:
+        """Consume the complete JSON entries of `data`: those of another boot (`_BOOT_ID`) only move
+        the cursor on. Returns the incomplete rest."""
         *lines, rest = data.split(b"\n")
+        ours = self._boot_id.replace("-", "").lower()
         for line in lines:
             try:
                 entry = json.loads(line)
             except ValueError:
                 continue  # not an entry (journalctl's own notices)
-            message = entry.get("MESSAGE")
-            if isinstance(message, list):  # journald gives a message that is not UTF-8 as bytes
-                message = bytes(message).decode("utf-8", "replace")
-            if isinstance(message, str):
-                self.consume(message.replace("\n", " "), cursor=entry.get("__CURSOR"))
+            if not isinstance(entry, dict):
+                continue
+            cursor = entry.get("__CURSOR") if isinstance(entry.get("__CURSOR"), str) else None
+            boot = entry.get("_BOOT_ID")
+            message = _journal_message(entry.get("MESSAGE"))
+            if isinstance(boot, str) and ours and boot.replace("-", "").lower() != ours:
+                message = ""  # another boot's: not counted
+            self.consume(message.replace("\n", " "), cursor=cursor)
         return rest
 
     def _source_down(self, err: BaseException) -> None:
@@ -477,6 +675,120 @@ def _pci_of(found: logpatterns.Match, message: str) -> str:
         m = _PCI.search(message)
         address = m.group(1) if m else None
     return (pci_bus_id(address) or "") if address else ""
+
+
+def _xid_code(text: str) -> str | None:
+    """An XID code in canonical form ("079" -> "79"); None for one of more than MAX_XID_DIGITS digits."""
+    digits = text.lstrip("0") or "0"
+    return digits if digits.isascii() and digits.isdigit() and len(digits) <= MAX_XID_DIGITS else None
+
+
+def _no_constant(name: str) -> float:
+    raise StateError(f"{name} is not a number")
+
+
+def _read_state(path: str) -> dict:
+    """The state file's top-level object. Raises FileNotFoundError, OSError, StateError (over
+    MAX_STATE_BYTES, NaN or Infinity, not an object) or ValueError (not JSON, not UTF-8)."""
+    with open(path, "rb") as f:
+        data = f.read(MAX_STATE_BYTES + 1)
+    if len(data) > MAX_STATE_BYTES:
+        raise StateError(f"larger than {MAX_STATE_BYTES} bytes")
+    saved = json.loads(data.decode("utf-8"), parse_constant=_no_constant)
+    if not isinstance(saved, dict):
+        raise StateError(f"top level: {type(saved).__name__}, not an object")
+    return saved
+
+
+def _same_run(saved: dict, boot_id: str, source: str) -> bool:
+    """True when the state is of this boot and source. Raises StateError for a version, boot id or
+    source of the wrong type, or a version this code does not write."""
+    if saved.get("version") != STATE_VERSION or type(saved.get("version")) is not int:
+        raise StateError(f"version: {saved.get('version')!r:.40}, not {STATE_VERSION}")
+    for name in ("boot_id", "source"):
+        if not isinstance(saved.get(name), str):
+            raise StateError(f"{name}: {saved.get(name)!r:.40}, not a string")
+    return bool(boot_id) and saved["boot_id"] == boot_id and saved["source"] == source
+
+
+def _int(value: object, name: str, optional: bool = False) -> int | None:
+    """A JSON integer from 0 to 2**63 - 1 (bool and float refused); None where optional."""
+    if value is None and optional:
+        return None
+    if type(value) is not int or not 0 <= value < 2**63:
+        raise StateError(f"{name}: {value!r:.40}, not an integer from 0")
+    return value
+
+
+def _text(value: object, name: str, limit: int, optional: bool = False) -> str | None:
+    if value is None and optional:
+        return None
+    if not isinstance(value, str) or len(value) > limit:
+        raise StateError(f"{name}: {value!r:.40}, not a string of at most {limit} characters")
+    return value
+
+
+def _position(saved: object) -> Position:
+    """The `position` object, field by field. Raises StateError."""
+    if not isinstance(saved, dict) or set(saved) - set(Position.__dataclass_fields__):
+        raise StateError(f"position: {saved!r:.80}, not an object of {sorted(Position.__dataclass_fields__)}")
+    dated = saved.get("time")
+    if dated is not None and (type(dated) not in (int, float) or not math.isfinite(dated) or dated < 0):
+        raise StateError(f"position.time: {dated!r:.40}, not a date")
+    tail = _text(saved.get("tail"), "position.tail", 2 * TAIL_BYTES, optional=True)
+    if tail is not None and (len(tail) % 2 or any(ch not in "0123456789abcdef" for ch in tail)):
+        raise StateError(f"position.tail: {tail!r:.40}, not hex")
+    return Position(seq=_int(saved.get("seq"), "position.seq", optional=True),
+                    inode=_int(saved.get("inode"), "position.inode", optional=True),
+                    offset=_int(saved.get("offset", 0), "position.offset"),  # type: ignore[arg-type]
+                    cursor=_text(saved.get("cursor"), "position.cursor", 1024, optional=True),
+                    time=None if dated is None else float(dated), tail=tail)
+
+
+def _label_sets(saved: object, name: str, valid: Callable[[str], bool]) -> collections.Counter:
+    """[[pci, code, n], ...] -> Counter: at most MAX_LABEL_SETS, each address "" or in NVML's
+    form, each code valid, each n an integer from 0, no label set twice. Raises StateError."""
+    if not isinstance(saved, list) or len(saved) > MAX_LABEL_SETS:
+        raise StateError(f"{name}: not a list of at most {MAX_LABEL_SETS} label sets")
+    out: collections.Counter = collections.Counter()
+    for item in saved:
+        if not isinstance(item, list) or len(item) != 3:
+            raise StateError(f"{name}: {item!r:.60}, not [pci, code, count]")
+        pci, code, n = item
+        if not isinstance(pci, str) or (pci and pci_bus_id(pci) != pci):
+            raise StateError(f"{name}: PCI address {pci!r:.40}")
+        if not isinstance(code, str) or not valid(code) or (pci, code) in out:
+            raise StateError(f"{name}: code {code!r:.40}, not valid or twice")
+        out[(pci, code)] = _int(n, f"{name} count")
+    return out
+
+
+def _counts(saved: dict) -> Counts:
+    """The counters of the state file. Raises StateError."""
+    return Counts(_label_sets(saved.get("xids"), "xids", lambda x: _xid_code(x) == x),
+                  _label_sets(saved.get("matches"), "matches", lambda k: re.fullmatch(r"[a-z0-9_]{1,64}", k) is not None),
+                  _int(saved.get("lost"), "lost"),  # type: ignore[arg-type]
+                  _int(saved.get("overflow", 0), "overflow"), _int(saved.get("truncated", 0), "truncated"))  # type: ignore[arg-type]
+
+
+def _gpus(saved: object) -> dict[str, tuple[str, str, str]]:
+    """{pci: [index, uuid, busId]} of the state file. Raises StateError."""
+    if not isinstance(saved, dict) or len(saved) > MAX_LABEL_SETS:
+        raise StateError(f"gpus: not an object of at most {MAX_LABEL_SETS} addresses")
+    out = {}
+    for pci, gpu in saved.items():
+        if pci_bus_id(pci) != pci or not isinstance(gpu, list) or len(gpu) != 3:
+            raise StateError(f"gpus: {pci!r:.40}: {gpu!r:.60}")
+        out[pci] = tuple(_text(g, "gpus entry", 128) for g in gpu)
+    return out  # type: ignore[return-value]
+
+
+def _journal_message(message: object) -> str:
+    """A journal entry's MESSAGE as text: journald gives one that is not UTF-8 as a list of bytes;
+    "" for anything else."""
+    if isinstance(message, list) and all(type(b) is int and 0 <= b < 256 for b in message):
+        return bytes(message).decode("utf-8", "replace")
+    return message if isinstance(message, str) else ""
 
 
 def _write_atomically(path: str, text: str) -> None:
@@ -523,7 +835,8 @@ class KernelLog(Family):
     """Hands the watcher each GPU's PCI bus id (nvmlDeviceGetPciInfo_v3, read at probe) and UUID,
     and exports the watcher's counts for every address: labelled with the GPU that has (or had, in
     this boot) that address, or gpu="" uuid="" for one no GPU seen has; also the watcher's health
-    and lost records, and restarts its thread if it died."""
+    lost records, records over the label-set cap and truncations, and restarts its thread if it
+    died."""
 
     def __init__(self, watcher: KernelLogWatcher):
         super().__init__()
@@ -559,5 +872,7 @@ class KernelLog(Family):
                 for (pci, pattern), n in sorted(counts.matches.items())]
         out.append(Sample(c.KERNEL_LOG_UP, (self.watcher.kind,), float(self.watcher.up)))
         out.append(Sample(c.KERNEL_LOG_LOST, (), float(counts.lost)))
+        out.append(Sample(c.KERNEL_LOG_OVERFLOW, (), float(counts.overflow)))
+        out.append(Sample(c.KERNEL_LOG_TRUNCATED, (), float(counts.truncated)))
         return out
 
