@@ -535,8 +535,23 @@ class KernelLogWatcher:
                 self.position.offset, self.position.tail = 0, None
         if same and offset and self._truncated(fd, offset):
             return self._restart_file(fd)
+        if same and offset:
+            self._check_last_record(fd, offset)
         os.lseek(fd, offset, os.SEEK_SET)
         return offset
+
+    def _check_last_record(self, fd: int, offset: int) -> None:
+        """A file in /dev/kmsg's format resumed at its offset: the last record before it must have
+        the saved sequence number, else the position is not this file's. Raises StateRejected."""
+        start = max(0, offset - READ_SIZE)
+        lines = os.pread(fd, offset - start, start).decode("utf-8", "replace").split("\n")
+        records = (parse_record(line) for line in reversed(lines))
+        last = next((r[0] for r in records if r is not None), None)
+        with self._lock:
+            saved = self.position.seq
+        if last is not None and saved is not None and last != saved:
+            self._reject_state(StateError(f"position.seq {saved} is not the record at the offset ({last})"))
+            raise StateRejected()
 
     def _truncated(self, fd: int, offset: int) -> bool:
         """The file is shorter than the offset read to, or the bytes before it changed (truncated
