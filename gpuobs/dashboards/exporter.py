@@ -118,9 +118,12 @@ def build():
                            "(kernel-log XIDs and driver messages are not counted then).",
                            mappings=UP_MAP, thresholds=k.UP_THRESHOLDS), 12, 8)
     L.add(k.timeseries("Kernel-log records lost", [target(
-        f"sum by (node) ({rate(m(c.KERNEL_LOG_LOST), 'increase')})", NODE)], "short",
-        "Kernel ring-buffer records overwritten before the watcher read them (their XIDs are not counted).",
-        min=0), 12, 8)
+        f"sum by (node) ({rate(m(c.KERNEL_LOG_LOST), 'increase')})", NODE), target(
+        f"sum by (node) ({rate(m(c.KERNEL_LOG_OVERFLOW), 'increase')})", NODE + " over the label-set cap"), target(
+        f"sum by (node) ({rate(m(c.KERNEL_LOG_TRUNCATED), 'increase')})", NODE + " file truncations")], "short",
+        "Kernel ring-buffer records overwritten before the watcher read them (their XIDs are not counted); "
+        "records over the cap of distinct (PCI address, code) label sets (forged lines: counted only here); "
+        "truncations of a kernel-log file (records just before one may be lost).", min=0), 12, 8)
     L.add(k.table("NVML calls unavailable", [target(f"{m(c.NVML_UNAVAILABLE)} > 0")], "short",
                   "Calls that give no value by design, with the number of GPUs: not_supported, no_permission, or "
                   "function_not_found on an older driver (a fallback call serves the value where one exists).",
