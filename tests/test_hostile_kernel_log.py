@@ -358,3 +358,29 @@ def test_plain_truncation_and_rotation(tmp_path, caplog):
     counts = w.totals()
     assert {code: n for (_, code), n in counts.xids.items()} == {"13": 2, "31": 1, "48": 1, "79": 1}
     assert counts.truncated == 1 and counts.lost == 0
+
+
+def test_a_sequence_number_ahead_of_a_replayed_ring_starts_clean(tmp_path, caplog):
+    """/dev/kmsg replays its ring on open (a FIFO stands in): a saved sequence number beyond every
+    record of the replay is not of this boot's log: one warning, and the next replay is counted."""
+    source = tmp_path / "kmsg.fifo"
+    os.mkfifo(source)
+    keep = os.open(source, os.O_RDWR | os.O_NONBLOCK)
+    try:
+        os.write(keep, kmsg(FIRST).encode())
+        first = watcher(tmp_path, source).start()
+        wait(lambda: first.totals().matches.total() == 5, what="the first records")
+        first.stop()
+        state = tmp_path / "state.json"
+        state.write_text(json.dumps(_set("position.seq", 10**9)(json.loads(state.read_text()))))
+        caplog.set_level(logging.WARNING, "gpuobs.kernel_log")
+        os.write(keep, kmsg(FIRST).encode())  # the replay on open
+        w = watcher(tmp_path, source).start()
+        wait(lambda: rejected(caplog), what="the warning")
+        os.write(keep, kmsg(FIRST).encode())  # the replay on the next open
+        wait(lambda: w.totals() == first.totals(), what="the replay counted from zero")
+        assert w.up
+        w.stop()
+    finally:
+        os.close(keep)
+    assert len(warnings(caplog)) == 1
