@@ -282,8 +282,10 @@ def test_exporter_skips_an_earlier_boots_lines_by_the_real_boot_time(tmp_path):
     counted, those after it are."""
     boot = read_boot_time()
     source, state = tmp_path / "kern.log", tmp_path / "kernel-log.json"
-    source.write_text(syslog_line(boot - 3600, xid("0000:18:00", 79)) + rfc3339_line(boot - 60, xid("0000:18:00", 48))
-                      + syslog_line(boot + 60, xid("0000:18:00", 13)) + rfc3339_line(time.time(), xid("0000:2a:00", 31)))
+    source.write_text(syslog_line(boot - 3600, xid("0000:18:00", 79))
+                      + rfc3339_line(boot - 60, xid("0000:18:00", 48))
+                      + syslog_line(boot + 60, xid("0000:18:00", 13))
+                      + rfc3339_line(time.time(), xid("0000:2a:00", 31)))
     port = free_port()
     with cli_exporter(tmp_path, exporter_args(source, state, port), port=port) as (_, url, _):
         def xids(samples):

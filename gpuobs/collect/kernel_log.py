@@ -780,10 +780,14 @@ def _label_sets(saved: object, name: str, valid: Callable[[str], bool]) -> colle
 
 def _counts(saved: dict) -> Counts:
     """The counters of the state file. Raises StateError."""
+    def pattern_name(k: str) -> bool:
+        return re.fullmatch(r"[a-z0-9_]{1,64}", k) is not None
+
     return Counts(_label_sets(saved.get("xids"), "xids", lambda x: _xid_code(x) == x),
-                  _label_sets(saved.get("matches"), "matches", lambda k: re.fullmatch(r"[a-z0-9_]{1,64}", k) is not None),
+                  _label_sets(saved.get("matches"), "matches", pattern_name),
                   _int(saved.get("lost"), "lost"),  # type: ignore[arg-type]
-                  _int(saved.get("overflow", 0), "overflow"), _int(saved.get("truncated", 0), "truncated"))  # type: ignore[arg-type]
+                  _int(saved.get("overflow", 0), "overflow"),  # type: ignore[arg-type]
+                  _int(saved.get("truncated", 0), "truncated"))  # type: ignore[arg-type]
 
 
 def _gpus(saved: object) -> dict[str, tuple[str, str, str]]:
