@@ -335,6 +335,7 @@ class HttpServer:
         self._per_client: collections.Counter[str] = collections.Counter()
         self._conns: dict = {}   # aiohttp request handler -> _Conn
         self._tasks: set = set()  # TLS handshakes in progress
+        self._backing_off = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Future | None = None
         self._ready = threading.Event()
@@ -378,9 +379,14 @@ class HttpServer:
     def _on_loop_error(self, loop, context: dict) -> None:
         exc = context.get("exception")
         if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
-            # asyncio has taken the socket off the loop for a second: a back-off, not a spin
-            self._count("open_files")
-            log.warning("accept() out of file descriptors: backing off 1 s", extra={"error": str(exc)})
+            # asyncio has taken the socket off the loop for a second: a back-off, not a spin. Its
+            # accept loop goes on trying (and reporting) for the rest of its batch in the same
+            # callback: one back-off is counted and logged once.
+            if not self._backing_off:
+                self._backing_off = True
+                loop.call_soon(setattr, self, "_backing_off", False)
+                self._count("open_files")
+                log.warning("accept() out of file descriptors: backing off 1 s", extra={"error": str(exc)})
             return
         loop.default_exception_handler(context)
 
