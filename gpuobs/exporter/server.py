@@ -46,7 +46,11 @@ __all__ = ["Exposition", "HttpServer", "Limits", "WebConfig", "WebConfigError", 
 
 log = logging.getLogger("gpuobs.http")
 
-BACKLOG = 128  # the default 5 overflows under scrape storms (SYN retries of 1-3 s)
+# Listen queue (the kernel caps it at net.core.somaxconn): when a burst of connections overflows it,
+# the kernel drops SYNs, other clients' included, and they retry only after 1-3 s; the loop drains
+# the queue fast, refusing what is over the caps, so a deep queue costs little
+BACKLOG = 4096
+ACCEPT_BATCH = 32
 # Why a connection was refused or closed without an answer: `limit` (all connection slots taken),
 # `client_limit` (the client's address holds its share), `deadline` (request headers, TLS handshake
 # or response not done in time), `open_files` (accept() failed with EMFILE/ENFILE; the connection
@@ -396,7 +400,11 @@ class HttpServer:
         self._aio = web.Server(self._handle, access_log=None, keepalive_timeout=self.limits.keepalive_timeout,
                                lingering_time=self.limits.body_timeout, max_line_size=8190,
                                max_field_size=8190)
-        server = await loop.create_server(lambda: _Conn(self), sock=self.sock, backlog=BACKLOG)
+        # asyncio takes `backlog` as the listen queue and as how many connections one wake-up
+        # accepts before any is refused: a small batch (a burst never takes hundreds of
+        # descriptors at once), then the deep queue set again
+        server = await loop.create_server(lambda: _Conn(self), sock=self.sock, backlog=ACCEPT_BATCH)
+        self.sock.listen(BACKLOG)
         self._stopping = loop.create_future()
         self._ready.set()
         try:
