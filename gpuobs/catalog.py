@@ -519,6 +519,12 @@ SCRAPES = _m("exporter_scrapes", "counter", "", "Metrics responses served, by ex
              "openmetrics: 1.0.0, what Prometheus asks for) and content encoding (gzip when the scraper accepts "
              "it, else identity).", "exporter", "Accept and Accept-Encoding of each request",
              labels=("format", "encoding"))
+HTTP_REFUSED = _m("exporter_http_connections_refused", "counter", "", "HTTP connections closed without an "
+                  "answer, by reason: limit (every connection slot taken), client_limit (the client's address "
+                  "holds its share of them), deadline (request headers, TLS handshake or response not done in "
+                  "time; no byte restarts it), open_files (accept() failed for want of file descriptors; the "
+                  "server backed off 1 s). Rising: a client holds connections open (e.g. slowloris).", "exporter",
+                  "the exporter's HTTP server (connection caps and deadlines, accept errors)", labels=("reason",))
 ATTRIBUTION_UP = _m("exporter_attribution_up", "gauge", "",
                     "1 if the attribution source answered at its last refresh; only with attribution on.", "exporter",
                     "kubelet PodResources List() (podresources); the job-mapping directory is there (slurm)",

@@ -174,20 +174,24 @@ def test_docs_flag_table_lists_every_flag_and_its_variables():
 
 # --------------------------------------------------------------------------- the server, in process
 
-def call(app, path: str) -> tuple[str, bytes]:
-    got = {}
-    body = b"".join(app({"PATH_INFO": path}, lambda status, headers: got.update(status=status)))
-    return got["status"], body
+def call(app, path: str) -> tuple[int, bytes]:
+    """(status, body) of a GET of `path` from `app` served by a real HttpServer."""
+    server = HttpServer(app, "127.0.0.1", 0).start()
+    try:
+        status, _, body = fetch(f"http://127.0.0.1:{server.port}{path}")
+        return status, body.encode()
+    finally:
+        server.stop()
 
 
 def test_telemetry_path_in_the_app():
     app = make_app(metrics, lambda: (True, "ready"), {}, telemetry_path="/custom/metrics")
-    assert call(app, "/custom/metrics") == ("200 OK", METRICS)
-    assert call(app, "/metrics")[0] == call(app, "/custom")[0] == "404 Not Found"
-    assert call(app, "/healthz") == ("200 OK", b"ok\n") and call(app, "/readyz") == ("200 OK", b"ready\n")
-    assert call(app, "/") == ("200 OK", b"gpuobs exporter: /custom/metrics /healthz /readyz\n")
+    assert call(app, "/custom/metrics") == (200, METRICS)
+    assert call(app, "/metrics")[0] == call(app, "/custom")[0] == 404
+    assert call(app, "/healthz") == (200, b"ok\n") and call(app, "/readyz") == (200, b"ready\n")
+    assert call(app, "/") == (200, b"gpuobs exporter: /custom/metrics /healthz /readyz\n")
     root = make_app(metrics, lambda: (True, "ready"), {}, telemetry_path="/")
-    assert call(root, "/") == ("200 OK", METRICS) and call(root, "/metrics")[0] == "404 Not Found"
+    assert call(root, "/") == (200, METRICS) and call(root, "/metrics")[0] == 404
 
 
 @pytest.mark.parametrize("path", ["/healthz", "/readyz", "", "metrics", "/a b", "/m?x", "/m#x"])

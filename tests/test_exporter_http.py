@@ -412,21 +412,23 @@ def clean_env(**extra) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def cli_exporter(tmp_path, args=(), env=None, port=None, url=None):
+def cli_exporter(tmp_path, args=(), env=None, port=None, url=None, preexec_fn=None, context=None):
     """`python -m gpuobs.cli exporter ARGS` until ready: yields (process, base url, stderr path);
-    the base url is `url`, else http://127.0.0.1:<port>."""
+    the base url is `url`, else http://127.0.0.1:<port>. `preexec_fn` runs in the child before the
+    exporter (e.g. to lower its limits); `context`: the SSLContext that checks readiness over TLS."""
     port = port or free_port()
     err = tmp_path / f"stderr-{port}.log"
     with open(err, "w") as err_f:
         proc = subprocess.Popen([sys.executable, "-m", "gpuobs.cli", "exporter", *args], cwd=REPO,
-                                env=env or clean_env(), stdout=subprocess.DEVNULL, stderr=err_f)
+                                env=env or clean_env(), stdout=subprocess.DEVNULL, stderr=err_f,
+                                preexec_fn=preexec_fn)
     url = url or f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 20
         while True:
             assert proc.poll() is None, f"exporter exited {proc.returncode}: {err.read_text()}"
             try:
-                if fetch(url + "/readyz")[0] == 200:
+                if fetch(url + "/readyz", context)[0] == 200:
                     break
             except OSError:
                 pass

@@ -184,6 +184,13 @@ def test_stale_body_in_each_format_is_self_health_only():
     ("*/*", None, "gpuobs", ("text", False)),  # curl
     (None, "deflate, gzip;q=0.5", "gpuobs", ("text", True)),
     ("text/plain;version=0.0.4", "identity", "gpuobs", ("text", False)),
+    # q-values, as client_golang weighs them: the highest q wins, q=0 refuses
+    ("text/plain;version=0.0.4;q=1,application/openmetrics-text;version=1.0.0;q=0.5", "gzip;q=0", "gpuobs",
+     ("text", False)),
+    ("text/plain;q=0.3,application/openmetrics-text;q=0.9", "identity;q=0.5, gzip", "gpuobs", ("openmetrics", True)),
+    ("application/openmetrics-text;version=1.0.0;q=0,*/*;q=0.1", "gzip;q=0, identity", "gpuobs", ("text", False)),
+    ("application/openmetrics-text;version=2.0.0,text/plain;q=0.2", "*", "gpuobs", ("text", False)),
+    ("application/openmetrics-text;q=bogus", "gzip;q=0.001", "gpuobs", ("text", True)),
 ])
-def test_negotiation_follows_prometheus_client(accept, encoding, naming, expected):
+def test_negotiation_follows_the_go_client(accept, encoding, naming, expected):
     assert render.negotiate(accept, encoding, naming) == expected

@@ -27,7 +27,8 @@ from ..collect.kernel_log import DEFAULT_STATE
 from ..collect.profile import Profile
 from ..collect.base import Sample, Snapshot
 from .render import CONTENT_TYPES, FORMATS, Renderer, negotiate
-from .server import Exposition, HttpServer, WebConfig, make_app
+from .server import Exposition, HttpServer, Limits, WebConfig, make_app, raise_open_files_limit
+from .webconfig import TlsReloader
 
 log = logging.getLogger("gpuobs.exporter")
 
@@ -148,9 +149,13 @@ class Exporter:
         self.sampler = Sampler(self.session, families, config.interval, config.expected_gpus,
                                on_snapshot=self._on_snapshot, profile=series_profile(config))
         self.liveness_timeout = liveness_timeout(config.interval, config.liveness_timeout)
+        # connections cost file descriptors: the soft limit goes up to the hard one and the
+        # connection cap stays under it (server.Limits.for_open_files)
+        limits = Limits().for_open_files(raise_open_files_limit())
+        tls = TlsReloader(self.web) if self.web.cert_file else None  # reloads rotated files per handshake
         self.http = HttpServer(make_app(self.metrics, self.ready, self.web.users, alive=self.alive,
                                         telemetry_path=config.telemetry_path),
-                               config.listen_address, config.port, self.web.ssl_context())
+                               config.listen_address, config.port, tls, limits)
         self.otlp = None
         if config.otlp_endpoint:
             from .otlp import OtlpPush
@@ -165,6 +170,8 @@ class Exporter:
                            for source in self.attribution)
         with self._served_lock:
             served = tuple(Sample(catalog.SCRAPES, key, float(n)) for key, n in sorted(self._served.items()))
+        served += tuple(Sample(catalog.HTTP_REFUSED, (reason,), float(n))
+                        for reason, n in sorted(self.http.refused_counts().items()))
         self.renderer.render(dataclasses.replace(snap, samples=snap.samples + health + served))
 
     def fresh(self, snap: Snapshot | None = None) -> bool:

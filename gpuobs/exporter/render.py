@@ -22,7 +22,7 @@ from typing import Callable, Iterable, Sequence
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client import openmetrics
-from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder, gzip_accepted
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.utils import floatToGoString
 from prometheus_client.metrics_core import Metric as PromMetric
 
@@ -214,14 +214,59 @@ CONTENT_TYPES = {"text": CONTENT_TYPE_PLAIN_0_0_4, "openmetrics": openmetrics.ex
 GZIP_LEVEL = 1  # a body of repeated label text compresses ~10x at level 1; higher levels cost 2-3x the CPU
 
 
+def _accept_clauses(header: str) -> list[tuple[str, dict[str, str], float]]:
+    """(media type, parameters, q) of each clause of an Accept or Accept-Encoding header, in the
+    header's order; q is 1 when absent and 0 when unreadable (so a garbled clause never wins)."""
+    out = []
+    for clause in header.split(","):
+        kind, *params = (part.strip() for part in clause.split(";"))
+        if not kind:
+            continue
+        named = {k.strip().lower(): v.strip().strip('"') for k, _, v in (p.partition("=") for p in params)}
+        try:
+            q = float(named.pop("q", "1"))
+        except ValueError:
+            q = 0.0
+        out.append((kind.lower(), named, q if 0 <= q <= 1 else 0.0))
+    return out
+
+
+def _wants_openmetrics(accept: str) -> bool:
+    """What client_golang's expfmt.NegotiateIncludingOpenMetrics decides between OpenMetrics and
+    text: clauses by falling q (the more specific first at equal q, else in header order), the first
+    naming OpenMetrics (version 1.0.0, 0.0.1 or none) or text (0.0.4 or none) wins; text if none
+    does. A clause with q=0 refuses its type instead of asking for it."""
+    clauses = [c for c in _accept_clauses(accept) if c[2] > 0]
+    clauses.sort(key=lambda c: (-c[2], c[0].startswith("*"), c[0].endswith("*")))
+    for kind, params, _ in clauses:
+        version = params.get("version", "")
+        if kind == "application/openmetrics-text" and version in ("", "0.0.1", "1.0.0"):
+            return True
+        if kind == "text/plain" and version in ("", "0.0.4"):
+            return False
+    return False
+
+
+def _wants_gzip(accept_encoding: str) -> bool:
+    """What client_golang's promhttp decides (httputil.NegotiateContentEncoding over the offers
+    identity, gzip): the offer with the highest q that a clause (its name or *) gives it, identity on
+    a tie; gzip only with a q above 0, so `gzip;q=0` is plain."""
+    best, best_q = "identity", -1.0
+    for offer in ("identity", "gzip"):
+        for kind, _, q in _accept_clauses(accept_encoding):
+            if kind in (offer, "*") and q > best_q:
+                best, best_q = offer, q
+    return best == "gzip" and best_q > 0
+
+
 def negotiate(accept: str | None, accept_encoding: str | None, naming: str = "gpuobs") -> tuple[str, bool]:
-    """(format, gzip) for a scrape's Accept and Accept-Encoding headers, decided as prometheus_client
-    decides them (choose_encoder, gzip_accepted): "openmetrics" when the scraper asks for OpenMetrics
-    (Prometheus does), else "text" (0.0.4; curl asks for neither). dcgm naming serves text only, as
-    dcgm-exporter does: its counters carry no `_total`, which OpenMetrics requires of a counter."""
-    encoder, _ = choose_encoder(accept or "")
-    om = getattr(encoder, "func", encoder) is openmetrics.exposition.generate_latest
-    return ("openmetrics" if om and naming == "gpuobs" else "text"), gzip_accepted(accept_encoding or "")
+    """(format, gzip) for a scrape's Accept and Accept-Encoding headers, decided as Prometheus' Go
+    client library decides them, q-values included (_wants_openmetrics, _wants_gzip): "openmetrics"
+    when the scraper prefers OpenMetrics (Prometheus does), else "text" (0.0.4; curl asks for
+    neither). dcgm naming serves text only, as dcgm-exporter does: its counters carry no `_total`,
+    which OpenMetrics requires of a counter."""
+    om = _wants_openmetrics(accept or "")
+    return ("openmetrics" if om and naming == "gpuobs" else "text"), _wants_gzip(accept_encoding or "")
 
 
 class _Text:

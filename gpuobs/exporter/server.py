@@ -1,28 +1,62 @@
-"""HTTP for the exporter: the metrics (at /metrics or another telemetry path), /healthz, /readyz,
-with TLS and basic auth from a Prometheus web-config file (as exporter-toolkit exporters read it).
-Built on the standard library's WSGI server in prometheus_client's threading variant, on IPv4 or
-IPv6; the handlers only hand out prepared bytes."""
+"""HTTP for the exporter: the metrics (at /metrics or another telemetry path), /healthz, /readyz and
+an index at /, with TLS and basic auth from a Prometheus web-config file (gpuobs.exporter.webconfig),
+on IPv4, IPv6 or both.
+
+Built on aiohttp's low-level server (aiohttp.web.Server) on an asyncio event loop of its own, in one
+thread, so that the sampler threads are untouched. Why aiohttp: a widely used, actively maintained
+asyncio HTTP/1.1 server whose parser bounds request lines and header fields; an idle or trickling
+connection costs a small object on the loop instead of a thread (the threaded stdlib server this
+replaces spent a thread per connection and a 30 s timeout that restarted with every byte). What
+aiohttp does not do, this module does around it, on the raw connection (_Conn), before aiohttp sees
+a byte:
+- a cap on open connections overall and per client address: an excess connection is closed at once
+  (its file descriptor back within the accept), so one client cannot take the slots another needs;
+- one deadline per request that no byte restarts: from accept (the TLS handshake included) to
+  complete request headers, then for the response, then for the next request on a kept-alive
+  connection; a connection that misses it is closed;
+- TLS done per connection with the web config's current context (TlsReloader: a certificate
+  rotated on disk is served on the next handshake);
+- accept() failing for want of file descriptors (EMFILE, ENFILE): asyncio takes the listening
+  socket off the loop for a second and retries (a back-off, not a spin); each time is counted.
+Refusals and closures count in `HttpServer.refused` by reason (REFUSE_REASONS), served as
+gpuobs_exporter_http_connections_refused_total. Handlers only hand out prepared bytes: the metrics
+callback runs on a small thread pool and bcrypt on a single thread (BasicAuth), never on the loop."""
 
 from __future__ import annotations
 
-import base64
+import asyncio
+import collections
 import contextlib
 import errno
-import functools
 import logging
+import resource
 import socket
 import ssl
 import threading
-from dataclasses import dataclass, field
-from pathlib import Path
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from typing import Callable, NamedTuple
-from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-import bcrypt
-import yaml
-from prometheus_client.exposition import ThreadingWSGIServer
+from aiohttp import web
+
+from .webconfig import BasicAuth, TlsReloader, WebConfig, WebConfigError
+
+__all__ = ["Exposition", "HttpServer", "Limits", "WebConfig", "WebConfigError", "check_telemetry_path",
+           "host_port", "make_app", "raise_open_files_limit", "REFUSE_REASONS"]
 
 log = logging.getLogger("gpuobs.http")
+
+# Listen queue (the kernel caps it at net.core.somaxconn): when a burst of connections overflows it,
+# the kernel drops SYNs, other clients' included, and they retry only after 1-3 s; the loop drains
+# the queue fast, refusing what is over the caps, so a deep queue costs little
+BACKLOG = 4096
+ACCEPT_BATCH = 32
+# Why a connection was refused or closed without an answer: `limit` (all connection slots taken),
+# `client_limit` (the client's address holds its share), `deadline` (request headers, TLS handshake
+# or response not done in time), `open_files` (accept() failed with EMFILE/ENFILE; the connection
+# waits in the kernel's queue while the server backs off)
+REFUSE_REASONS = ("limit", "client_limit", "deadline", "open_files")
+FD_RESERVE = 128  # file descriptors kept for everything but connections (NVML, logs, state files)
 
 
 class Exposition(NamedTuple):
@@ -32,156 +66,42 @@ class Exposition(NamedTuple):
     gzipped: bool = False
 
 
-class WebConfigError(ValueError):
-    """The web-config file is missing, unreadable or inconsistent."""
+@dataclass(frozen=True)
+class Limits:
+    """Connection limits and deadlines (seconds) of the HTTP server."""
+    max_connections: int = 512     # open connections, all clients together
+    max_per_client: int = 32       # open connections from one client address
+    header_timeout: float = 10.0   # accept (TLS handshake included) to complete request headers
+    response_timeout: float = 60.0  # complete headers to the response's last byte written
+    keepalive_timeout: float = 120.0  # a response to the next request's complete headers
+    body_timeout: float = 5.0      # reading a request body nobody asked for, after the response
+
+    def for_open_files(self, soft_limit: int) -> "Limits":
+        """These limits with the connection cap kept FD_RESERVE file descriptors below
+        `soft_limit` (RLIMIT_NOFILE), so that a full house never makes accept() fail."""
+        cap = max(16, min(self.max_connections, soft_limit - FD_RESERVE))
+        return replace(self, max_connections=cap, max_per_client=min(self.max_per_client, cap))
 
 
-CLIENT_AUTH = {"NoClientCert": ssl.CERT_NONE, "RequestClientCert": ssl.CERT_OPTIONAL,
-               "RequireAnyClientCert": ssl.CERT_REQUIRED, "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
-               "RequireAndVerifyClientCert": ssl.CERT_REQUIRED}
-TLS_VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1,
-                "TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
-TOP_KEYS = {"tls_server_config", "basic_auth_users"}
-TLS_KEYS = {"cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version", "max_version"}
-
-
-def _mapping(value, where: str) -> dict:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise WebConfigError(f"{where} must be a mapping")
-    return value
-
-
-def _known(doc: dict, allowed: set[str], where: str) -> None:
-    # A misspelt key must not quietly turn TLS or auth off: refuse what is not understood.
-    unknown = set(doc) - allowed
-    if unknown:
-        raise WebConfigError(f"{where}: unsupported keys {', '.join(sorted(map(str, unknown)))} "
-                             f"(supported: {', '.join(sorted(allowed))})")
-
-
-@dataclass
-class WebConfig:
-    """Parsed Prometheus web-config: TLS files and bcrypt-hashed basic-auth users."""
-    cert_file: Path | None = None
-    key_file: Path | None = None
-    client_ca_file: Path | None = None
-    client_auth_type: str = "NoClientCert"
-    min_version: str = "TLS12"
-    max_version: str | None = None
-    users: dict[str, bytes] = field(default_factory=dict)
-
-    @classmethod
-    def load(cls, path: str | Path) -> "WebConfig":
-        """Read a web-config YAML; relative paths are relative to the file. Raises WebConfigError
-        for anything unreadable, unknown or inconsistent, as exporter-toolkit does at start-up."""
-        path = Path(path)
-        try:
-            doc = yaml.safe_load(path.read_text())
-        except (OSError, yaml.YAMLError) as e:
-            raise WebConfigError(f"cannot read web config {path}: {e}") from None
-        doc = _mapping(doc, f"web config {path}")
-        _known(doc, TOP_KEYS, str(path))
-        tls = _mapping(doc.get("tls_server_config"), "tls_server_config")
-        _known(tls, TLS_KEYS, "tls_server_config")
-        users = _mapping(doc.get("basic_auth_users"), "basic_auth_users")
-
-        def rel(p) -> Path | None:
-            return None if not p else Path(p) if Path(str(p)).is_absolute() else path.parent / p
-
-        cfg = cls(cert_file=rel(tls.get("cert_file")), key_file=rel(tls.get("key_file")),
-                  client_ca_file=rel(tls.get("client_ca_file")),
-                  client_auth_type=str(tls.get("client_auth_type", "NoClientCert")),
-                  min_version=str(tls.get("min_version", "TLS12")),
-                  max_version=None if tls.get("max_version") is None else str(tls["max_version"]),
-                  users={str(u): str(h).encode() for u, h in users.items()})
-        cfg._check(has_tls=bool(tls))
-        return cfg
-
-    def _check(self, has_tls: bool) -> None:
-        """Raise WebConfigError for settings that do not go together (has_tls: the file has a
-        tls_server_config section)."""
-        if bool(self.cert_file) != bool(self.key_file):
-            raise WebConfigError("tls_server_config needs both cert_file and key_file")
-        if has_tls and not self.cert_file:
-            raise WebConfigError("tls_server_config needs cert_file and key_file")
-        if self.client_auth_type not in CLIENT_AUTH:
-            raise WebConfigError(f"client_auth_type must be one of {', '.join(CLIENT_AUTH)}")
-        if self.client_auth_type != "NoClientCert" and not self.client_ca_file:  # Python verifies what it asks for
-            raise WebConfigError(f"client_auth_type {self.client_auth_type} needs client_ca_file")
-        for version in filter(None, (self.min_version, self.max_version)):
-            if version not in TLS_VERSIONS:
-                raise WebConfigError(f"TLS versions are one of {', '.join(TLS_VERSIONS)}, got {version}")
-        for user, hashed in self.users.items():
-            if not hashed.startswith((b"$2a$", b"$2b$", b"$2y$")):
-                raise WebConfigError(f"basic_auth_users.{user} must be a bcrypt hash")
-
-    def ssl_context(self) -> ssl.SSLContext | None:
-        """Server TLS context, or None without TLS. Raises WebConfigError if files do not load."""
-        if not self.cert_file:
-            return None
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.minimum_version = TLS_VERSIONS[self.min_version]
-        if self.max_version:
-            ctx.maximum_version = TLS_VERSIONS[self.max_version]
-        try:
-            ctx.load_cert_chain(self.cert_file, self.key_file)
-            if self.client_ca_file:
-                ctx.load_verify_locations(self.client_ca_file)
-        except (OSError, ssl.SSLError) as e:
-            raise WebConfigError(f"cannot load TLS files: {e}") from None
-        ctx.verify_mode = CLIENT_AUTH[self.client_auth_type]
-        return ctx
-
-
-@functools.lru_cache(maxsize=256)
-def _check(hashed: bytes, password: bytes) -> bool:
-    # bcrypt is slow on purpose (tens of ms): cache results so scrapes stay cheap.
-    return bcrypt.checkpw(password, hashed)
-
-
-def authorized(users: dict[str, bytes], header: str | None) -> bool:
-    """True if no users are configured or the Basic credentials match a user's bcrypt hash."""
-    if not users:
-        return True
-    if not header or not header.startswith("Basic "):
-        return False
+def raise_open_files_limit() -> int:
+    """Raise the soft RLIMIT_NOFILE to the hard one (as Go programs do at start; systemd's default
+    soft limit is 1,024), logging both; returns the soft limit in effect."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft == resource.RLIM_INFINITY or soft >= target:
+        log.info("open-files limit", extra={"soft": soft, "hard": hard})
+        return soft
     try:
-        user, _, password = base64.b64decode(header[6:], validate=True).decode().partition(":")
-    except (ValueError, UnicodeDecodeError):
-        return False
-    hashed = users.get(user)
-    return hashed is not None and _check(hashed, password.encode())
-
-
-class _QuietHandler(WSGIRequestHandler):
-    timeout = 30  # a stalled client holds only its own thread, and not for ever
-    _tls_failed = False
-
-    def setup(self) -> None:
-        super().setup()
-        if isinstance(self.connection, ssl.SSLSocket):
-            # The TLS handshake runs here, on the request's thread: done in accept() it would
-            # let one silent client stall every scrape and probe.
-            try:
-                self.connection.do_handshake()
-            except OSError:  # plain HTTP, a bad client certificate, a timeout
-                self._tls_failed = True
-
-    def handle(self) -> None:
-        if not self._tls_failed:
-            super().handle()
-
-    def log_message(self, *args) -> None:  # access logs would be one line per scrape
-        pass
-
-
-def _alive() -> tuple[bool, str]:
-    return True, "ok"
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError) as e:
+        log.warning("open-files limit not raised", extra={"soft": soft, "hard": hard, "error": str(e)})
+        return soft
+    log.info("open-files limit raised to the hard limit", extra={"from": soft, "to": target, "hard": hard})
+    return target
 
 
 PROBE_PATHS = ("/healthz", "/readyz")  # fixed: probes in deployments name them
+METHODS = ("GET", "HEAD")
 
 
 def check_telemetry_path(path: str) -> str:
@@ -195,60 +115,171 @@ def check_telemetry_path(path: str) -> str:
     return path
 
 
+def _alive() -> tuple[bool, str]:
+    return True, "ok"
+
+
+def _reply(status: int, body: bytes, headers: dict[str, str] | None = None) -> web.Response:
+    hdrs = {"Content-Type": "text/plain; charset=utf-8", "Server": "gpuobs"}
+    hdrs.update(headers or {})
+    return web.Response(status=status, body=body, headers=hdrs)
+
+
+class App:
+    """The exporter's HTTP handler (make_app builds it); `handle` is an aiohttp handler."""
+
+    def __init__(self, metrics: Callable[[str | None, str | None], Exposition],
+                 ready: Callable[[], tuple[bool, str]], users: dict[str, bytes],
+                 alive: Callable[[], tuple[bool, str]], telemetry_path: str):
+        self.metrics, self.ready, self.alive = metrics, ready, alive
+        self.telemetry_path = check_telemetry_path(telemetry_path)
+        self.auth = BasicAuth(users)
+        self.index = f"gpuobs exporter: {telemetry_path} {' '.join(PROBE_PATHS)}\n".encode()
+        self._work = ThreadPoolExecutor(4, thread_name_prefix="gpuobs-http")
+        self._bcrypt = ThreadPoolExecutor(1, thread_name_prefix="gpuobs-bcrypt")  # one bcrypt at a time
+
+    async def _authorized(self, header: str | None) -> bool:
+        verdict = self.auth.quick(header)
+        if verdict is None:
+            verdict = await asyncio.get_running_loop().run_in_executor(self._bcrypt, self.auth.check, header)
+        return verdict
+
+    async def _metrics(self, request: web.BaseRequest) -> web.Response:
+        args = (request.headers.get("Accept"), request.headers.get("Accept-Encoding"))
+        try:
+            got = await asyncio.get_running_loop().run_in_executor(self._work, self.metrics, *args)
+        except Exception:  # noqa: BLE001 - logged here; the client gets a 500 and no traceback
+            log.exception("metrics callback failed")
+            return _reply(500, b"internal error\n")
+        headers = {"Content-Type": got.content_type, "Vary": "Accept, Accept-Encoding"}
+        if got.gzipped:
+            headers["Content-Encoding"] = "gzip"
+        return _reply(200, got.body, headers)
+
+    async def handle(self, request: web.BaseRequest) -> web.Response:
+        """GET or HEAD (HEAD: the headers of GET, no body) on the telemetry path serves
+        `metrics(accept, accept_encoding)` behind basic auth; /healthz and /readyz answer 200 or
+        503 with the reason and skip auth, so that probes need no secret; "/" is an index (unless it
+        is the telemetry path); anything else is 404, and any other method 405."""
+        if request.method not in METHODS:
+            resp = _reply(405, b"method not allowed\n", {"Allow": ", ".join(METHODS)})
+            resp.force_close()  # the body is never read: the connection closes after the answer
+            return resp
+        path = request.path
+        if path in PROBE_PATHS:
+            ok, reason = (self.alive if path == "/healthz" else self.ready)()
+            return _reply(200 if ok else 503, reason.encode() + b"\n")
+        if not await self._authorized(request.headers.get("Authorization")):
+            return _reply(401, b"unauthorized\n", {"WWW-Authenticate": 'Basic realm="gpuobs"'})
+        if path == self.telemetry_path:
+            return await self._metrics(request)
+        if path == "/":
+            return _reply(200, self.index)
+        return _reply(404, b"not found\n")
+
+    def close(self) -> None:
+        """Let the worker threads go (a metrics call in progress finishes on its own)."""
+        self._work.shutdown(wait=False, cancel_futures=True)
+        self._bcrypt.shutdown(wait=False, cancel_futures=True)
+
+
 def make_app(metrics: Callable[[str | None, str | None], Exposition], ready: Callable[[], tuple[bool, str]],
              users: dict[str, bytes], alive: Callable[[], tuple[bool, str]] = _alive,
-             telemetry_path: str = "/metrics"):
-    """The WSGI application. `telemetry_path` serves `metrics(accept, accept_encoding)` (the
+             telemetry_path: str = "/metrics") -> App:
+    """The App for HttpServer. `telemetry_path` serves `metrics(accept, accept_encoding)` (the
     request's Accept and Accept-Encoding headers, None when absent: the format and encoding are the
-    callee's choice) behind basic auth when `users` is not empty; /healthz (liveness: `alive`) and
-    /readyz (readiness: `ready`) answer 200 or 503 with the reason, and skip auth so that probes
-    need no secret; every other path is 404 (but "/", an index). Raises ValueError for a telemetry
-    path check_telemetry_path refuses."""
-    check_telemetry_path(telemetry_path)
-    index = f"gpuobs exporter: {telemetry_path} {' '.join(PROBE_PATHS)}\n".encode()
-
-    def app(environ, start_response):
-        path = environ.get("PATH_INFO", "/")
-        if path in PROBE_PATHS:
-            ok, reason = (alive if path == "/healthz" else ready)()
-            return _reply(start_response, "200 OK" if ok else "503 Service Unavailable", reason.encode() + b"\n")
-        if not authorized(users, environ.get("HTTP_AUTHORIZATION")):
-            return _reply(start_response, "401 Unauthorized", b"unauthorized\n",
-                          [("WWW-Authenticate", 'Basic realm="gpuobs"')])
-        if path == telemetry_path:
-            got = metrics(environ.get("HTTP_ACCEPT"), environ.get("HTTP_ACCEPT_ENCODING"))
-            headers = [("Content-Type", got.content_type), ("Vary", "Accept, Accept-Encoding")]
-            if got.gzipped:
-                headers.append(("Content-Encoding", "gzip"))
-            return _reply(start_response, "200 OK", got.body, headers)
-        if path == "/":
-            return _reply(start_response, "200 OK", index)
-        return _reply(start_response, "404 Not Found", b"not found\n")
-
-    return app
+    callee's choice) behind basic auth when `users` (name -> bcrypt hash) is not empty; see
+    App.handle. Raises ValueError for a telemetry path check_telemetry_path refuses."""
+    return App(metrics, ready, users, alive, telemetry_path)
 
 
-def _reply(start_response, status: str, body: bytes, headers: list[tuple[str, str]] | None = None):
-    hdrs = headers or [("Content-Type", "text/plain; charset=utf-8")]
-    start_response(status, hdrs + [("Content-Length", str(len(body)))])
-    return [body]
+class _Conn(asyncio.Protocol):
+    """One accepted connection: admitted or refused by the server's caps, its deadline, TLS, and
+    then aiohttp's request handler (`inner`), to which the transport's events are passed on."""
 
+    def __init__(self, server: "HttpServer"):
+        self.server = server
+        self.inner = None
+        self.client = None      # the address counted against the per-client cap, once admitted
+        self.transport = None
+        self._timer = None
+        self._early: list = []  # data that arrived after the TLS handshake, before `inner`
 
-class _Server(ThreadingWSGIServer):
-    request_queue_size = 128  # the default 5 overflows under scrape storms (SYN retries of 1-3 s)
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        client = peer[0] if peer else "?"
+        reason = self.server._admit(client)
+        if reason:
+            self.server._count(reason)
+            transport.abort()  # RST: the descriptor is free at once, no TIME_WAIT here
+            return
+        self.client = client
+        self.arm(self.server.limits.header_timeout)
+        if self.server.tls is None:
+            self._start(transport)
+        else:
+            self.server._tasks.add(asyncio.get_running_loop().create_task(self._handshake(transport)))
 
+    async def _handshake(self, transport) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            tls_transport = await loop.start_tls(transport, self, self.server.tls(), server_side=True,
+                                                 ssl_handshake_timeout=self.server.limits.header_timeout)
+        except (OSError, ssl.SSLError, asyncio.TimeoutError, ConnectionError, RuntimeError):
+            transport.abort()  # plain HTTP, a bad client certificate, a silent client
+            return
+        finally:
+            self.server._tasks.discard(asyncio.current_task())
+        if tls_transport is not None and not tls_transport.is_closing():
+            self._start(tls_transport)
 
-class _Server6(_Server):
-    address_family = socket.AF_INET6
+    def _start(self, transport) -> None:
+        self.transport = transport
+        self.inner = self.server._aio()
+        self.server._conns[self.inner] = self
+        self.inner.connection_made(transport)
+        for data in self._early:
+            self.inner.data_received(data)
+        self._early.clear()
 
+    def arm(self, seconds: float) -> None:
+        """(Re)start the connection's one deadline: `seconds` from now, whatever arrives meanwhile."""
+        if self._timer:
+            self._timer.cancel()
+        self._timer = asyncio.get_running_loop().call_later(seconds, self._expire)
 
-class _DualStackServer(_Server6):
-    """Every address, IPv6 and IPv4 (as mapped addresses), on one socket."""
+    def _expire(self) -> None:
+        self.server._count("deadline")
+        if self.transport:
+            self.transport.abort()
 
-    def server_bind(self) -> None:
-        with contextlib.suppress(OSError, AttributeError):  # already dual-stack where it cannot be set
-            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        super().server_bind()
+    def data_received(self, data: bytes) -> None:
+        if self.inner:
+            self.inner.data_received(data)
+        elif self.client is not None:
+            self._early.append(data)
+
+    def eof_received(self):
+        return self.inner.eof_received() if self.inner else None
+
+    def pause_writing(self) -> None:
+        if self.inner:
+            self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self.inner:
+            self.inner.resume_writing()
+
+    def connection_lost(self, exc) -> None:
+        if self._timer:
+            self._timer.cancel()
+        if self.client is not None:
+            self.server._release(self.client)
+            self.client = None
+        if self.inner:
+            self.server._conns.pop(self.inner, None)
+            self.inner.connection_lost(exc)
 
 
 def host_port(addr: str, port: int) -> str:
@@ -257,41 +288,159 @@ def host_port(addr: str, port: int) -> str:
     return f"[{addr}]:{port}" if ":" in addr else f"{addr}:{port}"
 
 
-def _bind(app, addr: str, port: int):
-    """The WSGI server bound to addr:port: "" is every address (IPv6 and IPv4 where the host has
-    IPv6, else IPv4), an IPv6 address or a name that resolves to one binds IPv6. Raises OSError."""
+def _listen(family: int, addr: str, port: int, dual: bool = False) -> socket.socket:
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if dual:
+            with contextlib.suppress(OSError, AttributeError):  # already dual-stack where it cannot be set
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        sock.bind((addr, port))
+        sock.listen(BACKLOG)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _bind(addr: str, port: int) -> socket.socket:
+    """A listening socket on addr:port: "" is every address (IPv6 and IPv4 where the host has IPv6,
+    else IPv4), an IPv6 address or a name that resolves to one binds IPv6. Raises OSError."""
     if addr == "":
         try:
-            return make_server("::", port, app, _DualStackServer, handler_class=_QuietHandler)
+            return _listen(socket.AF_INET6, "::", port, dual=True)
         except OSError as e:
             if e.errno not in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):  # IPv6 off on this host
                 raise
-        return make_server("0.0.0.0", port, app, _Server, handler_class=_QuietHandler)
+        return _listen(socket.AF_INET, "0.0.0.0", port)
     family = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
-    return make_server(addr, port, app, _Server6 if family == socket.AF_INET6 else _Server,
-                       handler_class=_QuietHandler)
+    return _listen(family, addr, port)
 
 
 class HttpServer:
-    """Serves the app on addr:port in a daemon thread ("" for every address; an IPv4 or IPv6
-    address or a host name); `port` holds the bound port (0 picks one), `address` the bound
-    address. Raises OSError (saying which address) when it cannot listen."""
+    """Serves an App on addr:port from an event loop in a daemon thread ("" for every address; an
+    IPv4 or IPv6 address or a host name); `port` holds the bound port (0 picks one), `address` the
+    bound address. `tls`: None (plain HTTP), an SSLContext, or a callable giving the context for
+    each new handshake (webconfig.TlsReloader). `refused` counts connections refused or closed
+    unanswered, by REFUSE_REASONS. Raises OSError (saying which address) when it cannot listen."""
 
-    def __init__(self, app, addr: str, port: int, tls: ssl.SSLContext | None = None):
+    def __init__(self, app: App, addr: str, port: int,
+                 tls: ssl.SSLContext | Callable[[], ssl.SSLContext] | None = None, limits: Limits = Limits()):
         try:
-            self.httpd = _bind(app, addr, port)
+            self.sock = _bind(addr, port)
         except OSError as e:  # gaierror too: a host name that does not resolve
             raise OSError(e.errno, f"cannot listen on {host_port(addr, port)}: {e.strerror}") from None
-        if tls is not None:
-            self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True,
-                                                 do_handshake_on_connect=False)
-        self.address, self.port = self.httpd.server_address[:2]
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name="gpuobs-http", daemon=True)
+        self.app, self.limits = app, limits
+        self.tls = (lambda: tls) if isinstance(tls, ssl.SSLContext) else tls
+        self.address, self.port = self.sock.getsockname()[:2]
+        self.refused = collections.Counter({reason: 0 for reason in REFUSE_REASONS})
+        self._open = 0
+        self._per_client: collections.Counter[str] = collections.Counter()
+        self._conns: dict = {}   # aiohttp request handler -> _Conn
+        self._tasks: set = set()  # TLS handshakes in progress
+        self._backing_off = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping: asyncio.Future | None = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gpuobs-http", daemon=True)
+
+    # ------------------------------------------------------------------ admission (loop thread)
+    def _admit(self, client: str) -> str | None:
+        if self._open >= self.limits.max_connections:
+            return "limit"
+        if self._per_client[client] >= self.limits.max_per_client:
+            return "client_limit"
+        self._open += 1
+        self._per_client[client] += 1
+        return None
+
+    def _release(self, client: str) -> None:
+        self._open -= 1
+        self._per_client[client] -= 1
+        if self._per_client[client] <= 0:
+            del self._per_client[client]
+
+    def _count(self, reason: str) -> None:
+        self.refused[reason] += 1
+
+    def refused_counts(self) -> dict[str, int]:
+        """Connections refused or closed unanswered so far, by reason (every REFUSE_REASONS key)."""
+        return dict(self.refused)
+
+    # ------------------------------------------------------------------------------ the loop
+    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        conn = self._conns.get(request.protocol)
+        if conn:
+            conn.arm(self.limits.response_timeout)
+        resp = await self.app.handle(request)
+        await resp.prepare(request)  # written here, so that the next deadline starts after it
+        await resp.write_eof()
+        if conn:
+            conn.arm(self.limits.keepalive_timeout)
+        return resp
+
+    def _on_loop_error(self, loop, context: dict) -> None:
+        exc = context.get("exception")
+        if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
+            # asyncio has taken the socket off the loop for a second: a back-off, not a spin. Its
+            # accept loop goes on trying (and reporting) for the rest of its batch in the same
+            # callback: one back-off is counted and logged once.
+            if not self._backing_off:
+                self._backing_off = True
+                loop.call_soon(setattr, self, "_backing_off", False)
+                self._count("open_files")
+                log.warning("accept() out of file descriptors: backing off 1 s", extra={"error": str(exc)})
+            return
+        loop.default_exception_handler(context)
+
+    async def _serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(self._on_loop_error)
+        self._aio = web.Server(self._handle, access_log=None, keepalive_timeout=self.limits.keepalive_timeout,
+                               lingering_time=self.limits.body_timeout, max_line_size=8190,
+                               max_field_size=8190)
+        # asyncio takes `backlog` as the listen queue and as how many connections one wake-up
+        # accepts before any is refused: a small batch (a burst never takes hundreds of
+        # descriptors at once), then the deep queue set again
+        server = await loop.create_server(lambda: _Conn(self), sock=self.sock, backlog=ACCEPT_BATCH)
+        self.sock.listen(BACKLOG)
+        self._stopping = loop.create_future()
+        self._ready.set()
+        try:
+            await self._stopping
+        finally:
+            server.close()
+            for task in list(self._tasks):
+                task.cancel()
+            await self._aio.shutdown(timeout=1.0)
+            for conn in list(self._conns.values()):
+                if conn.transport:
+                    conn.transport.abort()
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        try:
+            loop.run_until_complete(self._serve())
+        except Exception:  # noqa: BLE001 - the server thread must say why it ended
+            log.exception("HTTP server stopped on an error")
+        finally:
+            self._ready.set()
+            loop.close()
 
     def start(self) -> "HttpServer":
+        """Start serving; returns once the loop accepts connections (within 5 s)."""
         self._thread.start()
+        self._ready.wait(5)
         return self
 
-    def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+    def stop(self, timeout: float = 3.0) -> None:
+        """Stop accepting, close every connection and end the thread, within about `timeout` s."""
+        loop, stopping = self._loop, self._stopping
+        if loop is not None and stopping is not None and self._thread.is_alive():
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(lambda: stopping.done() or stopping.set_result(None))
+            self._thread.join(timeout)
+        self.sock.close()
+        self.app.close()
