@@ -1,4 +1,4 @@
-"""The log-pattern catalog: the log lines that precede or explain a failed GPU job (NCCL timeouts
+r"""The log-pattern catalog: the log lines that precede or explain a failed GPU job (NCCL timeouts
 and errors, CUDA out-of-memory and illegal addresses, kernel Xid lines, ECC and row-remap
 failures, NVLink and fabric errors), defined once, like the metric catalog.
 
