@@ -653,6 +653,11 @@ LOGS_DROPPED = _otel("gpuobs.telemetry.log_records_dropped", "counter", "{record
                      "gpuobs_telemetry_log_records_dropped",
                      "Log records the Fluentd handlers of this process dropped (full queue, send failures).",
                      "telemetry", labels=())
+LOG_LINES_TRUNCATED = _otel("gpuobs.telemetry.log_lines_truncated", "counter", "{line}",
+                            "gpuobs_telemetry_log_lines_truncated",
+                            "Log lines of this process (log record messages; the exporter's kernel-log records) "
+                            "longer than the log-pattern catalog's cap (gpuobs.logpatterns.MAX_LINE_CHARS): only "
+                            "their start was matched.", "telemetry", labels=())
 ALL: tuple[Metric, ...] = tuple(v for v in list(globals().values()) if isinstance(v, Metric)) + \
     tuple(GPM_METRICS.values()) + tuple(MIG_GPM_METRICS.values())
 BY_NAME: dict[str, Metric] = {m.name: m for m in ALL}
@@ -689,5 +694,6 @@ DEFAULT_VALUES: dict[Metric, tuple[str, frozenset[str]]] = {
 # The exporter's families (names, default on/off) are registered with their collectors: gpuobs.collect.REGISTRY
 APP_FAMILIES = ("training", "inference", "telemetry")  # recorded by gpuobs.instrument, not the exporter
 # What the exporter emits: every non-OTel metric, plus its own dropped log records (gpuobs.logs in its process)
-EXPORTED: tuple[Metric, ...] = tuple(m for m in ALL if not m.otel_name) + (LOGS_DROPPED,)
+# and its truncated log lines (the kernel-log watcher's, through gpuobs.logpatterns.match)
+EXPORTED: tuple[Metric, ...] = tuple(m for m in ALL if not m.otel_name) + (LOGS_DROPPED, LOG_LINES_TRUNCATED)
 OTEL: tuple[Metric, ...] = tuple(m for m in ALL if m.otel_name)  # opt-in: per-process series are unbounded by nature

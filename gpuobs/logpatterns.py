@@ -1,4 +1,4 @@
-"""The log-pattern catalog: the log lines that precede or explain a failed GPU job (NCCL timeouts
+r"""The log-pattern catalog: the log lines that precede or explain a failed GPU job (NCCL timeouts
 and errors, CUDA out-of-memory and illegal addresses, kernel Xid lines, ECC and row-remap
 failures, NVLink and fabric errors), defined once, like the metric catalog.
 
@@ -14,11 +14,24 @@ on every log record of a training process, so most lines are settled by one pref
 has some is tried against the patterns its keywords select, in catalog order (specific before general: a
 kernel Xid line before the ECC or NVLink text it may carry, an NCCL timeout before the generic
 NCCL error that PyTorch logs with it).
+
+Log lines are input an attacker can write (a kernel-log line, a message a training job logs), so
+matching is linear in the line and the line is capped. Linear: every quantifier is bounded (no
+`+`, `*` or `.*?`: `\w{0,12}`, `.{0,80}?`, at most 300 characters for WorkNCCL's fields), so the
+work from one start position is bounded by a constant; and nothing nests or overlaps ambiguously
+(a quantified part is followed by something it cannot match, e.g. `\w{1,40}\b`, WorkNCCL's
+fields as `key=value, ` units and "(...)" units that start with different characters), so that
+constant is a sum of the bounds, not their product. These are plain regexes that Python's `re`
+and Fluent Bit's Onigmo (gpuobs.logs.fluentbit) both run, hence no RE2. Capped: match() looks at
+the first MAX_LINE_CHARS characters only and counts longer lines (truncated_total).
+tests/test_hostile_logs.py times each pattern on hostile 64 KiB lines.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import threading
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -26,7 +39,14 @@ Severity = Literal["critical", "warning"]
 METRIC = "gpuobs_log_pattern_matches"  # catalog.LOG_PATTERN_MATCHES.name (tests pin the two together)
 # The rank a line names: PyTorch's "[Rank 3]", "[PG 0 Rank 3]", torchrun's "[rank3]:" prefix.
 # \b keeps "headRank 3" and "local_rank" out; the "]" keeps "rank 3 of 8" prose out.
-_RANK = re.compile(r"\b[Rr]ank ?(\d+)\]")
+_RANK = re.compile(r"\b[Rr]ank ?(\d{1,7})\]")
+# Only a line's first MAX_LINE_CHARS characters are matched (the signal lines are short: a kernel
+# record is at most 1 KiB, PyTorch's longest watchdog line about 600 characters); the rest is not
+# looked at, and such lines are counted (truncated_total). With the patterns linear, this bounds
+# the time one line can take (tests/test_hostile_logs.py: under 5 ms for any 64 KiB line).
+MAX_LINE_CHARS = 8192
+_truncated = 0
+_truncated_lock = threading.Lock()
 _DIGITS = "0123456789"  # a group name's trailing digits tell alternatives apart (ms2 is ms)
 
 
@@ -73,10 +93,21 @@ class Match:
 
 _PCI = r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?"
 
+
+def _work(n: str) -> str:
+    """PyTorch's "WorkNCCL(SeqNum=5, OpType=ALLREDUCE, ..., Timeout(ms)=600000)" up to its ")",
+    the operation in group op<n>: the fields before OpType as `key=value, ` (at most 3), then up to
+    300 characters that are no parenthesis or a short "(...)" (Timeout(ms)). Each character has one
+    way to match (linear: see the module's docstring)."""
+    return (rf"WorkNCCL\((?:\w{{1,24}}=\w{{1,24}}, ){{0,3}}OpType=(?P<op{n}>\w{{1,40}})\b"
+            r"(?:[^()]|\(\w{0,8}\)){0,300}\)")
+
+
+_WORD_END = r"\w{0,12}\b"  # the rest of a word ("fail" + "ure"), bounded: never the rest of the line
 PATTERNS: tuple[LogPattern, ...] = (
     # Kernel: "NVRM: Xid (PCI:0000:18:00): 79, pid=..., GPU has fallen off the bus." (older drivers
     # write the address without "PCI:"). The code says what happened; the address which GPU.
-    LogPattern("nvrm_xid", re.compile(rf"NVRM: Xid \((?:PCI:)?(?P<pci>{_PCI})\): (?P<xid>\d+)\b"),
+    LogPattern("nvrm_xid", re.compile(rf"NVRM: Xid \((?:PCI:)?(?P<pci>{_PCI})\): (?P<xid>\d{{1,6}})\b"),
                ("Xid",), "critical", "GpuXidFromLogs",
                "Kernel Xid line of the NVIDIA driver (any code; code and PCI address extracted)."),
     # PyTorch's ProcessGroupNCCL watchdog: "[Rank 3] Watchdog caught collective operation timeout:
@@ -87,21 +118,20 @@ PATTERNS: tuple[LogPattern, ...] = (
     # monitoredBarrier in 2000 ms". Alternatives name their groups op2, ms3, ...: Python allows a
     # group name once; the digits are dropped when the fields are read.
     LogPattern("collective_timeout", re.compile(
-        r"Watchdog caught collective operation timeout(?::.*?OpType=(?P<op>\w+))?"
-        r"(?:.*?ran for (?P<ms>\d+) milliseconds)?"
-        r"|WorkNCCL\(.*?OpType=(?P<op2>\w+).*?\) (?:ran for (?P<ms2>\d+) milliseconds before timing out"
-        r"|timed out in blocking wait)"
-        r"|Timeout at NCCL work: \d+"
-        r"|Timed out waiting (?P<ms3>\d+) ?ms for (?:recv|send) operation to complete"
-        r"|failed to pass monitoredBarrier in (?P<ms4>\d+) ms"),
+        r"Watchdog caught collective operation timeout"
+        rf"(?:: ?{_work('')}(?: ran for (?P<ms>\d{{1,12}}) milliseconds)?)?"
+        rf"|{_work('2')} (?:ran for (?P<ms2>\d{{1,12}}) milliseconds before timing out|timed out in blocking wait)"
+        r"|Timeout at NCCL work: \d"
+        r"|Timed out waiting (?P<ms3>\d{1,12}) ?ms for (?:recv|send) operation to complete"
+        r"|failed to pass monitoredBarrier in (?P<ms4>\d{1,12}) ms"),
         ("Watchdog caught", "WorkNCCL", "Timeout at NCCL work", "Timed out waiting", "monitoredBarrier"),
         "critical", "TrainingCollectiveTimeout",
         "A collective did not finish within the process group's timeout: NCCL watchdog or blocking "
         "wait, gloo send/recv, monitored barrier (operation and duration in ms extracted when given, "
         "and the rank).", rank=True),
     LogPattern("cuda_oom", re.compile(
-        r"(?:OutOfMemoryError: )?CUDA out of memory(?:\. Tried to allocate (?P<requested>[\d.]+ [KMGT]i?B))?"
-        r"(?:.*?GPU (?P<gpu>\d+)(?: has a total capac|;))?"  # 2.1 wrote "capacty"
+        r"(?:OutOfMemoryError: )?CUDA out of memory(?:\. Tried to allocate (?P<requested>[\d.]{1,12} [KMGT]i?B))?"
+        r"(?:.{0,40}?GPU (?P<gpu>\d{1,4})(?: has a total capac|;))?"  # 2.1 wrote "capacty"
         r"|CUDA error: out of memory|Cuda failure 'out of memory'|cudaErrorMemoryAllocation"),
         ("out of memory", "cudaErrorMemoryAllocation"), "critical", "TrainingCudaOOM",
         "CUDA out of memory: torch.OutOfMemoryError, older RuntimeError, CUDA runtime error "
@@ -112,13 +142,16 @@ PATTERNS: tuple[LogPattern, ...] = (
         "CUDA illegal memory access (a kernel bug, or bad memory when it follows ECC errors).", rank=True),
     LogPattern("ecc_error", re.compile(
         r"uncorrectable ECC error|cudaErrorECCUncorrectable|CUDA_ERROR_ECC_UNCORRECTABLE"
-        r"|[Rr]ow[ -]?[Rr]emap\w*\b.{0,60}?\b(?:fail\w*|pending|error)\b"),
+        rf"|[Rr]ow[ -]?[Rr]emap{_WORD_END}.{{0,60}}?\b(?:fail{_WORD_END}|pending\b|error\b)"),
         ("ECC", "emap"), "critical", "GpuEccErrorFromLogs",
         "Uncorrectable ECC error, or a row-remapping failure or pending remap."),
+    # "NVLink CRC errors: 0" is no error: the lookahead's parts are disjoint (word, blanks, "count",
+    # blanks, ":" or "="), so it has one way to match.
     LogPattern("nvlink_error", re.compile(
-        r"NVLink\b.{0,80}?\b(?:[Ee]rror|[Ff]atal|[Ff]ail\w*)\b(?!\w*\s*(?:count\w*)?\s*[:=]\s*0\b)"
+        rf"NVLink\b.{{0,80}}?\b(?:[Ee]rror|[Ff]atal|[Ff]ail{_WORD_END})\b"
+        r"(?!\s{0,4}(?:count\w{0,4}\s{0,4})?[:=]\s{0,4}0\b)"
         r"|(?:nvidia-fabricmanager|nv-fabricmanager|[Ff]abric ?[Mm]anager)\b.{0,80}?"
-        r"\b(?:[Ee]rror|[Ff]atal|[Ff]ail\w*|not running)\b"
+        rf"\b(?:[Ee]rror|[Ff]atal|[Ff]ail{_WORD_END}|not running)\b"
         r"|NVSwitch\b.{0,80}?\b(?:[Ee]rror|[Ff]atal)\b|system not yet initialized"),
         ("NVLink", "abric", "NVSwitch", "not yet initialized"), "warning", "GpuNvlinkErrorFromLogs",
         "NVLink, NVSwitch or fabric manager error (the GPU may lose peer bandwidth or fail CUDA "
@@ -155,9 +188,15 @@ def _fields(pattern: LogPattern, found: re.Match[str], line: str) -> dict[str, s
 
 
 def match(line: str) -> Match | None:
-    """The first catalog pattern that matches anywhere in `line` (one log line or record message),
-    with its extracted fields; None when none does (most lines: they fail the prefilter). Never
-    raises for a str; costs one regex scan for a line without any pattern's keyword."""
+    """The first catalog pattern that matches anywhere in the first MAX_LINE_CHARS characters of
+    `line` (one log line or record message), with its extracted fields; None when none does (most
+    lines: they fail the prefilter). A longer line is matched on its start only and counted in
+    truncated_total(). Never raises for a str; linear in min(len(line), MAX_LINE_CHARS), one
+    regex scan for a line without any pattern's keyword. The one entry point of both the log
+    handlers of training processes and the exporter's kernel-log watcher."""
+    if len(line) > MAX_LINE_CHARS:
+        line = line[:MAX_LINE_CHARS]
+        _count_truncated()
     keywords = _PREFILTER.findall(line)
     if not keywords:
         return None
@@ -168,3 +207,26 @@ def match(line: str) -> Match | None:
             if found is not None:
                 return Match(pattern, _fields(pattern, found, line))
     return None
+
+
+def _count_truncated() -> None:
+    global _truncated
+    with _truncated_lock:
+        _truncated += 1
+
+
+def truncated_total() -> int:
+    """Lines this process passed to match() that were longer than MAX_LINE_CHARS (matched on their
+    start only) since it started; never decreases (a forked child starts from 0). Served as
+    gpuobs_telemetry_log_lines_truncated_total by the exporter and the training metrics endpoint."""
+    with _truncated_lock:
+        return _truncated
+
+
+def _at_fork_in_child() -> None:
+    global _truncated, _truncated_lock
+    _truncated_lock = threading.Lock()  # a parent thread may have held it at fork
+    _truncated = 0
+
+
+os.register_at_fork(after_in_child=_at_fork_in_child)

@@ -1096,7 +1096,7 @@ def test_every_catalog_metric_has_one_recorder_chosen_per_metric(mem):
     from gpuobs.instrument.recorders import LocalValues, Recorder, SyncRecorder
 
     observed = {q.name for q in c.QUANTILES.values()} | {c.SPANS_DROPPED.name, c.LOGS_DROPPED.name,
-                                                          c.LOG_PATTERN_MATCHES.name}
+                                                          c.LOG_LINES_TRUNCATED.name, c.LOG_PATTERN_MATCHES.name}
     for m in c.OTEL:
         if m.name in observed:
             with pytest.raises(TypeError):

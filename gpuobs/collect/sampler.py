@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import pynvml as N
 
-from .. import catalog as c
+from .. import catalog as c, logpatterns
 from ..nvml import UNUSABLE, Session
 from ..nvml.fields import FieldValues
 from .base import Family, FieldSpec, GpuCtx, GpuUnusable, LogLimiter, Sample, Snapshot, drop_reason, limits
@@ -619,6 +619,7 @@ class Sampler:
             out.append(Sample(c.COLLECTOR_SUCCESS, (name,), float(name not in failed)))
             out.append(Sample(c.COLLECTOR_ERRORS, (name,), float(self.collector_errors.get(name, 0))))
         out.append(Sample(c.LOGS_DROPPED, (), float(_log_records_dropped())))
+        out.append(Sample(c.LOG_LINES_TRUNCATED, (), float(logpatterns.truncated_total())))
         return out
 
 

@@ -129,9 +129,11 @@ def build():
                        "99th percentile of the checkpoint saves in each rank's quantile window.", min=0), 8, 8)
     L.add(k.timeseries("Telemetry dropped", [
         target(f"sum({rate(sel(c.SPANS_DROPPED), 'increase')})", "spans"),
-        target(f"sum({rate(sel(c.LOGS_DROPPED), 'increase')})", "log records")], "short",
+        target(f"sum({rate(sel(c.LOGS_DROPPED), 'increase')})", "log records"),
+        target(f"sum({rate(sel(c.LOG_LINES_TRUNCATED), 'increase')})", "log lines truncated")], "short",
         "Spans and log records the instrumentation dropped (a slow or dead trace endpoint or Fluentd); "
-        "training itself never waits for them.", min=0, bars=True), 8, 8)
+        "training itself never waits for them. Log lines truncated: messages longer than the log-pattern "
+        "catalog's cap, matched on their start only (still shipped whole).", min=0, bars=True), 8, 8)
     L.add(k.timeseries("Log patterns", [target(
         f"sum by (rank, pattern) ({rate(m(c.LOG_PATTERN_MATCHES), 'increase')})", BY_RANK + " {{pattern}}")],
         "short", "Log records of each rank that match a known failure pattern (NCCL timeout, CUDA OOM, illegal "

@@ -22,7 +22,7 @@ from opentelemetry import metrics as otel_metrics
 from opentelemetry import trace as otel_trace
 from opentelemetry.metrics import Observation
 
-from .. import __version__, catalog as c
+from .. import __version__, catalog as c, logpatterns
 from ..runenv import RunEnv
 from .providers import BATCH_BUCKETS, DURATION_BUCKETS, SPAN_QUEUE, Providers, Settings, build, install_global
 from .quantiles import DEFAULT_MAX_SAMPLES, DEFAULT_WINDOW_S, WindowedQuantiles
@@ -44,7 +44,7 @@ SCOPE = "gpuobs.instrument"  # the instrumentation scope of gpuobs's spans and m
 HELD = frozenset(m.name for m in (
     c.STEPS, c.MICRO_STEPS, c.LAST_STEP, c.SAMPLES_TRAINED, c.TOKENS_TRAINED, c.LOSS, c.GRAD_NORM,
     c.LEARNING_RATE, c.NONFINITE, c.FLOPS, c.PEAK_FLOPS, c.COMPUTE, c.COLLECTIVE_WAIT, c.GOODPUT, c.BADPUT))
-DROPS = frozenset((c.SPANS_DROPPED.name, c.LOGS_DROPPED.name))
+DROPS = frozenset((c.SPANS_DROPPED.name, c.LOGS_DROPPED.name, c.LOG_LINES_TRUNCATED.name))
 # observed from gpuobs.logs's process-wide counts, like the dropped log records
 OBSERVED = DROPS | {c.LOG_PATTERN_MATCHES.name}
 _QUANTILE_OF = {q.name: d for d, q in c.QUANTILES.items()}  # quantile gauge -> its duration histogram
@@ -185,6 +185,8 @@ class Telemetry:
         def observe(_options):
             if metric is c.SPANS_DROPPED:
                 return [Observation(self.spans_dropped)]
+            if metric is c.LOG_LINES_TRUNCATED:
+                return [Observation(logpatterns.truncated_total())]
             from ..logs.fluentd import records_dropped_total  # no logs import at module level
 
             return [Observation(records_dropped_total())]

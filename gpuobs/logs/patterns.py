@@ -8,7 +8,10 @@ message matches nothing, the exception logged with it, e.g. `log.exception("step
 torch.OutOfMemoryError), counts a match in a process-wide counter, sets `log_pattern` on the record
 (so the shipped record says what it matched) and always lets the record through. A record that
 passes several gpuobs handlers is counted once. It never raises and never blocks: a match costs
-one prefilter search, a counted match one uncontended lock.
+one prefilter search, a counted match one uncontended lock; any message, however long and
+however built, is matched in bounded time (logpatterns.match: linear patterns on the message's
+first MAX_LINE_CHARS characters), so a hostile or huge message cannot stall the training step
+that logs it.
 
 `pattern_matches_total()` is the process-wide count per pattern name, every catalog pattern
 present (0 until it matches), never decreasing (a forked child starts from 0, as the dropped
@@ -24,7 +27,6 @@ import threading
 from .. import logpatterns
 
 FIELD = "log_pattern"  # the record attribute (and shipped field) naming the matched pattern
-MAX_CHARS = 8192  # only the start of a huge message is matched: the signal lines are short
 _counts: dict[str, int] = dict.fromkeys(logpatterns.BY_NAME, 0)
 _lock = threading.Lock()  # replaced in a forked child (a parent thread may hold it at fork)
 
@@ -32,13 +34,15 @@ _lock = threading.Lock()  # replaced in a forked child (a parent thread may hold
 def _text_of_exception(record: logging.LogRecord) -> str:
     """'TypeName: message' of the exception logged with the record, or ''."""
     exc = record.exc_info[1] if record.exc_info else None
-    return f"{type(exc).__name__}: {exc}"[:MAX_CHARS] if exc is not None else ""
+    return f"{type(exc).__name__}: {exc}" if exc is not None else ""
 
 
 def match_record(record: logging.LogRecord) -> logpatterns.Match | None:
     """The catalog match of a record: its message, else its exception's 'Type: message'. None
-    when neither matches. Raises what record.getMessage() raises (bad %-arguments)."""
-    found = logpatterns.match(record.getMessage()[:MAX_CHARS])
+    when neither matches. Only the start of a long text is matched (logpatterns.MAX_LINE_CHARS;
+    counted in logpatterns.truncated_total()). Raises what record.getMessage() raises (bad
+    %-arguments)."""
+    found = logpatterns.match(record.getMessage())
     if found is None and record.exc_info:
         found = logpatterns.match(_text_of_exception(record))
     return found
