@@ -5,12 +5,15 @@
 - NvmlDown fires for the hung initialisation and stays quiet for the slow one, on Prometheus and on
   VictoriaMetrics + vmalert (the fast rule profile);
 - the "Unknown Error" zombie (every call and re-init answering UNKNOWN) fails /healthz after the
-  NVML-down timeout; a dead or failing XID watcher fails /readyz, its wait errors counted by code."""
+  NVML-down timeout (and not with the check off);
+- process records with a PID at or above the kernel's pid_max are dropped even when the exporter
+  cannot see the host's PIDs (tests/test_xid_watcher.py has the XID watcher's part of readiness)."""
 
 from __future__ import annotations
 
 import gzip
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -28,6 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families as parse_tex
 from conftest import REPO, free_port, require_tool, stop
 from gpuobs import catalog as c
 from gpuobs.alerts.build import write_fast_rules
+from gpuobs.collect.processes import pid_max
 from gpuobs.exporter.render import SELF_FAMILIES
 from rule_subset import subset
 
@@ -332,3 +336,24 @@ def test_zero_nvml_down_timeout_turns_the_check_off(make_sim, tmp_path):
         assert http(url + "/readyz")[0] == 503
     finally:
         stop(proc)
+
+
+# ------------------------------------------------------------------------------ impossible PIDs
+
+
+def test_pids_at_or_above_pid_max_are_dropped_without_a_host_pid_view(exporter):
+    """NVML's records name host PIDs; in a container without hostPID none of them is in /proc, so
+    whether a process runs cannot be judged, but a PID the kernel cannot hand out still can."""
+    limit = pid_max()
+    possible = next(pid for pid in range(limit - 1, 1, -1) if not os.path.exists(f"/proc/{pid}"))
+    impossible = [limit, 1258291200]  # pid_max itself is never handed out either
+    run = exporter({"gpus": [{"profile": "h100-sxm-80gb", "count": 1}],
+                    "processes": [{"gpu": 0, "pid": possible, "name": "python train.py", "used_mib": 1000}]
+                    + [{"gpu": 0, "pid": pid, "name": "?", "used_mib": 10} for pid in impossible]},
+                   interval=0.1, families={"identity", "memory", "processes"})
+    name = c.PROCESS_MEMORY.name
+    scrape = run.wait_for(lambda s: any(n == name for n, _, _ in s), 5, "process series")
+    assert {labels["pid"] for n, labels, _ in scrape if n == name} == {str(possible)}  # not on this host: kept
+    dropped = {labels["reason"]: v for n, labels, v in scrape
+               if n == c.DROPPED.exposed_name and labels["metric"] == name}
+    assert dropped.get("invalid_pid", 0) >= 2 and "not_running" not in dropped, dropped
