@@ -325,6 +325,20 @@ def test_unknown_error_zombie_fails_healthz_after_the_nvml_down_timeout(make_sim
         stop(proc)
 
 
+def test_a_node_without_a_driver_is_not_restarted(make_sim, tmp_path):
+    """DRIVER_NOT_LOADED is the node's state: a restart cannot cure it, so /healthz stays 200 past the
+    NVML-down timeout and the exporter keeps serving gpuobs_nvml_up 0 (NvmlDown pages)."""
+    sim = make_sim(TWO, init=False)
+    sim.state.fail_init(9)  # NVML_ERROR_DRIVER_NOT_LOADED
+    proc, url = spawn(sim, tmp_path, "--nvml-down-timeout", "1")
+    try:
+        wait(lambda: b"DRIVER_NOT_LOADED" in http(url + "/metrics")[2], 15, "the failed init served")
+        time.sleep(2)
+        assert http(url + "/healthz")[0] == 200 and http(url + "/readyz")[0] == 503
+    finally:
+        stop(proc)
+
+
 def test_zero_nvml_down_timeout_turns_the_check_off(make_sim, tmp_path):
     sim = make_sim(TWO, init=False)
     sim.state.fail_init(UNKNOWN)

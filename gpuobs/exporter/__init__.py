@@ -38,6 +38,11 @@ LIVENESS_MIN_S = 30.0      # and never less than this many seconds
 STOP_TIMEOUT_S = 5.0       # Exporter.stop() gives up (and says what it abandoned) after this long
 NVML_DOWN_TIMEOUT_S = 300.0  # /healthz fails once NVML has answered only driver-level errors this long
 INITIALIZING = "initializing"  # gpuobs_nvml_init_error reason before the first sampling pass
+# NVML down for these is the node's state, not the process's: a restart cannot cure it (a node with no
+# driver, a driver upgraded without a reboot, a container without the libraries or devices), so
+# /healthz does not ask for one; it keeps serving gpuobs_nvml_up 0 (NvmlDown) instead
+RESTART_CANNOT_CURE = frozenset({"DRIVER_NOT_LOADED", "LIB_RM_VERSION_MISMATCH", "LIBRARY_NOT_FOUND",
+                                 "NO_PERMISSION"})
 
 
 M_MMAP_THRESHOLD = -3  # glibc's mallopt() parameter number
@@ -224,14 +229,14 @@ class Exporter:
         failing NVML is not stuck: passes that complete, with errors or with NVML down, count.
         Also fails once NVML has answered nothing but driver-level errors, re-initialisations
         included, for nvml_down_timeout seconds (the "Unknown Error" zombie that only a restart
-        of the container cures); 0 turns that check off."""
+        of the container cures), unless the last one is RESTART_CANNOT_CURE; 0 turns that check off."""
         idle = time.monotonic() - self.sampler.last_pass_end
         if idle > self.liveness_timeout:
             first = "; the first one (nvmlInit) never did" if self.renderer.snapshot is None else ""
             return False, (f"sampling stalled: no pass completed for {idle:.1f}s "
                            f"(liveness timeout {self.liveness_timeout:g}s){first}")
         down, limit = self.session.down_for(), self.config.nvml_down_timeout
-        if limit and down > limit:
+        if limit and down > limit and self.session.last_error not in RESTART_CANNOT_CURE:
             return False, (f"nvml down for {down:.1f}s through {self.session.reinits} re-initialisations "
                            f"(last error {self.session.last_error or 'none'}; limit {limit:g}s)")
         return True, "ok"
