@@ -154,9 +154,6 @@ def test_a_lost_peer_does_not_make_the_other_gpus_unusable(exporter):
     assert unhealthy == {"1"}, unhealthy
     peers = {(l["gpu"], l["peer_gpu"]) for n, l, _ in run.scrape() if n == "gpuobs_gpu_topology_nvlink_links"}
     assert {(a, b) for a in "023" for b in "023" if a != b} <= peers, peers
-    assert not {p for p in peers if "1" in p}, peers  # a lost peer's pairs are dropped at once, not kept
-    run.sim.state.lose_gpu(1, False)  # back: its pairs come back
-    run.wait_for(lambda s: sum(n == LINKS for n, _, _ in s) == 4 * 3, 10, "every pair again")
 
 
 def test_pairs_follow_the_index_shift_after_a_gpu_leaves_at_once(exporter):

@@ -5,9 +5,9 @@ and each GPU's NUMA node and CPU affinity, as `nvidia-smi topo -m` shows them. R
 wiring is fixed for the GPUs' life; re-read after NVML re-initialises and every Session.reprobe_after seconds). The NVLink P2P
 status of each pair is asked again when the GPU's NVLink link states (read by the nvlink family in
 the batch) change, or on slow samples without them; a change re-reads the whole topology (a link
-that went down takes its pairs off NVLink). The pairs follow the GPUs the last pass read: a peer it
-did not read (lost, unreadable) has no pair series, and a peer at another index (the shift after a
-lost GPU) or a GPU not among the peers re-reads the topology at once, not at the next re-probe."""
+that went down takes its pairs off NVLink). A peer the last pass read at another index (the shift
+after a GPU leaves the count) or a GPU read that is not among the peers re-reads the topology at
+once, not at the next re-probe. (A peer whose read timed out keeps its pairs: it is still there.)"""
 
 from __future__ import annotations
 
@@ -181,9 +181,8 @@ class Topology(Family):
         if read is not None and _moved(gpu, st.peers, read) and st.moved_for != (key := frozenset(read.items())):
             st.moved_for = key  # once per set of GPUs read: a peer the probe cannot look up is not re-read each pass
             self.probe(gpu)
-        for peer, labels, links in zip(st.peers, st.pairs, st.counts):
-            if read is None or peer.uuid in read:
-                gpu.emit(c.TOPOLOGY_NVLINK, links, *labels)
+        for labels, links in zip(st.pairs, st.counts):
+            gpu.emit(c.TOPOLOGY_NVLINK, links, *labels)
         gpu.emit(c.NUMA_NODE, st.numa)
         gpu.emit(c.NVLINK_DOMAIN, st.domain)
         if st.cpus:
