@@ -451,8 +451,12 @@ KERNEL_LOG_MATCHES = _m("gpu_kernel_log_matches", "counter", "", "NVIDIA driver 
 # ------------------------------------------------------------------------------------ self-health
 NVML_UP = _m("nvml_up", "gauge", "", "1 if NVML is initialised and answering.", "exporter", "nvmlInit_v2",
              labels=())
-NVML_INIT_ERROR = _m("nvml_init_error", "gauge", "", "1 with the NVML error that keeps NVML down.", "exporter",
+NVML_INIT_ERROR = _m("nvml_init_error", "gauge", "", "1 with the NVML error that keeps NVML down (its NVML code "
+                     "name; 'initializing' while the first nvmlInit and sampling pass have not completed).", "exporter",
                      "nvmlInit_v2 error", labels=("reason",))
+BUILD_INFO = _m("exporter_build", "info", "", "The exporter's own version and the Python that runs it; served from "
+                "the first request on, before NVML answers.", "exporter", "gpuobs.__version__, platform",
+                labels=("version", "python_version"))
 NVML_INFO = _m("nvml", "info", "", "Driver and NVML versions.", "exporter",
                "nvmlSystemGetDriverVersion, nvmlSystemGetNVMLVersion, nvmlSystemGetCudaDriverVersion",
                labels=("driver_version", "nvml_version", "cuda_version"))

@@ -223,7 +223,7 @@ def _collection_options(d, opt_in: list) -> list:
 
 def _run_options() -> list:
     """Attribution, OTLP, the simulator, logging and liveness."""
-    from .exporter import LIVENESS_INTERVALS, LIVENESS_MIN_S
+    from .exporter import LIVENESS_INTERVALS, LIVENESS_MIN_S, NVML_DOWN_TIMEOUT_S
 
     return [
         _option("--otlp-endpoint", envvar=["GPUOBS_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
@@ -244,6 +244,12 @@ def _run_options() -> list:
                 help="Seconds without a completed sampling pass after which /healthz fails (503), so that "
                      f"the exporter is restarted (default: {LIVENESS_INTERVALS} intervals, at least "
                      f"{LIVENESS_MIN_S:g} s; more than 2 intervals)."),
+        _option("--nvml-down-timeout", envvar="GPUOBS_NVML_DOWN_TIMEOUT", type=click.FloatRange(0, 86400),
+                default=NVML_DOWN_TIMEOUT_S, show_default=True,
+                callback=lambda ctx, param, v: _finite(v, "--nvml-down-timeout"),
+                help="Seconds NVML may answer nothing but driver-level errors (UNKNOWN, ...), re-initialisations "
+                     "included, before /healthz fails (503), so that a container only a restart cures is "
+                     "restarted; 0: never."),
     ]
 
 

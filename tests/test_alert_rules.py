@@ -507,8 +507,16 @@ case("GpuMissing", "gone", "every GPU vanishes: 0 present while 8 expected still
      [s("gpuobs_gpus_present", NODE, "8 8 0x30"), s("gpuobs_gpus_expected", NODE, "8x32")],
      (7, [(NODE, _missing.format(0))]), (30, [(NODE, _missing.format(0))]))
 
-health_alert("NvmlDown", "gpuobs_nvml_up", NODE, 0, 1,
-             "NVML does not answer on n1, now or in more than 10% of the last 1h's scrapes: no GPU can be read then.")
+_nvml_down = ("NVML does not answer on n1 (or has not finished initialising since the exporter started), now or in "
+              "more than 10% of the last 1h's scrapes: no GPU can be read then.")
+health_alert("NvmlDown", "gpuobs_nvml_up", NODE, 0, 1, _nvml_down)
+# an exporter serves gpuobs_nvml_up 0 (reason "initializing") from its first scrape until its first pass
+case("NvmlDown", "fires", "a new exporter whose first nvmlInit never completes: fires after its for (5m)",
+     [s("gpuobs_nvml_up", NODE, gauge(states(("gone", 120), ("bad", 120)), 1, 0))],
+     (64.5, []), (65, [(NODE, _nvml_down)]), (119.5, [(NODE, _nvml_down)]), interval="30s")
+case("NvmlDown", "quiet", "a new exporter whose first nvmlInit takes 4 minutes, then completes",
+     [s("gpuobs_nvml_up", NODE, gauge(states(("gone", 120), ("bad", 8), ("ok", 120)), 1, 0))],
+     (62, []), (64, []), (65, []), (90, []), (119.5, []), interval="30s")
 health_alert("GpuExporterDown", "up", NODE, 0, 1,
              "The gpuobs exporter on n1 (n1:9445) cannot be scraped, now or in more than 10% of the last 1h's "
              "scrapes.",

@@ -118,12 +118,17 @@ def test_fabric_without_health_falls_back_to_v1(exporter):
 
 
 def test_mig_bar1_sms_and_process_types(exporter):
+    import os
+
+    from gpuobs.collect.processes import pid_max
+
+    # possible pids (below pid_max) no host runs: the exporter serves them (it cannot tell it sees the host's pids)
+    a, b, d = [pid for pid in range(pid_max() - 1, 1, -1) if not os.path.exists(f"/proc/{pid}")][:3]
     run = exporter({"gpus": [{"profile": "h100-sxm-80gb", "mig": ["3g.40gb", "1g.10gb"]},
                              {"profile": "h100-sxm-80gb"}],
-                    # pids no host runs: the exporter serves them (it cannot tell it sees the host's pids)
-                    "processes": [{"gpu": 0, "pid": 3999010, "gi_id": 1, "ci_id": 0, "used_mib": 100, "name": "a"},
-                                  {"gpu": 1, "pid": 3999011, "used_mib": 200, "type": "C+G", "name": "b"},
-                                  {"gpu": 1, "pid": 3999012, "used_mib": 300, "type": "G", "name": "c"}]})
+                    "processes": [{"gpu": 0, "pid": a, "gi_id": 1, "ci_id": 0, "used_mib": 100, "name": "a"},
+                                  {"gpu": 1, "pid": b, "used_mib": 200, "type": "C+G", "name": "b"},
+                                  {"gpu": 1, "pid": d, "used_mib": 300, "type": "G", "name": "c"}]})
     m = run.sim.state.gpu(0).migs[0]
     set_val(m.bar1_used, 3 * MIB)
     run.next_snapshot(11)
@@ -135,7 +140,7 @@ def test_mig_bar1_sms_and_process_types(exporter):
     assert sms == {"1": 60, "7": 16}
     types = {l["pid"]: (l["process_type"], l["gpu_instance_id"]) for n, l, _ in scrape
              if n == "gpuobs_gpu_process_memory_used_bytes"}
-    assert types == {"3999010": ("compute", "1"), "3999011": ("compute_graphics", ""), "3999012": ("graphics", "")}
+    assert types == {str(a): ("compute", "1"), str(b): ("compute_graphics", ""), str(d): ("graphics", "")}
 
 
 def test_a_driver_without_the_calls_degrades_to_absent_series(exporter):

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from gpuobs.collect.processes import pid_max
 from gpuobs.collect.thermal import Thermal
 from gpuobs.sim.state import set_val
 from test_exporter_faults import DROPPED, TEMP, TWO, UP, UTIL, one, reasons, series_of, uuid, value
@@ -31,10 +32,10 @@ def drops(scrape, metric: str) -> dict[str, float]:
 
 
 def not_running_pid() -> int:
-    """A PID no process has here."""
-    pid = 4_000_000
+    """A possible PID (below the kernel's pid_max) no process has here."""
+    pid = pid_max() - 1
     while os.path.exists(f"/proc/{pid}"):
-        pid += 1
+        pid -= 1
     return pid
 
 

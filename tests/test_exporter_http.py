@@ -524,8 +524,8 @@ def test_cli_processes_flag_adds_process_series(tmp_path):
             "127.0.0.1", "--processes"]
     with cli_exporter(tmp_path, args, port=port) as (_, url, _):
         procs = {l["pid"]: (l, v) for n, l, v in cli_scrape(url) if n == "gpuobs_gpu_process_memory_used_bytes"}
-    assert set(procs) == {str(41001 + i) for i in range(8)}
-    labels, value = procs["41003"]
+    assert set(procs) == {str(21001 + i) for i in range(8)}
+    labels, value = procs["21003"]
     assert labels["gpu"] == "2" and labels["process_name"] == "python train.py --rank 2"
     assert value == 61440 * MIB
 

@@ -68,7 +68,7 @@ def test_nvitop_exporter_reports_all_eight_gpus():
         assert len(vals) == 8 and not any(math.isnan(v) for v in vals.values()), metric
     assert all(v == 81559 for v in values(text, "gpu_memory_total_MiB").values())
     assert all(500 < v <= 700 for v in values(text, "gpu_power_usage_W").values())  # steady: ~85 % of 700 W
-    assert re.search(r'process_gpu_memory_MiB\{.*pid="41001".*\} 61440', text)
+    assert re.search(r'process_gpu_memory_MiB\{.*pid="21001".*\} 61440', text)
 
 
 def test_nvitop_exporter_sees_mig_devices(tmp_path):

@@ -154,3 +154,22 @@ def test_a_lost_peer_does_not_make_the_other_gpus_unusable(exporter):
     assert unhealthy == {"1"}, unhealthy
     peers = {(l["gpu"], l["peer_gpu"]) for n, l, _ in run.scrape() if n == "gpuobs_gpu_topology_nvlink_links"}
     assert {(a, b) for a in "023" for b in "023" if a != b} <= peers, peers
+
+
+def test_pairs_follow_the_index_shift_after_a_gpu_leaves_at_once(exporter):
+    """GPU 1 leaves the device count: GPUs 2 and 3 become 1 and 2. Within a few passes (not at the
+    next 5-minute re-probe) every pair names its peer by its new index, and none names the GPU gone."""
+    run = exporter({"gpus": [{"profile": "h100-sxm-80gb", "count": 4}], "topology": "nvswitch"}, interval=0.2)
+    pairs(run, 4 * 3)
+    st = run.sim.state
+    uuids = [st.gpu(i).uuid.s.decode() for i in range(4)]
+    st.remove_gpu(1)
+    t0 = time.monotonic()
+    now = {uuids[0]: "0", uuids[2]: "1", uuids[3]: "2"}
+
+    def settled(scrape) -> bool:
+        got = {(l["uuid"], l["gpu"], l["peer_uuid"], l["peer_gpu"]) for n, l, _ in scrape if n == LINKS}
+        want = {(a, now[a], b, now[b]) for a in now for b in now if a != b}
+        return got == want
+    run.wait_for(settled, 10, "pairs at the new indices, none with the GPU gone")
+    assert time.monotonic() - t0 < 5, "pairs followed the shift only at a re-probe"

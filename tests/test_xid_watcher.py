@@ -118,8 +118,14 @@ def test_watcher_health_follows_a_failing_event_wait(exporter):
     run.wait_for(lambda s: gauge(s, UP) == 0.0 and errors(s, "UNKNOWN") >= 2, 10, "the XID watcher down")
     run.next_snapshot(3)
     assert gauge(run.scrape(), UP) == 0.0  # it keeps failing: stays down
+    # ... and the exporter is not ready while it does (its waits failing for over two intervals)
+    deadline = time.monotonic() + 5
+    while (ready := run.get("/readyz"))[0] == 200 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ready[0] == 503 and "xid watcher failing (UNKNOWN)" in ready[1], ready
     st.clear_fault(fault)
     run.wait_for(lambda s: gauge(s, UP) == 1.0, 15, "the XID watcher up again")
+    assert run.get("/readyz") == (200, "ready\n")
     st.xid(1, 31)  # and it counts again
     run.wait_for(lambda s: series(s, XIDS).get((uuid(run, 1), "31", "", "")) == 1.0, 5, "an XID after recovery")
 
@@ -159,6 +165,8 @@ def test_a_dead_watcher_thread_is_restarted_with_backoff(exporter, monkeypatch):
     assert 1 <= errors(scrape, "restarted") <= 3, errors(scrape, "restarted")
     assert errors(scrape, "Crash") >= errors(scrape, "restarted")
     assert gauge(scrape, UP) == 0.0
+    status, reason = run.get("/readyz")  # dead between restarts, or failing: not ready either way
+    assert status == 503 and "xid watcher" in reason and "Crash" in reason, (status, reason)
 
     # an ordinary exception does not kill the thread: counted, and the thread carries on
     mode["raise"] = RuntimeError

@@ -506,8 +506,9 @@ def presence(t: Thresholds) -> list[Alert]:
               description="{{ $labels.node }} has {{ $value }} GPUs, fewer than it should have."),
         alert(name="NvmlDown", expr=_unreliable(c.NVML_UP.name, 0, t), for_=t.for_short, severity="critical",
               scope="node", summary="NVML is down on a node.",
-              description="NVML does not answer on {{ $labels.node }}, now or in more than "
-                          f"{flapping} scrapes: no GPU can be read then."),
+              description="NVML does not answer on {{ $labels.node }} (or has not finished initialising since "
+                          f"the exporter started), now or in more than {flapping} scrapes: no GPU can be read "
+                          "then."),
     ]
 
 

@@ -843,7 +843,13 @@ RUNBOOKS: dict[str, dict[str, str]] = {
             carries the reason, for example `DRIVER_NOT_LOADED` (no kernel module), `LIB_RM_VERSION_MISMATCH`
             (the user-space library and the kernel module differ, typically after a driver upgrade without a
             reboot), `LIBRARY_NOT_FOUND` (libnvidia-ml.so.1 is not visible to the exporter) or `NO_PERMISSION`.
-            The exporter keeps serving and retries with a backoff of 1 s doubling to 30 s.""", _FLAPPING],
+            The exporter keeps serving and retries with a backoff of 1 s doubling to 30 s.""", """
+            The reason `initializing` means the exporter's first `nvmlInit` (or its first sampling pass) has
+            not completed: from its first request on, the exporter serves `$NVML_UP` 0 with this reason
+            until it does, so a driver that never finishes initialising (a wedged GPU at boot) pages here,
+            on Prometheus and on VictoriaMetrics alike, while a slow start that completes within
+            $thresholds.for_short stays quiet. Its `/healthz` fails after the liveness timeout, so Kubernetes
+            restarts it; the alert holds as long as the restarted exporter still cannot initialise.""", _FLAPPING],
         impact="""
             The node is blind: no GPU metric, and every GPU and node alert of the node is inhibited. A driver
             problem usually breaks CUDA jobs on the node too.""",
@@ -861,6 +867,11 @@ RUNBOOKS: dict[str, dict[str, str]] = {
               reboot; drain the node meanwhile.
             - `LIBRARY_NOT_FOUND` / `NO_PERMISSION`: fix the exporter's deployment (NVIDIA runtime, mounts, device
               permissions) and restart it.
+            - `initializing`: `nvidia-smi` on the node hangs as well when the driver or a GPU is wedged; drain the
+              node and reset the GPU (`nvidia-smi -r`) or reboot it.
+            - `UNKNOWN` on every call and re-initialisation (the container's view of the driver went stale, for
+              example after a driver reload): the exporter's `/healthz` fails after `--nvml-down-timeout`
+              (5 min) so that Kubernetes restarts it; if it keeps failing after restarts, reboot the node.
 
             Escalate to the platform team if the driver fails on several nodes, for example after a rollout."""),
     "GpuExporterDown": _rb(

@@ -1,7 +1,8 @@
 """Processes (opt-in): device memory and SM utilization per process, capped per GPU. Series of
 ended processes vanish with the next snapshot, since every snapshot is built afresh.
 
-Process records are checked before they are served: pid 0, a process the host's process table
+Process records are checked before they are served: pid 0, a PID at or above the kernel's
+pid_max (impossible, whatever the exporter sees of the host's PIDs), a process the host's process table
 does not have (when the exporter sees the host's PIDs), a used-memory sentinel, and per-process
 totals above the GPU's memory are dropped and counted (gpuobs_exporter_dropped_values_total).
 In MIG mode the processes are read per MIG device, whose handles give per-instance memory."""
@@ -31,6 +32,30 @@ UTILIZATION_WINDOW_S = 10  # per-process SM utilization: samples of the last thi
 Record = tuple[int, "int | None", tuple[str, str], str]
 
 
+PID_MAX_PATH = "/proc/sys/kernel/pid_max"
+PID_MAX_LIMIT = 4 * 1024 * 1024  # the kernel's own ceiling on 64-bit (PID_MAX_LIMIT): used when pid_max is unreadable
+PID_MAX_REREAD_S = 60.0
+_pid_max: tuple[float, int] = (float("-inf"), PID_MAX_LIMIT)  # (monotonic time read, value)
+
+
+def pid_max(path: str = PID_MAX_PATH) -> int:
+    """The kernel's pid_max (PIDs are below it), read from `path` at most once a minute; pid_max is
+    not namespaced, so a container reads the host's. PID_MAX_LIMIT when unreadable or absurd."""
+    global _pid_max
+    now = time.monotonic()
+    if now - _pid_max[0] < PID_MAX_REREAD_S and path == PID_MAX_PATH:
+        return _pid_max[1]
+    try:
+        with open(path) as f:
+            value = int(f.read().strip())
+    except (OSError, ValueError):
+        value = PID_MAX_LIMIT
+    value = value if 0 < value <= PID_MAX_LIMIT else PID_MAX_LIMIT
+    if path == PID_MAX_PATH:
+        _pid_max = (now, value)
+    return value
+
+
 def _running(pid: int) -> bool:
     return os.path.exists(f"/proc/{pid}")
 
@@ -39,7 +64,8 @@ def host_view(pids: list[int]) -> bool:
     """True when this exporter sees the host's PID namespace, judged by evidence: one of the PIDs
     NVML reports (always host PIDs) exists here. In a container without hostPID none does (short
     of a coincidence), and then absence from /proc proves nothing."""
-    return any(_running(pid) for pid in pids if pid > 0)
+    limit = pid_max()
+    return any(_running(pid) for pid in pids if 0 < pid < limit)
 
 
 def _read(gpu: GpuCtx, mig: tuple | None) -> dict[int, tuple[int | None, str]]:
@@ -115,9 +141,10 @@ class Processes(Family):
         """The records that can be true; each one dropped is counted with its reason."""
         out = []
         host = host_view([rec[0] for rec in records])
+        limit = pid_max()
         for rec in records:
             pid = rec[0]
-            if pid <= 0:
+            if pid <= 0 or pid >= limit:
                 gpu.dropped(c.PROCESS_MEMORY, "invalid_pid")
             elif host and not _running(pid):
                 gpu.dropped(c.PROCESS_MEMORY, "not_running")

@@ -5,7 +5,9 @@ and each GPU's NUMA node and CPU affinity, as `nvidia-smi topo -m` shows them. R
 wiring is fixed for the GPUs' life; re-read after NVML re-initialises and every Session.reprobe_after seconds). The NVLink P2P
 status of each pair is asked again when the GPU's NVLink link states (read by the nvlink family in
 the batch) change, or on slow samples without them; a change re-reads the whole topology (a link
-that went down takes its pairs off NVLink)."""
+that went down takes its pairs off NVLink). A peer the last pass read at another index (the shift
+after a GPU leaves the count) or a GPU read that is not among the peers re-reads the topology at
+once, not at the next re-probe. (A peer whose read timed out keeps its pairs: it is still there.)"""
 
 from __future__ import annotations
 
@@ -58,6 +60,7 @@ class TopologyState:
     cpus: str | None = None
     domain: int | None = None  # lowest index of this GPU and its NVLink peers (gpuobs_gpu_topology_nvlink_domain)
     links: tuple | None = None  # NVLink link states (field values) when P2P was last asked
+    moved_for: frozenset | None = None  # the GPUs read (UUID, index) that last made collect() re-probe
 
 
 def cpu_list(words: Any) -> str:
@@ -147,6 +150,11 @@ class Topology(Family):
     """Absent pairs on a single-GPU node; the NUMA node and CPU affinity where NVML reports them."""
     State = TopologyState
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._reading: dict[str, int] = {}  # UUID -> index of the GPUs collected in the pass under way
+        self._read: dict[str, int] | None = None  # ... in the last complete pass (None: none yet)
+
     def probe(self, gpu: GpuCtx) -> None:
         st = self.state(gpu)
         st.peers = _peers(gpu)
@@ -168,9 +176,27 @@ class Topology(Family):
         if (moved or (gpu.slow and not links and any(st.counts))) and st.peers and \
                 any(_p2p(gpu, p) != st.p2p.get(p.uuid) for p in st.peers):
             self.probe(gpu)
+        self._reading[gpu.uuid] = gpu.index
+        read = self._read
+        if read is not None and _moved(gpu, st.peers, read) and st.moved_for != (key := frozenset(read.items())):
+            st.moved_for = key  # once per set of GPUs read: a peer the probe cannot look up is not re-read each pass
+            self.probe(gpu)
         for labels, links in zip(st.pairs, st.counts):
             gpu.emit(c.TOPOLOGY_NVLINK, links, *labels)
         gpu.emit(c.NUMA_NODE, st.numa)
         gpu.emit(c.NVLINK_DOMAIN, st.domain)
         if st.cpus:
             gpu.emit(c.CPU_AFFINITY, 1, st.cpus)
+
+    def node_samples(self, known: dict[str, int]) -> list:
+        """No samples: the end of a pass, when the GPUs it read become the ones pairs are served for."""
+        self._read, self._reading = self._reading, {}
+        return []
+
+
+def _moved(gpu: GpuCtx, peers: list[Peer], read: dict[str, int]) -> bool:
+    """True if the last pass read a peer at another index than the probe found it at, or read a GPU
+    the probe did not find (back from loss, or new): the pairs' labels are then wrong."""
+    at = {p.uuid: p.index for p in peers}
+    return any(read.get(uuid, index) != index for uuid, index in at.items()) or \
+        any(uuid not in at for uuid in read if uuid != gpu.uuid)

@@ -83,6 +83,8 @@ class XidWatcher:
         self._generation = -1
         self._use_v1 = False  # nvmlEventSetWait_v2 missing (older driver or binding): nvmlEventSetWait
         self._failing = False  # the last wait (or the thread) failed; cleared by a wait that returns
+        self._failing_since: float | None = None  # clock() of the first failure of the current run of them
+        self._last_code = ""  # code of the last failure
         self._delay = retry_s
         self._warn = LogLimiter(log_every_s, 1, clock)
         self._xid_log = LogLimiter(log_every_s, xid_logs_per_window, clock)
@@ -124,6 +126,20 @@ class XidWatcher:
         registered, and its last wait did not fail."""
         return (self.alive and self.session.up and self._set is not None and bool(self._watched)
                 and not self._failing)
+
+    def down_reason(self, grace: float) -> str:
+        """Why the watcher cannot be relied on, for readiness: "dead" while its thread (started, not
+        stopped) is not running, "failing (<code>) for <n>s" once its create/wait calls have failed
+        without a good wait in between for more than `grace` seconds; "" otherwise (NVML down is
+        not its failure: it then waits for NVML)."""
+        with self._thread_lock:
+            thread, started = self._thread, self._started
+        if started and not self._stop.is_set() and (thread is None or not thread.is_alive()):
+            return f"dead ({self._last_code or 'thread ended'})"
+        since = self._failing_since
+        if self._failing and since is not None and self._clock() - since > grace:
+            return f"failing ({self._last_code}) for {self._clock() - since:.1f}s"
+        return ""
 
     def supervise(self) -> bool:
         """Restart the thread if it died (a new Thread), at once the first time, then after a back-off
@@ -227,7 +243,7 @@ class XidWatcher:
         try:
             self._run()
         except BaseException as e:  # noqa: BLE001 - a daemon thread: nothing above it; supervise() restarts it
-            self._failing = True
+            self._mark_failing(code_name(e))
             self._count(code_name(e))
             if self._warn.allow(("died", code_name(e))) is not None:
                 log.error("xid watcher thread died", exc_info=True, extra={"error": code_name(e)})
@@ -286,8 +302,14 @@ class XidWatcher:
         return wait_v1(self._set, self.wait_ms)
 
     def _ok(self) -> None:
-        self._failing = False
+        self._failing, self._failing_since = False, None
         self._delay = self.retry_s
+
+    def _mark_failing(self, code: str) -> None:
+        self._last_code = code
+        if not self._failing or self._failing_since is None:
+            self._failing_since = self._clock()
+        self._failing = True
 
     def _pause(self) -> None:
         self._stop.wait(self._delay)
@@ -295,7 +317,7 @@ class XidWatcher:
 
     def _failed(self, message: str, err: BaseException, exc_info: bool = False, **extra: Any) -> None:
         """Count an error by code, mark the watcher failing, and log it (rate-limited per code)."""
-        self._failing = True
+        self._mark_failing(code_name(err))
         self._count(code_name(err))
         self._warning(message, code_name(err), exc_info=exc_info, **extra)
 

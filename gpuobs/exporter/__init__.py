@@ -16,17 +16,18 @@ import ctypes
 import dataclasses
 import gc
 import logging
+import platform
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
 
-from .. import catalog
+from .. import __version__, catalog
 from ..collect import KernelLogWatcher, Sampler, Session, XidWatcher, build_families, default_families, needs_watcher
 from ..collect.kernel_log import DEFAULT_STATE
 from ..collect.profile import Profile
 from ..collect.base import Sample, Snapshot
-from .render import CONTENT_TYPES, FORMATS, Renderer, negotiate
+from .render import CONTENT_TYPES, FORMATS, Renderer, negotiate, self_health_body
 from .server import Exposition, HttpServer, Limits, WebConfig, make_app, raise_open_files_limit
 from .webconfig import TlsReloader
 
@@ -36,6 +37,13 @@ FRESH_INTERVALS = 2        # a snapshot older than this many intervals is stale:
 LIVENESS_INTERVALS = 6     # default liveness timeout: this many intervals without a completed pass,
 LIVENESS_MIN_S = 30.0      # and never less than this many seconds
 STOP_TIMEOUT_S = 5.0       # Exporter.stop() gives up (and says what it abandoned) after this long
+NVML_DOWN_TIMEOUT_S = 300.0  # /healthz fails once NVML has answered only driver-level errors this long
+INITIALIZING = "initializing"  # gpuobs_nvml_init_error reason before the first sampling pass
+# NVML down for these is the node's state, not the process's: a restart cannot cure it (a node with no
+# driver, a driver upgraded without a reboot, a container without the libraries or devices), so
+# /healthz does not ask for one; it keeps serving gpuobs_nvml_up 0 (NvmlDown) instead
+RESTART_CANNOT_CURE = frozenset({"DRIVER_NOT_LOADED", "LIB_RM_VERSION_MISMATCH", "LIBRARY_NOT_FOUND",
+                                 "NO_PERMISSION"})
 
 
 M_MMAP_THRESHOLD = -3  # glibc's mallopt() parameter number
@@ -96,6 +104,8 @@ class ExporterConfig:
     attribution_refresh: float = 10.0     # seconds between attribution refreshes (never per scrape)
     attribution_timeout: float = 2.0      # deadline of one kubelet List() call
     liveness_timeout: float | None = None  # /healthz fails after this long with no completed pass; None: default
+    # /healthz fails after NVML answered only driver-level errors (re-inits included) this long; 0: never
+    nvml_down_timeout: float = NVML_DOWN_TIMEOUT_S
     stop_timeout: float = STOP_TIMEOUT_S   # bound of stop(), NVML shutdown included
     kernel_log: str = "auto"  # kernel-log source: auto, /dev/kmsg or another path, journal, off
     kernel_log_state: str = DEFAULT_STATE  # its state file ('': none); its directory is not created
@@ -146,6 +156,7 @@ class Exporter:
         self._served = collections.Counter({(fmt, enc): 0 for fmt in FORMATS for enc in ("identity", "gzip")
                                             if fmt == "text" or config.naming == "gpuobs"})
         self._served_lock = threading.Lock()
+        self._build_info = Sample(catalog.BUILD_INFO, (__version__, platform.python_version()), 1.0)
         self.sampler = Sampler(self.session, families, config.interval, config.expected_gpus,
                                on_snapshot=self._on_snapshot, profile=series_profile(config))
         self.liveness_timeout = liveness_timeout(config.interval, config.liveness_timeout)
@@ -170,9 +181,26 @@ class Exporter:
                            for source in self.attribution)
         with self._served_lock:
             served = tuple(Sample(catalog.SCRAPES, key, float(n)) for key, n in sorted(self._served.items()))
-        served += tuple(Sample(catalog.HTTP_REFUSED, (reason,), float(n))
-                        for reason, n in sorted(self.http.refused_counts().items()))
-        self.renderer.render(dataclasses.replace(snap, samples=snap.samples + health + served))
+        served += self._refused_samples()
+        self.renderer.render(dataclasses.replace(snap, samples=snap.samples + health + served + (self._build_info,)))
+
+    def _refused_samples(self) -> tuple[Sample, ...]:
+        """The HTTP server's refused connections by reason (none before it exists)."""
+        http = getattr(self, "http", None)
+        return tuple(Sample(catalog.HTTP_REFUSED, (reason,), float(n))
+                     for reason, n in sorted(http.refused_counts().items())) if http is not None else ()
+
+    def _initializing_samples(self) -> list[Sample]:
+        """Self-health before the first sampling pass (no value of NVML or a GPU exists yet): NVML
+        not up, with reason 'initializing', no pass completed, the scrapes served and connections
+        refused, build info."""
+        with self._served_lock:
+            served = [Sample(catalog.SCRAPES, key, float(n)) for key, n in sorted(self._served.items())]
+        out = [Sample(catalog.NVML_UP, (), 0.0), Sample(catalog.NVML_INIT_ERROR, (INITIALIZING,), 1.0),
+               Sample(catalog.SAMPLES, (), 0.0), Sample(catalog.NVML_REINITS, (), 0.0), self._build_info]
+        if self.config.expected_gpus is not None:
+            out.append(Sample(catalog.GPUS_EXPECTED, (), float(self.config.expected_gpus)))
+        return out + served + list(self._refused_samples())
 
     def fresh(self, snap: Snapshot | None = None) -> bool:
         """True if the latest snapshot (or `snap`) is younger than two sampling intervals."""
@@ -182,29 +210,48 @@ class Exporter:
     def metrics(self, accept: str | None = None, accept_encoding: str | None = None) -> Exposition:
         """The /metrics response for a scrape's Accept and Accept-Encoding headers (render.negotiate:
         OpenMetrics and gzip when asked for, else text 0.0.4): the latest snapshot, or only
-        self-health when it is stale. Counted in gpuobs_exporter_scrapes_total."""
+        self-health when it is stale, or before the first sampling pass (nvmlInit may take long or
+        hang) self-health saying so: never an empty body. Counted in gpuobs_exporter_scrapes_total."""
         fmt, gz = negotiate(accept, accept_encoding, self.config.naming)
         with self._served_lock:
             self._served[(fmt, "gzip" if gz else "identity")] += 1
-        body = self.renderer.body(fmt, gz, stale=not self.fresh())
+        if self.renderer.snapshot is None:
+            body = self_health_body(self._initializing_samples(), fmt, gz)
+        else:
+            body = self.renderer.body(fmt, gz, stale=not self.fresh())
         return Exposition(body, CONTENT_TYPES[fmt], gz)
 
     def ready(self) -> tuple[bool, str]:
-        """/readyz: NVML up and a fresh snapshot."""
+        """/readyz: a first sampling pass completed, NVML up, a fresh snapshot, and the XID watcher
+        (when on) neither dead nor failing its waits for two intervals."""
+        if self.renderer.snapshot is None:
+            return False, f"{INITIALIZING}: no sampling pass completed yet"
         if not self.session.up:
             return False, f"nvml down: {self.session.init_error or 'not initialised'}"
         if not self.fresh():
             return False, "snapshot stale"
+        if self.watcher is not None:
+            down = self.watcher.down_reason(FRESH_INTERVALS * self.config.interval)
+            if down:
+                return False, f"xid watcher {down}"
         return True, "ready"
 
     def alive(self) -> tuple[bool, str]:
         """/healthz (liveness): fails once no sampling pass has completed for the liveness timeout,
         i.e. the sampler is stuck (in NVML, as a rule); a restart is then the way out. Slow or
-        failing NVML is not stuck: passes that complete, with errors or with NVML down, count."""
+        failing NVML is not stuck: passes that complete, with errors or with NVML down, count.
+        Also fails once NVML has answered nothing but driver-level errors, re-initialisations
+        included, for nvml_down_timeout seconds (the "Unknown Error" zombie that only a restart
+        of the container cures), unless the last one is RESTART_CANNOT_CURE; 0 turns that check off."""
         idle = time.monotonic() - self.sampler.last_pass_end
         if idle > self.liveness_timeout:
+            first = "; the first one (nvmlInit) never did" if self.renderer.snapshot is None else ""
             return False, (f"sampling stalled: no pass completed for {idle:.1f}s "
-                           f"(liveness timeout {self.liveness_timeout:g}s)")
+                           f"(liveness timeout {self.liveness_timeout:g}s){first}")
+        down, limit = self.session.down_for(), self.config.nvml_down_timeout
+        if limit and down > limit and self.session.last_error not in RESTART_CANNOT_CURE:
+            return False, (f"nvml down for {down:.1f}s through {self.session.reinits} re-initialisations "
+                           f"(last error {self.session.last_error or 'none'}; limit {limit:g}s)")
         return True, "ok"
 
     def start(self) -> "Exporter":

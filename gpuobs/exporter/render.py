@@ -589,6 +589,21 @@ class Renderer:
         return extra
 
 
+def self_health_body(samples: Iterable[Sample], fmt: str = "text", gz: bool = False) -> bytes:
+    """A body of the exporter's own samples only (self-health, no GPU value), with
+    gpuobs_exporter_snapshot_stale 1, written by prometheus_client in format `fmt` (FORMATS: a valid
+    text 0.0.4 or OpenMetrics body, "# EOF" included), gzip-compressed if `gz`: what is served before
+    the first sampling pass. Raises ValueError for an unknown format or a sample of a GPU family."""
+    if fmt not in FORMATS:
+        raise ValueError(f"format must be one of {FORMATS}, got {fmt!r}")
+    samples = list(samples)
+    foreign = sorted({s.metric.name for s in samples if s.metric.family not in SELF_FAMILIES})
+    if foreign:
+        raise ValueError(f"not self-health: {', '.join(foreign)}")
+    body = _to_text(native_families(samples) + [_stale_flag(True)], fmt)
+    return gzip.compress(body, compresslevel=GZIP_LEVEL, mtime=0) if gz else body
+
+
 def _stale_flag(stale: bool) -> PromMetric:
     fam = PromMetric(c.SNAPSHOT_STALE.name, c.SNAPSHOT_STALE.help, "gauge")
     fam.add_sample(c.SNAPSHOT_STALE.name, {}, float(stale))

@@ -142,6 +142,10 @@ class Session:
         self._driver_errors = 0
         self._retiring = -1  # generation being shut down after repeated driver-level errors
         self.reinits = 0
+        # monotonic time since which NVML has answered nothing but driver-level errors or failed
+        # inits (None: it answered since); down from the start until a first call answers
+        self.down_since: float | None = clock()
+        self.last_error: str | None = None  # code of the last driver-level error or failed init
         self._calls = 0
         self._errors: collections.Counter[tuple[str, str]] = collections.Counter()
         # (device, what: "call:variant" or "field:id:scope") -> (call, reason, monotonic time of the answer)
@@ -160,7 +164,8 @@ class Session:
             try:
                 pynvml.nvmlInit()
             except pynvml.NVMLError as e:
-                self.init_error = code_name(e)
+                self.init_error = self.last_error = code_name(e)
+                self._went_down(now)
                 retry_in, self._next_try = self._backoff, now + self._backoff
                 self._backoff = min(self._backoff * 2, self.backoff_max)
                 log.warning("nvml init failed", extra={"error": self.init_error, "retry_in_s": retry_in})
@@ -275,16 +280,32 @@ class Session:
             result = text(fn(*args))
         except pynvml.NVMLError as e:
             if e.value in expected or e.value in UNAVAILABLE:
+                self.down_since = None  # the driver answered
                 raise  # an answer (the GPU, driver or binding lacks it, or nothing is there), not an error
             self.count_error(name or call_name(fn), code_name(e))
             if e.value in DRIVER_LEVEL:
+                self.last_error = code_name(e)
+                self._went_down(self._clock())
                 self._driver_error(generation)
             raise
         except (UnicodeDecodeError, ValueError, TypeError) as e:  # e.g. a name that is not UTF-8
             self.count_error(name or call_name(fn), code_name(e))
             raise
         self._driver_errors = 0
+        if self.down_since is not None:
+            self.down_since = None
         return result
+
+    def _went_down(self, now: float) -> None:
+        if self.down_since is None:
+            self.down_since = now
+
+    def down_for(self) -> float:
+        """Seconds NVML has answered nothing but driver-level errors (UNKNOWN, UNINITIALIZED, ...)
+        and failed initialisations, re-initialisations included, since it last answered a call
+        (since this session was made if it never did); 0.0 while it answers."""
+        since = self.down_since
+        return 0.0 if since is None else max(0.0, self._clock() - since)
 
     def count_error(self, name: str, code: str) -> None:
         """Count one error of `name` (a call, or a value inside one) with `code` (code_name)."""

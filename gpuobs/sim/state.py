@@ -185,6 +185,15 @@ class SimState:
         self.s.init_error_remaining = -1 if times is None else times
         self.s.init_error = error
 
+    INIT_CALLS = ("nvmlInit", "nvmlInit_v2", "nvmlInitWithFlags")
+
+    def slow_init(self, delay_ms: int = 0, hang: bool = False, times: int | None = None) -> list[int]:
+        """Make every nvmlInit variant answer (successfully) only after `delay_ms`, or, with `hang`,
+        block its callers until the faults are cleared: a driver slow to initialise at boot, or a
+        wedged GPU that never lets it finish. times: how many inits (None: every one until
+        cleared). Returns the fault indices for clear_fault; RuntimeError when the table is full."""
+        return [self.fail(name, 0, times=times, delay_ms=delay_ms, hang=hang) for name in self.INIT_CALLS]
+
     def clear_init_error(self) -> None:
         """nvmlInit succeeds again."""
         self.s.init_error = 0
