@@ -178,7 +178,32 @@ def _web_options(d) -> list:
         _option("--web-config", "--web.config.file", "web_config", envvar="GPUOBS_WEB_CONFIG",
                 type=click.Path(exists=True, dir_okay=False),
                 help="Prometheus web-config file: TLS and bcrypt basic auth."),
+        _option("--web.max-connections", "max_connections", envvar="GPUOBS_WEB_MAX_CONNECTIONS",
+                type=click.IntRange(min=1), default=d.max_connections, show_default=True,
+                help="Most open HTTP connections, all clients together; more are closed at once and counted "
+                     "(kept 128 under the open-files limit)."),
+        _option("--web.max-connections-per-client", "max_connections_per_client",
+                envvar="GPUOBS_WEB_MAX_CONNECTIONS_PER_CLIENT", type=click.IntRange(min=1),
+                default=d.max_connections_per_client, show_default=True,
+                help="Most open HTTP connections from one client address (at most --web.max-connections); "
+                     "behind a proxy such as kube-rbac-proxy every scrape comes from its address."),
     ]
+
+
+def _check_connection_caps(ctx: click.Context, total: int, per_client: int) -> int:
+    """The per-client connection cap: as given, or its default lowered to a lower total cap. Raises
+    BadParameter, naming how each cap was given, when a per-client cap given is over the total."""
+    from .exporter.server import check_connection_caps
+
+    if ctx.get_parameter_source("max_connections_per_client") is ParameterSource.DEFAULT:
+        return min(per_client, total)
+    try:
+        check_connection_caps(total, per_client)
+    except ValueError as e:
+        raise click.BadParameter(f"{e}: {_origin(ctx, 'max_connections_per_client')}={per_client}, "
+                                 f"{_origin(ctx, 'max_connections')}={total}",
+                                 param_hint=_origin(ctx, "max_connections_per_client")) from None
+    return per_client
 
 
 def _collection_options(d, opt_in: list) -> list:
@@ -333,6 +358,8 @@ def exporter(ctx, families, scenario_file, log_level, kubelet_socket, slurm_job_
     chosen = _families(families) | {name for name in _opt_in_families() if settings.pop(name)}  # usage errors first
     settings["listen_address"], settings["port"] = _listen_on(ctx, web_listen_address, settings["listen_address"],
                                                               settings["port"])
+    settings["max_connections_per_client"] = _check_connection_caps(ctx, settings["max_connections"],
+                                                                    settings["max_connections_per_client"])
     interval, liveness = settings["interval"], settings["liveness_timeout"]
     if liveness is not None and liveness <= 2 * interval:
         raise click.BadParameter(f"must be more than 2 intervals ({2 * interval:g} s): a healthy exporter "

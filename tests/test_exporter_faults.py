@@ -27,6 +27,7 @@ UTIL = "gpuobs_gpu_utilization_ratio"
 MEM_UTIL = "gpuobs_gpu_memory_utilization_ratio"
 ERRORS = "gpuobs_exporter_nvml_errors_total"
 DROPPED = "gpuobs_exporter_dropped_values_total"
+PAIRS = "gpuobs_gpu_topology_nvlink_links"
 REINITS = "gpuobs_exporter_nvml_reinits_total"
 STALE = "gpuobs_exporter_snapshot_stale"
 PROC_MEM = "gpuobs_gpu_process_memory_used_bytes"
@@ -128,7 +129,9 @@ def test_lost_gpu_reports_down_and_drops_every_value_series(exporter):
     assert one(scrape, UP) == {u0: 0.0, u1: 1.0}
     assert series_of(scrape, u0) == set(), "a lost GPU must not keep serving values"
     assert reasons(scrape) == {u0: "lost"}
-    assert series_of(scrape, u1) == full
+    # the other GPU keeps every series but its pair with the lost one (its only peer), which goes too
+    assert series_of(scrape, u1) == full - {PAIRS}
+    assert not [labels for n, labels, _ in scrape if labels.get("peer_uuid") == u0]
     # the driver still counts a GPU that fell off the bus: present says so, gpu_up says it is lost
     assert value(scrape, "gpuobs_gpus_present") == 2 and value(scrape, "gpuobs_gpus_expected") == 2
     run.next_snapshot(2)
@@ -137,6 +140,7 @@ def test_lost_gpu_reports_down_and_drops_every_value_series(exporter):
 
     run.sim.state.lose_gpu(0, lost=False)  # back on the bus
     run.wait_for(lambda s: one(s, UP).get(u0) == 1 and TEMP in series_of(s, u0), 5, "the GPU back")
+    run.wait_for(lambda s: series_of(s, u1) == full, 5, "the pair with the GPU back")
 
 
 # ---------------------------------------------------------------------------------------- 3

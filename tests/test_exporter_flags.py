@@ -17,7 +17,7 @@ import yaml
 from conftest import REPO, free_port
 from gpuobs.cli import exporter as exporter_command
 from gpuobs.exporter import ExporterConfig
-from gpuobs.exporter.server import Exposition, HttpServer, check_telemetry_path, make_app
+from gpuobs.exporter.server import Exposition, HttpServer, Limits, check_telemetry_path, make_app
 from test_exporter_http import SCENARIO, clean_env, cli_exporter, fetch, parse
 
 METRICS = b"gpuobs_test_value 1\n"
@@ -116,11 +116,33 @@ def test_web_listen_address_ipv6(tmp_path):
     (["--web.telemetry-path=/readyz"], {}, "/readyz is a probe's path"),
     (["--web.telemetry-path=metrics"], {}, "must be an absolute URL path"),
     ([], {"GPUOBS_WEB_TELEMETRY_PATH": "/metrics?x=1"}, "must be an absolute URL path"),
+    (["--web.max-connections=8", "--web.max-connections-per-client=9"], {},
+     "per-client connection cap (9) is over the connection cap (8): --web.max-connections-per-client=9, "
+     "--web.max-connections=8"),
+    ([], {"GPUOBS_WEB_MAX_CONNECTIONS": "8", "GPUOBS_WEB_MAX_CONNECTIONS_PER_CLIENT": "9"},
+     "GPUOBS_WEB_MAX_CONNECTIONS_PER_CLIENT=9, GPUOBS_WEB_MAX_CONNECTIONS=8"),
+    (["--web.max-connections=0"], {}, "0 is not in the range x>=1"),
+    (["--web.max-connections-per-client=-3"], {}, "-3 is not in the range x>=1"),
+    ([], {"GPUOBS_WEB_MAX_CONNECTIONS": "many"}, "'many' is not a valid integer"),
 ])
 def test_conflicting_or_malformed_flags_are_usage_errors(args, env, message):
     r = run_cli("--simulate", str(SCENARIO), *args, **env)
     assert r.returncode == 2 and message in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("total, per_client", [(0, 1), (4, 0), (4, 5), (4, 2.5), (True, 1)])
+def test_connection_caps_refused_in_the_server_limits(total, per_client):
+    with pytest.raises(ValueError, match="connection cap"):
+        Limits(max_connections=total, max_per_client=per_client)
+
+
+def test_configured_caps_kept_and_held_under_the_open_files_limit():
+    assert ExporterConfig().max_connections_per_client == Limits().max_per_client <= ExporterConfig().max_connections
+    assert Limits(max_connections=4, max_per_client=2).for_open_files(1024) == Limits(max_connections=4,
+                                                                                      max_per_client=2)
+    assert Limits(max_connections=900, max_per_client=900).for_open_files(1024) == Limits(max_connections=896,
+                                                                                          max_per_client=896)
 
 
 # ----------------------------------------------------------- an environment variable for each flag

@@ -28,7 +28,7 @@ import pytest
 
 from conftest import REPO, free_port
 from gpuobs.exporter.server import Limits
-from test_exporter_http import SCENARIO, cli_exporter, fetch, parse, tls_files, write_web_config  # noqa: F401
+from test_exporter_http import SCENARIO, clean_env, cli_exporter, fetch, parse, tls_files, write_web_config  # noqa: F401
 
 ATTACKERS = 1100
 NOFILE = 1024  # systemd's default soft limit, the one the issue's slowloris exhausted
@@ -340,3 +340,47 @@ def test_accept_out_of_file_descriptors_backs_off_and_counts():
     finally:
         proc.stdin.close()
         proc.wait(10)
+
+
+def held(port: int, source: str) -> socket.socket:
+    """A keep-alive connection from `source` that has had one answer (so it holds a slot)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(source, 0))
+    s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert s.recv(65536).startswith(b"HTTP/1.1 200"), "a connection under the cap was not answered"
+    return s
+
+
+def answered(port: int, source: str) -> bool:
+    """Whether a new connection from `source` gets an answer (False: closed or reset unanswered)."""
+    try:
+        with held(port, source):
+            return True
+    except (OSError, AssertionError):
+        return False
+
+
+@linux_only
+def test_connection_caps_from_flag_and_variable_take_effect(tmp_path):
+    """--web.max-connections-per-client 2 on a running exporter: a client's third concurrent
+    connection is refused and counted as client_limit, another client's is answered; the total cap
+    from GPUOBS_WEB_MAX_CONNECTIONS (4) refuses a fifth connection, counted as limit."""
+    port = free_port()
+    env = clean_env(GPUOBS_WEB_MAX_CONNECTIONS="4")
+    with cli_exporter(tmp_path, simulate(port, "--web.max-connections-per-client", "2"), env=env,
+                      port=port) as (_, url, _err):
+        before = refused(url)
+        with contextlib.ExitStack() as stack:
+            for _ in range(2):
+                stack.enter_context(held(port, "127.0.0.2"))
+            assert not answered(port, "127.0.0.2")  # the client's third
+            stack.enter_context(held(port, "127.0.0.3"))  # another client: 3 open
+            stack.enter_context(held(port, "127.0.0.4"))  # 4 open: the total cap
+            assert not answered(port, "127.0.0.5")
+        deadline = time.monotonic() + 10  # counts are served with the next sampling pass
+        counts = before
+        while time.monotonic() < deadline and not all(counts[r] > before[r] for r in ("client_limit", "limit")):
+            time.sleep(0.5)
+            with contextlib.suppress(OSError):  # a closed connection's slot may not be free yet
+                counts = refused(url)
+        assert counts["client_limit"] - before["client_limit"] == 1, counts
+        assert counts["limit"] - before["limit"] == 1, counts

@@ -156,6 +156,52 @@ def test_a_lost_peer_does_not_make_the_other_gpus_unusable(exporter):
     assert {(a, b) for a in "023" for b in "023" if a != b} <= peers, peers
 
 
+def _down(scrape, gpu: str) -> str | None:
+    """The gpuobs_gpu_unhealthy reason of a GPU in a scrape (None: it is up)."""
+    return next((l["reason"] for n, l, v in scrape if n == "gpuobs_gpu_unhealthy" and l["gpu"] == gpu and v), None)
+
+
+def _naming(scrape, gpu: str) -> set[tuple[str, str]]:
+    """The (gpu, peer_gpu) pair series of a scrape that name `gpu`, either way."""
+    return {(l["gpu"], l["peer_gpu"]) for n, l, _ in scrape if n == LINKS and gpu in (l["gpu"], l["peer_gpu"])}
+
+
+def test_a_lost_peers_pairs_go_in_the_pass_that_finds_it_lost_and_come_back(exporter):
+    """GPU 1 falls off the bus (GPU_IS_LOST): the first scrape that shows it down serves no pair
+    naming it, either way, while the pairs of the GPUs still there stay; back, its pairs come back."""
+    run = exporter({"gpus": [{"profile": "h100-sxm-80gb", "count": 4}], "topology": "nvswitch"}, interval=0.2)
+    pairs(run, 4 * 3)
+    run.sim.state.lose_gpu(1)
+    scrape = run.wait_for(lambda s: _down(s, "1") == "lost", 10, "GPU 1 down, lost")
+    assert _naming(scrape, "1") == set()
+    for _ in range(3):  # and in the passes after
+        run.next_snapshot()
+        scrape = run.scrape()
+        assert _naming(scrape, "1") == set()
+        assert len(pairs(run, 3 * 2)) == 3 * 2
+    run.sim.state.lose_gpu(1, False)
+    back = run.wait_for(lambda s: sum(n == LINKS for n, _, _ in s) == 4 * 3, 10, "every pair again")
+    assert _naming(back, "1") == {(a, b) for a in "0123" for b in "0123" if a != b and "1" in (a, b)}
+
+
+def test_a_hung_peer_keeps_its_pairs(exporter):
+    """A call hung on GPU 1 withholds its own series (timeout), but it is still there: the other
+    GPUs' pairs to it stay, pass after pass, and its own come back with it."""
+    run = exporter({"gpus": [{"profile": "h100-sxm-80gb", "count": 4}], "topology": "nvswitch"}, interval=0.2)
+    pairs(run, 4 * 3)
+    idx = run.sim.state.fail("nvmlDeviceGetUtilizationRates", 0, gpu=1, hang=True)
+    try:
+        run.wait_for(lambda s: _down(s, "1") == "timeout", 5, "GPU 1 withheld")
+        for _ in range(5):
+            run.next_snapshot()
+            scrape = run.scrape()
+            if _down(scrape, "1") == "timeout":
+                assert _naming(scrape, "1") == {(a, "1") for a in "023"}
+    finally:
+        run.sim.state.clear_fault(idx)
+    run.wait_for(lambda s: _down(s, "1") is None and len(_naming(s, "1")) == 6, 10, "GPU 1 back, its pairs whole")
+
+
 def test_pairs_follow_the_index_shift_after_a_gpu_leaves_at_once(exporter):
     """GPU 1 leaves the device count: GPUs 2 and 3 become 1 and 2. Within a few passes (not at the
     next 5-minute re-probe) every pair names its peer by its new index, and none names the GPU gone."""

@@ -243,6 +243,9 @@ class GpuCtx:
     memo: dict = field(default_factory=dict)
     memo_before: dict = field(default_factory=dict)
     profile: Profile = FULL  # which series are served: others are never made
+    # UUIDs of the node's GPUs the driver reports lost (GPU_IS_LOST) or no longer counts, as of the
+    # sampler's latest read: series naming one as a peer are left out (a timed-out GPU is not lost)
+    lost: frozenset[str] = frozenset()
 
     def serves(self, metric: Metric) -> bool:
         """True when the profile serves some series of the metric: a family skips the NVML call of

@@ -285,6 +285,7 @@ class Sampler:
         self.versions = ("", "", "")
         self._max_seen = 0
         self._known: dict[str, int] = {}  # uuid -> last index, for up=0 after loss
+        self._lost: frozenset[str] = frozenset()  # GPUs the latest read found lost or gone (GpuCtx.lost)
         self._index_uuid: dict[int, str] = {}  # index -> last UUID read there (for a GPU that stops answering)
         self._gpus: dict[str, _GpuState] = {}  # uuid -> what the sampler keeps of the GPU
         self._generation = -1
@@ -435,9 +436,12 @@ class Sampler:
             return 0
         cached = bool(self._handles)
         results = self._read_all(count, deadline)
-        if any(r.reason in ("lost", "unreadable") for r in results.values()) and cached:
+        newly_lost = _lost_in(results) - self._lost
+        if newly_lost or (cached and any(r.reason in ("lost", "unreadable") for r in results.values())):
             # A GPU was lost in this pass, and the others' NVML indices may have shifted with it:
-            # read once more with a fresh count and lookup rather than serve the old indices.
+            # read once more with a fresh count and lookup rather than serve the old indices; and a
+            # GPU newly lost was named as a peer (topology pairs) by the GPUs read before it.
+            self._lost |= newly_lost
             self._handles.clear()
             self._count = None
             count = self._device_count()
@@ -465,6 +469,7 @@ class Sampler:
         for uuid, index in list(self._known.items()):
             if uuid not in accounted:  # no longer counted by the driver: fell off the bus
                 self._down(out, index, uuid, "lost")
+        self._lost = _lost_in(results) | (self._known.keys() - accounted.keys())
         for uuid in set(list(self._gpus)) - set(accounted) - self._reading:
             self._release(uuid)
         self._accounted = accounted
@@ -523,7 +528,8 @@ class Sampler:
         result = _GpuRead(index, uuid, handle)
         state = self._gpu_state(uuid)
         gpu = GpuCtx(self.session, handle, index, uuid, self.samples, result.samples, self._drop,
-                     versions=(self.versions[0], self.versions[2]), memo_before=state.memo, profile=self.profile)
+                     versions=(self.versions[0], self.versions[2]), memo_before=state.memo, profile=self.profile,
+                     lost=self._lost)
         state.memo = gpu.memo  # this pass's Samples, for the next pass
         try:
             if state.probed_at is None or time.monotonic() - state.probed_at >= self.session.reprobe_after:
@@ -621,6 +627,12 @@ class Sampler:
         out.append(Sample(c.LOGS_DROPPED, (), float(_log_records_dropped())))
         out.append(Sample(c.LOG_LINES_TRUNCATED, (), float(logpatterns.truncated_total())))
         return out
+
+
+def _lost_in(results: dict[int, _GpuRead]) -> frozenset[str]:
+    """UUIDs of the GPUs a read found lost (GPU_IS_LOST): not those that timed out, which are still
+    there, nor one whose UUID was never known."""
+    return frozenset(r.uuid for r in results.values() if r.reason == "lost" and r.uuid)
 
 
 def _log_records_dropped() -> int:

@@ -7,7 +7,9 @@ status of each pair is asked again when the GPU's NVLink link states (read by th
 the batch) change, or on slow samples without them; a change re-reads the whole topology (a link
 that went down takes its pairs off NVLink). A peer the last pass read at another index (the shift
 after a GPU leaves the count) or a GPU read that is not among the peers re-reads the topology at
-once, not at the next re-probe. (A peer whose read timed out keeps its pairs: it is still there.)"""
+once, not at the next re-probe. A peer the driver reports lost (GPU_IS_LOST) or no longer counts
+(GpuCtx.lost, from the sampler's latest read) has no pair series from the pass that finds it so,
+and has them again once it answers; a peer whose read timed out keeps its pairs: it is still there."""
 
 from __future__ import annotations
 
@@ -181,8 +183,9 @@ class Topology(Family):
         if read is not None and _moved(gpu, st.peers, read) and st.moved_for != (key := frozenset(read.items())):
             st.moved_for = key  # once per set of GPUs read: a peer the probe cannot look up is not re-read each pass
             self.probe(gpu)
-        for labels, links in zip(st.pairs, st.counts):
-            gpu.emit(c.TOPOLOGY_NVLINK, links, *labels)
+        for peer, labels, links in zip(st.peers, st.pairs, st.counts):
+            if peer.uuid not in gpu.lost:  # back: the same pair again (or the re-probe _moved asks for)
+                gpu.emit(c.TOPOLOGY_NVLINK, links, *labels)
         gpu.emit(c.NUMA_NODE, st.numa)
         gpu.emit(c.NVLINK_DOMAIN, st.domain)
         if st.cpus:

@@ -109,6 +109,10 @@ class ExporterConfig:
     stop_timeout: float = STOP_TIMEOUT_S   # bound of stop(), NVML shutdown included
     kernel_log: str = "auto"  # kernel-log source: auto, /dev/kmsg or another path, journal, off
     kernel_log_state: str = DEFAULT_STATE  # its state file ('': none); its directory is not created
+    # open HTTP connections, all clients together and from one client address (server.Limits; kept
+    # under the open-files limit); behind a proxy every scrape comes from the proxy's one address
+    max_connections: int = Limits.max_connections
+    max_connections_per_client: int = Limits.max_per_client
 
 
 def series_profile(config: ExporterConfig) -> Profile:
@@ -162,7 +166,8 @@ class Exporter:
         self.liveness_timeout = liveness_timeout(config.interval, config.liveness_timeout)
         # connections cost file descriptors: the soft limit goes up to the hard one and the
         # connection cap stays under it (server.Limits.for_open_files)
-        limits = Limits().for_open_files(raise_open_files_limit())
+        limits = Limits(max_connections=config.max_connections, max_per_client=config.max_connections_per_client)
+        limits = limits.for_open_files(raise_open_files_limit())
         tls = TlsReloader(self.web) if self.web.cert_file else None  # reloads rotated files per handshake
         self.http = HttpServer(make_app(self.metrics, self.ready, self.web.users, alive=self.alive,
                                         telemetry_path=config.telemetry_path),

@@ -41,8 +41,8 @@ from aiohttp import web
 
 from .webconfig import BasicAuth, TlsReloader, WebConfig, WebConfigError
 
-__all__ = ["Exposition", "HttpServer", "Limits", "WebConfig", "WebConfigError", "check_telemetry_path",
-           "host_port", "make_app", "raise_open_files_limit", "REFUSE_REASONS"]
+__all__ = ["Exposition", "HttpServer", "Limits", "WebConfig", "WebConfigError", "check_connection_caps",
+           "check_telemetry_path", "host_port", "make_app", "raise_open_files_limit", "REFUSE_REASONS"]
 
 log = logging.getLogger("gpuobs.http")
 
@@ -68,7 +68,9 @@ class Exposition(NamedTuple):
 
 @dataclass(frozen=True)
 class Limits:
-    """Connection limits and deadlines (seconds) of the HTTP server."""
+    """Connection limits and deadlines (seconds) of the HTTP server. The two caps are the
+    exporter's --web.max-connections and --web.max-connections-per-client. Raises ValueError for a
+    cap below 1 or a per-client cap over the total."""
     max_connections: int = 512     # open connections, all clients together
     max_per_client: int = 32       # open connections from one client address
     header_timeout: float = 10.0   # accept (TLS handshake included) to complete request headers
@@ -76,11 +78,24 @@ class Limits:
     keepalive_timeout: float = 120.0  # a response to the next request's complete headers
     body_timeout: float = 5.0      # reading a request body nobody asked for, after the response
 
+    def __post_init__(self) -> None:
+        check_connection_caps(self.max_connections, self.max_per_client)
+
     def for_open_files(self, soft_limit: int) -> "Limits":
         """These limits with the connection cap kept FD_RESERVE file descriptors below
         `soft_limit` (RLIMIT_NOFILE), so that a full house never makes accept() fail."""
-        cap = max(16, min(self.max_connections, soft_limit - FD_RESERVE))
+        cap = min(self.max_connections, max(16, soft_limit - FD_RESERVE))  # a lower configured cap stays
         return replace(self, max_connections=cap, max_per_client=min(self.max_per_client, cap))
+
+
+def check_connection_caps(total: int, per_client: int) -> None:
+    """Raises ValueError unless both caps are integers of at least 1 and the per-client cap is at
+    most the total (a larger one could never be reached)."""
+    for name, cap in (("connection cap", total), ("per-client connection cap", per_client)):
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+            raise ValueError(f"{name} must be a whole number of at least 1, not {cap!r}")
+    if per_client > total:
+        raise ValueError(f"per-client connection cap ({per_client}) is over the connection cap ({total})")
 
 
 def raise_open_files_limit() -> int:
