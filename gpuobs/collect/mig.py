@@ -104,6 +104,13 @@ class Mig(Family):
         st = self.state(gpu)
         return st.devices if st.mode == 1 else None
 
+    def listed(self, uuid: str) -> list[MigDevice]:
+        """The MIG devices of the GPU with this UUID as of its last listing ([] when it is not in MIG
+        mode or not listed yet). Safe from another thread (the XID watcher's): it makes no state and
+        no NVML call, and a listing replaces the list whole."""
+        st = self._states.get(uuid)
+        return list(st.devices) if st is not None and st.mode == 1 else []
+
     def collect(self, gpu: GpuCtx) -> None:
         st = self.state(gpu)
         if gpu.slow or st.mode is _UNREAD:

@@ -149,17 +149,23 @@ class SimState:
             raise ValueError(f"GPU slot {slot} has {g.mig_count} MIG devices, cannot keep {keep}")
         g.mig_count = keep
 
-    def create_migs(self, slot: int, gpu_instance_ids: list[int]) -> list[str]:
+    def create_migs(self, slot: int, gpu_instance_ids: list[int],
+                    compute_instance_ids: list[int] | None = None) -> list[str]:
         """Create MIG devices at indexes 0.. (nvidia-smi mig -cgi -C) with these GPU instance ids,
-        compute instance 0 and new MIG UUIDs, reusing the shapes of the scenario's devices at those
-        indexes. Returns the new MIG UUIDs; ValueError past the layout's maximum."""
+        these compute instance ids (default 0 each; a GPU instance listed twice with two compute
+        instances is one GPU instance split into compute instances) and new MIG UUIDs, reusing the
+        shapes of the scenario's devices at those indexes. Returns the new MIG UUIDs; ValueError past
+        the layout's maximum or for lists of different lengths."""
         g = self.gpu(slot)
         if len(gpu_instance_ids) > layout.MAX_MIG:
             raise ValueError(f"at most {layout.MAX_MIG} MIG devices per GPU")
+        cis = [0] * len(gpu_instance_ids) if compute_instance_ids is None else list(compute_instance_ids)
+        if len(cis) != len(gpu_instance_ids):
+            raise ValueError("one compute instance id per GPU instance id")
         uuids = []
-        for i, gi in enumerate(gpu_instance_ids):
+        for i, (gi, ci) in enumerate(zip(gpu_instance_ids, cis)):
             m = g.migs[i]
-            m.gi_id, m.ci_id = gi, 0
+            m.gi_id, m.ci_id = gi, ci
             new = f"MIG-{uuid.uuid4()}"  # a re-created instance has a new UUID, as with the driver
             m.uuid.s = new.encode()
             uuids.append(new)
