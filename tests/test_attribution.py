@@ -186,6 +186,29 @@ def test_mig_devices_are_attributed_by_mig_uuid(exporter, kubelet):
     assert parent and all("k8s_pod" not in l for l in parent)  # the pod holds a MIG slice, not the GPU
 
 
+def test_xids_of_a_mig_device_carry_the_pod_holding_it(exporter, kubelet):
+    server, path, _ = kubelet
+    run = exporter({"gpus": [{"profile": H100, "mig": ["3g.40gb", "1g.10gb"]}]}, kubelet_socket=path, **FAST)
+    scrape = run.wait_for(lambda s: sum(n == "gpuobs_mig_info" for n, _, _ in s) == 2, 5, "MIG devices")
+    migs = {l["gpu_instance_id"]: l["mig_uuid"] for n, l, _ in scrape if n == "gpuobs_mig_info"}
+    (gi_a, mig_a), (gi_b, _) = sorted(migs.items())
+    server.pods = [("small-job", "research", "main", "nvidia.com/mig-3g.40gb", [mig_a])]
+    run.wait_for(lambda s: pod_of(s, gi_a, "gpuobs_mig_info", "gpu_instance_id")[0] == "small-job", 5, "MIG pod")
+    deadline = time.monotonic() + 10
+    while run.sim.state.calls().get("nvmlDeviceRegisterEvents", 0) < 1:  # events before it are not delivered
+        assert time.monotonic() < deadline, "the XID watcher registered no GPU"
+        time.sleep(0.05)
+    time.sleep(0.1)
+    for gi, xid in ((gi_a, 43), (gi_b, 31)):
+        run.sim.state.xid(0, xid, gi=int(gi), ci=0)
+    run.sim.state.xid(0, 79)
+    scrape = run.wait_for(lambda s: sum(n == "gpuobs_gpu_xid_errors_total" for n, _, _ in s) == 3, 5, "the XIDs")
+    assert pod_of(scrape, "43", "gpuobs_gpu_xid_errors_total", "xid") == ("small-job", "research", "main")
+    assert pod_of(scrape, "43", "gpuobs_gpu_xid_last_seen_timestamp_seconds", "xid")[0] == "small-job"
+    assert pod_of(scrape, "31", "gpuobs_gpu_xid_errors_total", "xid") == (None, None, None)  # nobody holds it
+    assert pod_of(scrape, "79", "gpuobs_gpu_xid_errors_total", "xid") == (None, None, None)  # the whole GPU
+
+
 def test_dcgm_naming_uses_dcgm_exporter_label_names(exporter, kubelet):
     server, path, _ = kubelet
     run = exporter({"gpus": [{"profile": H100, "count": 2}]}, kubelet_socket=path, naming="dcgm", **FAST)

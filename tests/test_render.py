@@ -75,7 +75,7 @@ def _gpu_info(gpu: str, uuid: str) -> Sample:
 
 
 def _xid(uuid: str, code: int, seen: float, gi: str = "") -> Sample:
-    return Sample(c.XID_LAST_SEEN, ("0", uuid, str(code), gi, ""), seen)
+    return Sample(c.XID_LAST_SEEN, ("0", uuid, str(code), gi, "", ""), seen)
 
 
 def test_dcgm_last_xid_is_the_latest_code_of_each_gpu_whatever_its_mig_instance():

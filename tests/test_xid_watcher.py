@@ -109,6 +109,35 @@ def test_mig_instance_xids_carry_instance_ids(exporter):
     assert gpu_label == {"0"}  # the GPU's identity, not a MIG device's
 
 
+def test_mig_xids_carry_the_mig_uuid_of_the_named_device(exporter):
+    """mig_uuid: the device of the GPU and compute instance named; for a GPU instance split into
+    two compute instances and an event naming only it, both UUIDs joined (one series, counted
+    once); empty for an event naming no instance or an instance not listed."""
+    run = exporter({"gpus": [{"profile": H100, "mig": ["3g.40gb", "1g.10gb", "1g.10gb"]}]}, **FAST)
+    st, u = run.sim.state, uuid(run, 0)
+    split, single = 2, 9
+    migs = st.create_migs(0, [split, split, single], [0, 1, 0])
+    run.wait_for(lambda s: {l["mig_uuid"] for n, l, _ in s if n == "gpuobs_mig_info"} == set(migs), 10,
+                 "the new MIG layout listed")
+    registered(run, 1)
+    st.xid(0, 43, gi=split, ci=1)
+    st.xid(0, 43, gi=single, ci=0)
+    st.xid(0, 31, gi=split)  # the GPU instance only: compute instance 0xFFFFFFFF
+    st.xid(0, 13, gi=5, ci=0)  # an instance the listing does not have
+    st.xid(0, 79)
+    want = {("43", str(split), "1"): migs[1], ("43", str(single), "0"): migs[2],
+            ("31", str(split), ""): f"{migs[0]},{migs[1]}", ("13", "5", "0"): "", ("79", "", ""): ""}
+
+    def mig_uuids(scrape):
+        return {(l["xid"], l["gpu_instance_id"], l["compute_instance_id"]): l["mig_uuid"]
+                for n, l, _ in scrape if n == XIDS and l["uuid"] == u}
+
+    scrape = run.wait_for(lambda s: mig_uuids(s) == want, 5, "XIDs with their MIG UUIDs")
+    assert sum(series(scrape, XIDS, xid=31).values()) == 1.0  # the split instance's event, once
+    assert {l["mig_uuid"] for n, l, _ in scrape if n == "gpuobs_gpu_xid_last_seen_timestamp_seconds"} == \
+        set(want.values())
+
+
 def test_watcher_health_follows_a_failing_event_wait(exporter):
     run = exporter(TWO, **FAST)
     st = run.sim.state

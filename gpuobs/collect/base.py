@@ -238,6 +238,7 @@ class GpuCtx:
     versions: tuple[str, str] = ("", "")  # driver and CUDA driver versions (Identity's labels)
     answered: int = 0  # calls in this pass that the GPU answered (values or capability answers)
     failed: int = 0  # calls in this pass that returned an error
+    last_error: int | None = None  # NVML code of the last get() that failed (None: it answered)
     # emit()'s Samples of this pass and of the previous one, by what made them: an unchanged value is
     # served as the same Sample (no new object; the renderer's comparison stops at the identity)
     memo: dict = field(default_factory=dict)
@@ -276,12 +277,14 @@ class GpuCtx:
         what = f"{call}:{variant}"
         if self.session.is_unavailable(self.uuid, what):
             return None
+        self.last_error = None
         try:
             value = self.session.call(fn, self.handle if handle is None else handle, *args, name=call,
                                       expected=expected)
             self.answered += 1
             return value
         except pynvml.NVMLError as e:
+            self.last_error = e.value
             if e.value in UNAVAILABLE:
                 self.answered += 1
                 self.session.mark_unavailable(self.uuid, what, call, e.value)

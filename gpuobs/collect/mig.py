@@ -13,6 +13,10 @@ from .base import Family, GpuCtx, Needs, register
 from .gpm import Gpm
 from .memory import memory_any
 
+# NVML codes of a call on the handle of a MIG device destroyed since it was listed (or of any MIG
+# handle once MIG mode is off): the listing is stale
+GONE = (N.NVML_ERROR_NOT_FOUND, N.NVML_ERROR_INVALID_ARGUMENT)
+
 # (MIG handle, (GPU instance id, compute instance id), MIG UUID, profile)
 MigDevice = tuple[object, tuple[str, str], str, str]
 
@@ -57,6 +61,8 @@ class MigState:
     # per device (by its instance ids), read with the enumeration: BAR1 info and SM count (or None)
     extras: dict[tuple[str, str], tuple] = field(default_factory=dict)
     sms: dict[str, int | None] = field(default_factory=dict)  # MIG UUID -> SM count (fixed by its profile)
+    relisted: int = 0  # listings made at once because a listed handle was gone
+    trusted: set[str] = field(default_factory=set)  # MIG UUIDs listed again after a GONE answer: still there
 
 
 def _extras(gpu: GpuCtx, devices: list[MigDevice], st: MigState) -> dict[tuple[str, str], tuple]:
@@ -79,7 +85,9 @@ def _extras(gpu: GpuCtx, devices: list[MigDevice], st: MigState) -> dict[tuple[s
 
 @register("mig", uses=("gpm",))
 class Mig(Family):
-    """Reads the mode and enumerates the MIG devices on slow samples. With the gpm family on, also
+    """Reads the mode and enumerates the MIG devices on slow samples, and again at once when a
+    listed MIG handle answers as a destroyed device does (GONE: a reconfiguration between
+    listings), so that no later call uses a handle of the old listing. With the gpm family on, also
     samples GPM per GPU instance through it (its support probe and sample buffers)."""
     State = MigState
 
@@ -96,24 +104,68 @@ class Mig(Family):
         st = self.state(gpu)
         return st.devices if st.mode == 1 else None
 
+    def listed(self, uuid: str) -> list[MigDevice]:
+        """The MIG devices of the GPU with this UUID as of its last listing ([] when it is not in MIG
+        mode or not listed yet). Safe from another thread (the XID watcher's): it makes no state and
+        no NVML call, and a listing replaces the list whole."""
+        st = self._states.get(uuid)
+        return list(st.devices) if st is not None and st.mode == 1 else []
+
     def collect(self, gpu: GpuCtx) -> None:
         st = self.state(gpu)
         if gpu.slow or st.mode is _UNREAD:
-            modes = gpu.get(N.nvmlDeviceGetMigMode)
-            mode = None if modes is None else modes[0]
-            if st.mode is not _UNREAD and mode != st.mode:
-                # MIG toggled: what the GPU answered before (NOT_SUPPORTED in one mode) may differ now
-                gpu.session.forget(gpu.uuid)
-            st.mode, st.pending = mode, None if modes is None else modes[1]
-            st.devices = _enumerate(gpu, st) if mode == 1 else []
-            st.extras = _extras(gpu, st.devices, st)
+            self._list(gpu, st)
+        mark = len(gpu.out)
+        if self._emit(gpu, st):
+            return
+        # A MIG handle of the last listing is gone (instances destroyed, or MIG turned off, since
+        # then): drop what this pass emitted from that listing, list again at once, and use only
+        # the new handles. A device the new listing still has answered so as a matter of course
+        # (trusted): its reads go on without one.
+        del gpu.out[mark:]
+        before = {d[2] for d in st.devices}
+        self.relist(gpu)
+        if {d[2] for d in st.devices} == before:  # the same devices: the driver answers so, no reconfiguration
+            st.trusted = before
+        self._emit(gpu, st)
+
+    def relist(self, gpu: GpuCtx) -> None:
+        """List the GPU's MIG devices again now: a caller (the processes family) found a handle of
+        the current listing gone (GONE), so no later call uses it."""
+        st = self.state(gpu)
+        st.relisted += 1
+        self._list(gpu, st)
+
+    @staticmethod
+    def gone(gpu: GpuCtx) -> bool:
+        """True when the last call of gpu.get() failed as a call on a destroyed MIG device does."""
+        return gpu.last_error in GONE
+
+    def _list(self, gpu: GpuCtx, st: MigState) -> None:
+        """Read the mode and enumerate the MIG devices (fresh handles) and their slow extras."""
+        modes = gpu.get(N.nvmlDeviceGetMigMode)
+        mode = None if modes is None else modes[0]
+        if st.mode is not _UNREAD and mode != st.mode:
+            # MIG toggled: what the GPU answered before (NOT_SUPPORTED in one mode) may differ now
+            gpu.session.forget(gpu.uuid)
+        st.mode, st.pending = mode, None if modes is None else modes[1]
+        st.devices = _enumerate(gpu, st) if mode == 1 else []
+        st.extras = _extras(gpu, st.devices, st)
+
+    def _emit(self, gpu: GpuCtx, st: MigState) -> bool:
+        """Emit the mode and each listed device's series; False as soon as a device's handle is
+        gone (its memory read fails with a GONE code, and a listing since did not find the device
+        still there), with no further call on any listed handle."""
         gpu.emit(c.MIG_MODE, st.mode)
         gpu.emit(c.MIG_PENDING, st.pending)
         gpm = self.gpm if self.gpm is not None and self.gpm.supported(gpu) else None
         for handle, ids, mig_uuid, profile in st.devices:
             labels = gpu.labels + ids  # this sample's index, not the one seen at enumeration
-            gpu.emit(c.MIG_INFO, 1, mig_uuid, profile, labels=labels)
+            gpu.last_error = None
             mem = memory_any(gpu, handle, variant="mig")
+            if mem is None and self.gone(gpu) and mig_uuid not in st.trusted:
+                return False
+            gpu.emit(c.MIG_INFO, 1, mig_uuid, profile, labels=labels)
             if mem is not None:
                 gpu.emit(c.MIG_MEMORY_TOTAL, mem.total, labels=labels)
                 gpu.emit(c.MIG_MEMORY_USED, mem.used, labels=labels)
@@ -124,3 +176,4 @@ class Mig(Family):
             gpu.emit(c.MIG_SMS, sms, labels=labels)
             if gpm is not None:
                 gpm.sample(gpu, int(labels[2]), c.MIG_GPM_METRICS, labels)
+        return True

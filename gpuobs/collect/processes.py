@@ -18,7 +18,7 @@ import pynvml as N
 from .. import catalog as c
 from .base import COUNTER_SENTINELS, Family, GpuCtx, Needs, register
 from .memory import Memory
-from .mig import Mig
+from .mig import GONE, Mig
 
 # Newest first: _v3 (R510+), then _v2 for older drivers and bindings. The versioned functions, not
 # pynvml's unversioned ones: on a driver without _v3 those raise NVMLLibraryMismatchError, which
@@ -76,6 +76,8 @@ def _read(gpu: GpuCtx, mig: tuple | None) -> dict[int, tuple[int | None, str]]:
     for kind, calls in (("compute", COMPUTE), ("graphics", GRAPHICS)):
         # a MIG device's handle gives per-instance records (the parent GPU's may lack memory)
         found = gpu.first(*calls) if mig is None else gpu.first(*calls, handle=mig[0], variant="mig")
+        if mig is not None and found is None and gpu.last_error in GONE:
+            break  # the MIG device is gone: no second call with its handle
         for p in found or []:
             # a compute+graphics process is in both lists with the same memory: count it once;
             # None is NVML's "not available" (pynvml maps the sentinel to None)
@@ -109,7 +111,7 @@ class Processes(Family):
     def collect(self, gpu: GpuCtx) -> None:
         migs = self.mig.devices(gpu) if self.mig is not None else None
         if migs:
-            records = [(pid, used, mig[1], kind) for mig in migs for pid, (used, kind) in _read(gpu, mig).items()]
+            records = self._mig_records(gpu, migs)
         else:
             records = [(pid, used, NO_MIG, kind) for pid, (used, kind) in _read(gpu, None).items()]
         records = self._valid(gpu, records)
@@ -126,6 +128,20 @@ class Processes(Family):
             gpu.emit(c.PROCESS_MEMORY, used, str(pid), names[pid][:128], *ids, kind)
         if top and not migs:  # per-process utilization is not available in MIG mode
             self._utilization(gpu, {rec[0] for rec in top})
+
+    def _mig_records(self, gpu: GpuCtx, migs: list) -> list[tuple]:
+        """(pid, used, MIG instance ids, type) per process of each MIG device, stopping at a device
+        whose handle is gone (destroyed since the listing): the mig family lists again at once, and
+        no later call uses a handle of the old listing."""
+        records = []
+        for mig in migs:
+            gpu.last_error = None
+            found = _read(gpu, mig)
+            if not found and self.mig.gone(gpu) and mig[2] not in self.mig.state(gpu).trusted:
+                self.mig.relist(gpu)
+                break
+            records += [(pid, used, mig[1], kind) for pid, (used, kind) in found.items()]
+        return records
 
     @staticmethod
     def _utilization(gpu: GpuCtx, pids: set[int]) -> None:

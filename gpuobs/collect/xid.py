@@ -1,5 +1,6 @@
 """XID events, on their own thread: an NVML event set waits for nvmlEventTypeXidCriticalError and
-counts each event once per GPU, XID code and MIG instance. Exported as counters plus a last-seen
+counts each event once per GPU, XID code and MIG instance (with the MIG UUID the instance had when
+the event came, from the mig family's listing, so that attribution finds the pod holding it). Exported as counters plus a last-seen
 time, so alerts on increase() resolve, unlike a last-value gauge.
 
 The thread reports its own health (gpuobs_exporter_xid_watcher_up, ..._errors_total{code}), is
@@ -19,6 +20,7 @@ import pynvml as N
 from .. import catalog as c
 from ..nvml import Session, code_name
 from .base import Family, GpuCtx, LogLimiter, Needs, Sample, register
+from .mig import Mig, MigDevice
 
 log = logging.getLogger("gpuobs.xid")
 
@@ -35,6 +37,20 @@ def _instance_id(event: Any, name: str) -> str:
     event, which has no such field)."""
     value = getattr(event, name, None)
     return "" if value is None or int(value) == NO_ID else str(int(value))
+
+
+def mig_uuid_of(devices: list[MigDevice], gi: str, ci: str) -> str:
+    """The MIG UUID label of an XID naming GPU instance `gi` and compute instance `ci` (label
+    values, '' when the event names none), among a GPU's listed MIG devices: the device with both
+    ids; for an event naming only a GPU instance, the UUIDs of all its compute instances' devices,
+    by compute instance id, joined with commas (one series per event, so sums count it once); ''
+    when it names no GPU instance or no listed device matches (e.g. created since the last listing)."""
+    if not gi:
+        return ""
+    if ci:
+        return next((mig for _, ids, mig, _ in devices if ids == (gi, ci)), "")
+    found = sorted((int(ids[1]), mig) for _, ids, mig, _ in devices if ids[0] == gi and ids[1].isdigit())
+    return ",".join(mig for _, mig in found)
 
 
 class _EventDataV1(ctypes.Structure):
@@ -70,8 +86,11 @@ class XidWatcher:
         self.retry_s, self.retry_max_s = retry_s, retry_max_s  # after a failed create/wait, doubling
         self.restart_backoff_s, self.restart_backoff_max_s = restart_backoff_s, restart_backoff_max_s
         self._clock = clock
-        self.counts: collections.Counter[tuple[str, int, str, str]] = collections.Counter()
-        self.last_seen: dict[tuple[str, int, str, str], float] = {}
+        # key: (GPU UUID, XID, GPU instance id, compute instance id, MIG UUID(s))
+        self.counts: collections.Counter[tuple[str, int, str, str, str]] = collections.Counter()
+        self.last_seen: dict[tuple[str, int, str, str, str], float] = {}
+        # (GPU UUID, gi, ci) -> MIG UUID label (mig_uuid_of); set by the Xid family with the mig family on
+        self.resolve_mig: Callable[[str, str, str], str] | None = None
         self._errors: collections.Counter[str] = collections.Counter()
         self._lock = threading.Lock()  # counts, errors, handles
         self._handles: dict[str, object] = {}
@@ -179,11 +198,12 @@ class XidWatcher:
             except N.NVMLError:
                 pass  # counted and logged in _sync
 
-    def totals(self) -> list[tuple[str, int, str, str, int, float]]:
-        """[(uuid, xid, gpu instance id, compute instance id, count, last seen unix time)]; the
-        instance ids are '' when the events named none."""
+    def totals(self) -> list[tuple[str, int, str, str, str, int, float]]:
+        """[(uuid, xid, gpu instance id, compute instance id, MIG UUID(s), count, last seen unix
+        time)]; the instance ids are '' when the events named none, the MIG UUIDs '' when no listed
+        MIG device matched (see mig_uuid_of)."""
         with self._lock:
-            return [(u, x, gi, ci, n, self.last_seen[(u, x, gi, ci)]) for (u, x, gi, ci), n in self.counts.items()]
+            return [key + (n, self.last_seen[key]) for key, n in self.counts.items()]
 
     # ---- event set -------------------------------------------------------------------------------
 
@@ -336,39 +356,60 @@ class XidWatcher:
         log.warning(message + (f" ({suppressed} similar left out)" if suppressed else ""),
                     exc_info=exc_info, extra=extra)
 
+    def _mig_uuid(self, uuid: str, gi: str, ci: str) -> str:
+        """resolve_mig's answer; '' without one, or when it fails (counted: the event is still counted)."""
+        resolve = self.resolve_mig
+        if resolve is None or not gi:
+            return ""
+        try:
+            return resolve(uuid, gi, ci)
+        except Exception as e:  # noqa: BLE001 - never lose the XID over its label
+            self._count(code_name(e))
+            self._warning("cannot find the MIG device of an XID", code_name(e), uuid=uuid)
+            return ""
+
     def _record(self, event) -> None:
         try:
             uuid = self.session.call(N.nvmlDeviceGetUUID, event.device)
         except (N.NVMLError, UnicodeDecodeError):
             with self._lock:  # a lost GPU's handle may not answer: find it among ours
                 uuid = next((u for u, h in self._handles.items() if _addr(h) == _addr(event.device)), "")
-        key = (uuid, int(event.eventData), _instance_id(event, "gpuInstanceId"),
-               _instance_id(event, "computeInstanceId"))
+        gi, ci = _instance_id(event, "gpuInstanceId"), _instance_id(event, "computeInstanceId")
+        key = (uuid, int(event.eventData), gi, ci, self._mig_uuid(uuid, gi, ci))
         with self._lock:
             self.counts[key] += 1
             self.last_seen[key] = time.time()
         suppressed = self._xid_log.allow("xid error")  # the event itself; bounded against a flood
         if suppressed is not None:
-            extra = {"uuid": uuid, "xid": key[1], "gpu_instance_id": key[2], "compute_instance_id": key[3]}
+            extra = {"uuid": uuid, "xid": key[1], "gpu_instance_id": gi, "compute_instance_id": ci, "mig_uuid": key[4]}
             if suppressed:
                 extra["suppressed"] = suppressed
             log.error("xid error" + (f" ({suppressed} more left out)" if suppressed else ""), extra=extra)
 
 
-@register("xid", needs_watcher=True)
+@register("xid", uses=("mig",), needs_watcher=True)
 class Xid(Family):
     """Registers each GPU with the watcher, and exports its counters for every GPU ever seen: an
     XID 79 arrives as its GPU falls off the bus, and must stay visible while the GPU is lost. Also
-    the watcher's health, and restarts its thread if it died."""
+    the watcher's health, and restarts its thread if it died. With the mig family on, the watcher
+    labels an XID naming a MIG instance with its MIG UUID from that family's last listing."""
 
-    def __init__(self, watcher: XidWatcher):
+    def __init__(self, watcher: XidWatcher, mig: Mig | None = None):
         super().__init__()
         self.watcher = watcher
+        self.mig = mig
+        if mig is not None:
+            watcher.resolve_mig = self.mig_uuid
 
     @classmethod
     def build(cls, needs: Needs) -> "Xid | None":
         """None without a watcher: the family is then left out."""
-        return cls(needs.watcher) if needs.watcher is not None else None
+        return cls(needs.watcher, mig=needs.built.get("mig")) if needs.watcher is not None else None
+
+    def mig_uuid(self, uuid: str, gi: str, ci: str) -> str:
+        """The MIG UUID label of an XID of GPU `uuid` naming instances gi/ci (mig_uuid_of), from the
+        mig family's last listing of that GPU; called on the watcher's thread."""
+        return mig_uuid_of(self.mig.listed(uuid) if self.mig is not None else [], gi, ci)
 
     def collect(self, gpu: GpuCtx) -> None:
         self.watcher.register(gpu.uuid, gpu.handle)
@@ -376,8 +417,8 @@ class Xid(Family):
     def node_samples(self, known: dict[str, int]) -> list[Sample]:
         self.watcher.supervise()
         out = []
-        for uuid, xid, gi, ci, count, seen in self.watcher.totals():
-            labels = (str(known.get(uuid, "")), uuid, str(xid), gi, ci)
+        for uuid, xid, gi, ci, mig, count, seen in self.watcher.totals():
+            labels = (str(known.get(uuid, "")), uuid, str(xid), gi, ci, mig)
             out += [Sample(c.XID_ERRORS, labels, float(count)), Sample(c.XID_LAST_SEEN, labels, seen)]
         out.append(Sample(c.XID_WATCHER_UP, (), float(self.watcher.up)))
         out += [Sample(c.XID_WATCHER_ERRORS, (code,), float(n)) for code, n in sorted(self.watcher.errors().items())]

@@ -156,7 +156,7 @@ def _xid_series(samples: list[Sample], ident: DcgmIdentity, watched: bool) -> It
             last[s.labels[1]] = s
     if watched:
         for uuid, info in ident.info.items():
-            last.setdefault(uuid, Sample(c.XID_LAST_SEEN, (info["gpu"], uuid, "0", "", ""), 0.0))
+            last.setdefault(uuid, Sample(c.XID_LAST_SEEN, (info["gpu"], uuid, "0", "", "", ""), 0.0))
     for uuid, s in sorted(last.items(), key=lambda kv: kv[1].labels[0]):
         code = int(s.labels[2])
         labels = ident.labels(s.labels[0], uuid)
@@ -557,36 +557,59 @@ class Renderer:
     def _attributor(self, mig_info: Iterable[Sample]) -> Extra | None:
         """Attribution labels of a per-GPU or MIG sample, as a tuple of (label, value) pairs (None:
         none), looked up once per device per render. A MIG sample is looked up by its MIG UUID (and
-        GPU instance), else by its parent GPU."""
+        GPU instance), a per-GPU sample with a mig_uuid label (an XID naming a MIG instance) by that
+        UUID (by each of a comma-joined list in turn: the first found wins), else by its parent GPU."""
         if not self.attribution:
             return None
-        names = ATTRIBUTION_LABELS[self.naming]
         n_mig = len(c.MIG_LABELS)
         mig_uuids = {tuple(s.labels[:n_mig]): s.labels[n_mig] for s in mig_info}
         cache: dict[tuple, tuple | None] = {}
-        identity: dict[c.Metric, int] = {}  # metric -> how many identity labels it starts with
+        shape: dict[c.Metric, tuple[int, int | None, int]] = {}  # metric -> _attribution_shape()
 
         def extra(s: Sample) -> tuple | None:
-            n = identity.get(s.metric)
-            if n is None:
-                n = identity[s.metric] = len(s.metric.identity)
+            got = shape.get(s.metric)
+            if got is None:
+                got = shape[s.metric] = _attribution_shape(s.metric)
+            n, at, gi_at = got
             key = s.labels[:n]
             if not key:
                 return None
+            migs: tuple[str, ...] = ()
+            gpu_instance = None
+            if n == n_mig:
+                migs, gpu_instance = (mig_uuids.get(key, ""),), key[2]
+            elif at is not None and s.labels[at]:
+                migs, gpu_instance = tuple(s.labels[at].split(",")), s.labels[gi_at]
+                key = key + (s.labels[at], gpu_instance)
             if key not in cache:
-                gpu, uuid, labels = key[0], key[1], {}
-                for source in self.attribution:
-                    found = None
-                    if len(key) == n_mig:
-                        found = source.lookup(mig_uuids.get(key, ""), gpu, key[2])
-                    found = found or source.lookup(uuid, gpu)
-                    for k, v in (found or {}).items():
-                        if k in names and v:
-                            labels[names[k]] = v
-                cache[key] = tuple(sorted(labels.items())) or None
+                cache[key] = self._lookup(key[0], key[1], migs, gpu_instance)
             return cache[key]
 
         return extra
+
+    def _lookup(self, gpu: str, uuid: str, migs: tuple[str, ...], gpu_instance: str | None) -> tuple | None:
+        """The attribution labels (sorted (label, value) pairs, None: none) of a device: each source
+        is asked for the MIG UUIDs `migs` in turn, else for the parent GPU's UUID."""
+        names = ATTRIBUTION_LABELS[self.naming]
+        labels: dict[str, str] = {}
+        for source in self.attribution:
+            found = None
+            for mig in migs:
+                found = found or source.lookup(mig, gpu, gpu_instance)
+            found = found or source.lookup(uuid, gpu)
+            for k, v in (found or {}).items():
+                if k in names and v:
+                    labels[names[k]] = v
+        return tuple(sorted(labels.items())) or None
+
+
+def _attribution_shape(metric: c.Metric) -> tuple[int, int | None, int]:
+    """(how many identity labels a metric's series start with, the positions of its mig_uuid and
+    gpu_instance_id labels when it is a per-GPU metric with both (the XID series), else None and -1)."""
+    n = len(metric.identity)
+    if n == len(c.GPU_LABELS) and "mig_uuid" in metric.labels and "gpu_instance_id" in metric.labels:
+        return n, metric.labels.index("mig_uuid"), metric.labels.index("gpu_instance_id")
+    return n, None, -1
 
 
 def self_health_body(samples: Iterable[Sample], fmt: str = "text", gz: bool = False) -> bytes:

@@ -10,6 +10,7 @@ import ctypes as C
 import mmap
 import os
 import time
+import uuid
 from pathlib import Path
 
 from . import builder, layout
@@ -139,6 +140,37 @@ class SimState:
     def set_name(self, slot: int, raw: bytes) -> None:
         """Set a GPU's name to raw bytes (may be invalid UTF-8, as a corrupted VBIOS string can be)."""
         self.gpu(slot).name.s = raw[: layout.STR_LEN - 1]
+
+    def destroy_migs(self, slot: int, keep: int = 0) -> None:
+        """Destroy a GPU's MIG devices from index `keep` on (nvidia-smi mig -dci -dgi): calls on
+        their handles answer NVML_ERROR_INVALID_ARGUMENT, their indexes NOT_FOUND. MIG stays on."""
+        g = self.gpu(slot)
+        if not 0 <= keep <= g.mig_count:
+            raise ValueError(f"GPU slot {slot} has {g.mig_count} MIG devices, cannot keep {keep}")
+        g.mig_count = keep
+
+    def create_migs(self, slot: int, gpu_instance_ids: list[int],
+                    compute_instance_ids: list[int] | None = None) -> list[str]:
+        """Create MIG devices at indexes 0.. (nvidia-smi mig -cgi -C) with these GPU instance ids,
+        these compute instance ids (default 0 each; a GPU instance listed twice with two compute
+        instances is one GPU instance split into compute instances) and new MIG UUIDs, reusing the
+        shapes of the scenario's devices at those indexes. Returns the new MIG UUIDs; ValueError past
+        the layout's maximum or for lists of different lengths."""
+        g = self.gpu(slot)
+        if len(gpu_instance_ids) > layout.MAX_MIG:
+            raise ValueError(f"at most {layout.MAX_MIG} MIG devices per GPU")
+        cis = [0] * len(gpu_instance_ids) if compute_instance_ids is None else list(compute_instance_ids)
+        if len(cis) != len(gpu_instance_ids):
+            raise ValueError("one compute instance id per GPU instance id")
+        uuids = []
+        for i, (gi, ci) in enumerate(zip(gpu_instance_ids, cis)):
+            m = g.migs[i]
+            m.gi_id, m.ci_id = gi, ci
+            new = f"MIG-{uuid.uuid4()}"  # a re-created instance has a new UUID, as with the driver
+            m.uuid.s = new.encode()
+            uuids.append(new)
+        g.mig_count = len(gpu_instance_ids)
+        return uuids
 
     # ---- faults ------------------------------------------------------------------------
 
