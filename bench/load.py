@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import http.client
+import itertools
 import multiprocessing as mp
 import os
 import random
@@ -48,9 +49,24 @@ FLAT_MIB, FLAT_PCT = 2.0, 5.0  # RSS is "flat" when growth from 10 % to 100 % is
 # ---------------------------------------------------------------------------------------------- helpers
 
 
+_source = threading.local()
+_sources = itertools.count()
+
+
+def source_address() -> tuple[str, int]:
+    """This thread's own loopback address to connect from (all of 127.0.0.0/8 reaches 127.0.0.1 on
+    Linux): the load is many scrapers, each from its own address as separate Prometheus servers are,
+    so the exporter's per-client connection cap (server.Limits) applies as it does in a fleet."""
+    if not hasattr(_source, "addr"):
+        k = next(_sources)
+        _source.addr = (f"127.{1 + os.getpid() % 250}.{k // 250 % 250}.{2 + k % 250}", 0)
+    return _source.addr
+
+
 def get(port: int, path: str = "/metrics", timeout: float = 10.0) -> tuple[int, bytes]:
-    """(status, body) of one GET on a fresh connection, as each Prometheus scrape opens one."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    """(status, body) of one GET on a fresh connection, as each Prometheus scrape opens one, from
+    this thread's own address (source_address)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout, source_address=source_address())
     try:
         conn.request("GET", path)
         resp = conn.getresponse()

@@ -95,6 +95,12 @@ def build():
         f"sum by (node, format, encoding) ({rate(m(c.SCRAPES))})", NODE + " {{format}} {{encoding}}")], "reqps",
         "Metrics responses by what the scraper asked for: OpenMetrics and gzip from Prometheus, text from curl "
         "and most tools.", min=0), 12, 8)
+    L.add(k.timeseries("HTTP connections refused", [target(
+        f"sum by (node, reason) ({rate(m(c.HTTP_REFUSED))})", NODE + " {{reason}}")], "cps",
+        "Connections the exporter closed without an answer: all its connection slots taken (limit), the "
+        "client's share taken (client_limit), a request not done in time (deadline), or out of file "
+        "descriptors (open_files, counted once per back-off). Rising client_limit behind a proxy: raise "
+        "--web.max-connections-per-client.", min=0), 12, 8)
     L.add(k.timeseries("GPU sampling timeouts", [target(
         f"sum by (node, gpu, uuid) ({rate(m(c.GPU_TIMEOUTS))})", NODE + " GPU {{gpu}}")], "cps",
         "Passes per second in which a GPU's NVML reads missed the sampling deadline: its series were withheld.",
@@ -124,6 +130,9 @@ def build():
         "Kernel ring-buffer records overwritten before the watcher read them (their XIDs are not counted); "
         "records over the cap of distinct (PCI address, code) label sets (forged lines: counted only here); "
         "truncations of a kernel-log file (records just before one may be lost).", min=0), 12, 8)
+    L.add(k.table("Exporter versions", [target(m(c.BUILD_INFO))], "short",
+                  "The gpuobs version and the Python each node's exporter runs (one row per exporter): a "
+                  "fleet half-way through a rollout shows two.", hide=("cluster", "job")), 24, 8)
     L.add(k.table("NVML calls unavailable", [target(f"{m(c.NVML_UNAVAILABLE)} > 0")], "short",
                   "Calls that give no value by design, with the number of GPUs: not_supported, no_permission, or "
                   "function_not_found on an older driver (a fallback call serves the value where one exists).",
