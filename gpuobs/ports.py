@@ -33,3 +33,18 @@ def free_port_run(n: int) -> int:
             for sock in socks:
                 sock.close()
     raise RuntimeError(f"no {n} consecutive free ports")
+
+
+def free_ports(n: int) -> list[int]:
+    """n different TCP ports on 127.0.0.1 that were free when asked: each is held until all are
+    picked, so two of them are never the same port (as separate free_port() calls may be)."""
+    socks = []
+    try:
+        for _ in range(n):
+            sock = socket.socket()
+            socks.append(sock)
+            sock.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for sock in socks:
+            sock.close()

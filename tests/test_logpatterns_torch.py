@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import free_port
+from gpuobs.ports import free_ports
 from gpuobs import logpatterns as lp
 from test_fluentbit import pipeline_pattern
 
@@ -69,9 +69,9 @@ def _pattern_counts(metrics_text: str) -> dict[tuple[str, str], float]:
 
 
 def test_a_real_gloo_timeout_is_counted_as_collective_timeout_for_its_rank(tmp_path):
-    master = free_port()
+    master, *metrics_ports = free_ports(3)  # distinct: rank 0's metrics server must not take the store's port
     procs = {rank: subprocess.Popen(
-        [sys.executable, "-c", WORKER, str(free_port()), str(tmp_path / f"rank{rank}.jsonl")], cwd=REPO,
+        [sys.executable, "-c", WORKER, str(metrics_ports[rank]), str(tmp_path / f"rank{rank}.jsonl")], cwd=REPO,
         env=_env(rank, master), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)}
     out = {rank: p.communicate(timeout=120) for rank, p in procs.items()}
     assert procs[1].returncode == 1, out[1][1][-3000:]  # the uncaught RuntimeError ends rank 1

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from conftest import REPO, free_port, require_tool, stop
+from gpuobs.ports import free_ports
 from gpuobs.alerts.build import write_fast_rules
 
 pytest.importorskip("torch")  # CI installs the CPU build; without torch these real jobs cannot run
@@ -48,9 +49,9 @@ class Job:
     procs: list[subprocess.Popen] = field(default_factory=list)
 
     def start(self, logs) -> None:
-        master = str(free_port())
-        for rank in range(self.ranks):
-            port = free_port()
+        master, *ports = free_ports(1 + self.ranks)  # distinct: no rank's metrics server on the store's port
+        master = str(master)
+        for rank, port in enumerate(ports):
             self.ports.append(port)
             env = {**{k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "GPUOBS_"))},
                    "RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": str(self.ranks), "MASTER_ADDR": "127.0.0.1",
