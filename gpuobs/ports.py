@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import random
 import socket
+from pathlib import Path
 
 
 def free_port() -> int:
@@ -36,15 +38,29 @@ def free_port_run(n: int) -> int:
 
 
 def free_ports(n: int) -> list[int]:
-    """n different TCP ports on 127.0.0.1 that were free when asked: each is held until all are
-    picked, so two of them are never the same port (as separate free_port() calls may be)."""
-    socks = []
+    """n different TCP ports, free on every address when asked, below the kernel's ephemeral range
+    (/proc/sys/net/ipv4/ip_local_port_range): a server that binds all addresses (torch's TCPStore)
+    a few seconds later cannot then collide with an outgoing connection's port, or with one left in
+    TIME_WAIT by a burst of short connections, which take their ports from that range. Each port is
+    held until all are picked, so no two are the same. RuntimeError when none can be found."""
     try:
-        for _ in range(n):
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    candidates = random.sample(range(10000, max(low, 10000 + 4 * n)), min(2000, max(low, 10000 + 4 * n) - 10000))
+    socks: list[socket.socket] = []
+    try:
+        for port in candidates:
             sock = socket.socket()
+            try:
+                sock.bind(("", port))
+            except OSError:
+                sock.close()
+                continue
             socks.append(sock)
-            sock.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
+            if len(socks) == n:
+                return [s.getsockname()[1] for s in socks]
+        raise RuntimeError(f"no {n} free ports below {low}")
     finally:
         for sock in socks:
             sock.close()
