@@ -170,7 +170,10 @@ def test_stalled_kubelet_times_out_keeps_then_drops_mapping(exporter, kubelet):
     assert run.get("/readyz")[0] == 200
 
 
-def test_mig_devices_are_attributed_by_mig_uuid(exporter, kubelet):
+def mig_pod_on_first_instance(exporter, kubelet):
+    """An exporter on an H100 split 3g.40gb + 1g.10gb whose kubelet gives the first GPU instance's MIG
+    device to pod small-job: (the running exporter, that instance's id, its MIG UUID, the other
+    instance's id, the first scrape with the pod's labels)."""
     server, path, _ = kubelet
     run = exporter({"gpus": [{"profile": H100, "mig": ["3g.40gb", "1g.10gb"]}]}, kubelet_socket=path, **FAST)
     scrape = run.wait_for(lambda s: sum(n == "gpuobs_mig_info" for n, _, _ in s) == 2, 5, "MIG devices")
@@ -179,6 +182,11 @@ def test_mig_devices_are_attributed_by_mig_uuid(exporter, kubelet):
     server.pods = [("small-job", "research", "main", "nvidia.com/mig-3g.40gb", [mig_a])]
     scrape = run.wait_for(lambda s: pod_of(s, gi_a, "gpuobs_mig_info", "gpu_instance_id")[0] == "small-job",
                           5, "MIG pod labels")
+    return run, gi_a, mig_a, gi_b, scrape
+
+
+def test_mig_devices_are_attributed_by_mig_uuid(exporter, kubelet):
+    run, gi_a, _, gi_b, scrape = mig_pod_on_first_instance(exporter, kubelet)
     assert pod_of(scrape, gi_b, "gpuobs_mig_info", "gpu_instance_id") == (None, None, None)
     mig_series = [l for n, l, _ in scrape if n.startswith("gpuobs_mig_") and l["gpu_instance_id"] == gi_a]
     assert len(mig_series) >= 2 and all(l.get("k8s_pod") == "small-job" for l in mig_series)
@@ -187,13 +195,7 @@ def test_mig_devices_are_attributed_by_mig_uuid(exporter, kubelet):
 
 
 def test_xids_of_a_mig_device_carry_the_pod_holding_it(exporter, kubelet):
-    server, path, _ = kubelet
-    run = exporter({"gpus": [{"profile": H100, "mig": ["3g.40gb", "1g.10gb"]}]}, kubelet_socket=path, **FAST)
-    scrape = run.wait_for(lambda s: sum(n == "gpuobs_mig_info" for n, _, _ in s) == 2, 5, "MIG devices")
-    migs = {l["gpu_instance_id"]: l["mig_uuid"] for n, l, _ in scrape if n == "gpuobs_mig_info"}
-    (gi_a, mig_a), (gi_b, _) = sorted(migs.items())
-    server.pods = [("small-job", "research", "main", "nvidia.com/mig-3g.40gb", [mig_a])]
-    run.wait_for(lambda s: pod_of(s, gi_a, "gpuobs_mig_info", "gpu_instance_id")[0] == "small-job", 5, "MIG pod")
+    run, gi_a, _, gi_b, _ = mig_pod_on_first_instance(exporter, kubelet)
     deadline = time.monotonic() + 10
     while run.sim.state.calls().get("nvmlDeviceRegisterEvents", 0) < 1:  # events before it are not delivered
         assert time.monotonic() < deadline, "the XID watcher registered no GPU"
