@@ -53,11 +53,12 @@ sys.path.insert(0, str(ROOT))
 
 from bench import workload  # noqa: E402
 from bench.common import Running, cpu_seconds, free_port, version  # noqa: E402
-from gpuobs import records as rec  # noqa: E402
 from gpuobs import catalog as c  # noqa: E402
+from gpuobs import records as rec  # noqa: E402
 from gpuobs.alerts.rules import DEFAULT, _seconds  # noqa: E402
-from gpuobs.nvml import pynvml as N  # noqa: E402
 from gpuobs.dashboards.common import interpolate  # noqa: E402
+from gpuobs.nvml import pynvml as N  # noqa: E402
+
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

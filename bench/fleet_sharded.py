@@ -33,7 +33,6 @@ import os
 import random
 import shlex
 import signal
-import statistics
 import sys
 import tempfile
 import threading
@@ -449,7 +448,7 @@ def goal_lines(s: dict) -> list[str]:
             f"over the run; {s['rw_failed']:.0f} samples failed"),
         "- 0 vmalert errors: " + _met(errs == 0, f"{s['vmalert_errors']:.0f} counted, {s['vmalert_rule_error_count']} rules "
                                               f"with a last error, of {s['vmalert_rules']}"),
-        f"- Every injected fault paged exactly once, one Alertmanager replica killed: " + _met(
+        "- Every injected fault paged exactly once, one Alertmanager replica killed: " + _met(
             once, f"{lat[2]} of {lat[3]} paged once, {s['duplicates']} duplicate notifications; fault to webhook "
             f"p50 {fmt(lat[0], 1)} s, p99 {fmt(lat[1], 1)} s"),
         "",
@@ -533,7 +532,7 @@ def fault_lines(s: dict) -> list[str]:
         L += ["Not paged exactly once: " + ", ".join(f"{f['fault']} on {f['node']} GPU {f['gpu']} ({f['pages']} pages)"
                                                      for f in unpaged), ""]
     if s["vmalert_rule_error_count"]:
-        L += [f"vmalert rule errors: " + "; ".join(f"`{e}`" for e in s["vmalert_rule_errors"]), ""]
+        L += ["vmalert rule errors: " + "; ".join(f"`{e}`" for e in s["vmalert_rule_errors"]), ""]
     return L
 
 

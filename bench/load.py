@@ -901,7 +901,7 @@ def faults_section(r: dict) -> list[str]:
     out.append("")
     ok = r["errors"] == 0 and r["stale_as_fresh"] == 0 and r["exporter_alive"]
     kinds = ", ".join(f"{k}: {n}" for k, n in sorted(r["error_kinds"].items())) or "none"
-    out.append(f"Target 0 errors and 0 responses serving values older than the bound as fresh: "
+    out.append("Target 0 errors and 0 responses serving values older than the bound as fresh: "
                + ("**met**" if ok else f"**missed** ({r['errors']} errors: {kinds}; {r['stale_as_fresh']} stale "
                                        f"served as fresh; exporter {'running' if r['exporter_alive'] else 'exited'})")
                + f" ({r['requests']} requests). Every phase showed its expected state: "

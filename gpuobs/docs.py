@@ -81,8 +81,8 @@ def render_node(spec: dict, xids: tuple[int, ...] = (), profile: str = "full") -
     import time
 
     from .collect import REGISTRY, Sampler, Session, XidWatcher, build_families
-    from .exporter import ExporterConfig
     from .collect.profile import Profile
+    from .exporter import ExporterConfig
     from .exporter.render import Renderer
     from .sim import Simulator
 

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 
 import pytest
 import yaml
-
 from conftest import require_tool
-from gpuobs.alerts.build import alert_rule, rule_groups, rules_file
 from rule_subset import subset
+
+from gpuobs.alerts.build import alert_rule, rule_groups, rules_file
 from gpuobs.alerts.rules import DEFAULT, FAST, _seconds, alerts
 
 ALERTS = {a.name: a for a in alerts(DEFAULT)}

@@ -8,8 +8,8 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
-
 from conftest import REPO, require_tool
+
 from gpuobs.alerts.build import RECEIVERS, alertmanager_config, outputs, receiver_urls, write_fast_rules
 from gpuobs.alerts.rules import DEFAULT, DEFAULT_RUNBOOK_BASE, FAST, SEVERITIES, Thresholds, alerts
 

@@ -11,8 +11,8 @@ import time
 
 import pytest
 import yaml
-
 from conftest import REPO, free_port, require_tool, stop
+
 from gpuobs.alerts.build import RECEIVERS, alertmanager_config, write_fast_rules
 from gpuobs.demo import OnCall
 from gpuobs.sim.state import set_counter, set_val

@@ -18,14 +18,14 @@ import time
 from types import SimpleNamespace
 
 import pytest
-
 from conftest import REPO, free_port, stop
+from test_dashboards import Prometheus, load, queries, substitute
+
 from gpuobs import catalog as c
 from gpuobs import records
 from gpuobs.alerts.rules import DEFAULT, alerts
 from gpuobs.dashboards.common import detail_families
 from gpuobs.sim import Simulator, profiles
-from test_dashboards import Prometheus, load, queries, substitute
 
 BUDGET = 40
 PER_MIG_DEVICE = 3  # MIG device identity, memory used and total

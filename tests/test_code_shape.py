@@ -12,7 +12,6 @@ from pathlib import Path
 
 import mccabe
 import pytest
-
 from conftest import REPO
 
 MAX_LINES = 60

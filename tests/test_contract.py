@@ -19,8 +19,8 @@ from contextlib import contextmanager
 from string import Template
 
 import pytest
-
 from conftest import REPO
+
 from gpuobs import catalog as c
 from gpuobs import records
 from gpuobs.alerts import build as alerts_build

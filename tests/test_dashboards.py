@@ -15,16 +15,16 @@ import urllib.parse
 import urllib.request
 
 import pytest
-
 from conftest import REPO, free_port, free_port_run, require_tool, serve_static, stop
 from test_attribution import kubelet  # noqa: F401 - a fixture: node-a's pod attribution
+
 from gpuobs import catalog as c
 from gpuobs import records
-from gpuobs.collect import REGISTRY
 from gpuobs.alerts.build import write_fast_rules
+from gpuobs.collect import REGISTRY
 from gpuobs.dashboards.build import DASHBOARDS, outputs
-from gpuobs.generated import write
 from gpuobs.dashboards.common import DATASOURCE, SCHEMA_VERSION, UIDS, VARIABLE, interpolate, sel
+from gpuobs.generated import write
 from gpuobs.sim import Simulator, scenario
 from gpuobs.sim.state import set_val
 
@@ -242,7 +242,8 @@ def test_exemplars_on_the_step_time_and_request_latency_buckets():
 def test_prometheus_datasource_links_exemplar_trace_ids_to_jaeger(monkeypatch):
     import yaml
 
-    from gpuobs.dashboards.build import TRACING_URL, datasource_file, outputs as generated
+    from gpuobs.dashboards.build import TRACING_URL, datasource_file
+    from gpuobs.dashboards.build import outputs as generated
 
     by_name = {d["name"]: d for d in yaml.safe_load(
         (REPO / "dashboards" / "provisioning" / "datasources.yaml").read_text())["datasources"]}

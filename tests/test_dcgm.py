@@ -9,12 +9,11 @@ import subprocess
 import time
 
 import pytest
+from conftest import REPO, require_tool
 
 from gpuobs.collect import Sampler, Session, build_families, default_families
 from gpuobs.exporter import render
 from gpuobs.sim.state import set_counter, set_val
-
-from conftest import REPO, require_tool
 
 H100X2 = {"gpus": [{"profile": "h100-sxm-80gb", "count": 2}]}
 

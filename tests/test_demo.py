@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import psutil
-
 from conftest import require_tool
 
 EXPECTED = ("GpuHwThermalSlowdown", "GpuAllocatedIdle", "GpuXidRebootRequired", "GpuLost",

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import require_tool
 
 REPO = Path(__file__).resolve().parents[1]
@@ -185,9 +184,9 @@ def test_webhook_receiver_prints_alerts():
 
     namespace: dict = {}
     exec(compile((REPO / "deploy/webhook/receiver.py").read_text(), "receiver.py", "exec"), namespace)
-    from http.server import ThreadingHTTPServer
     import contextlib
     import io
+    from http.server import ThreadingHTTPServer
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), namespace["Handler"])
     threading.Thread(target=server.serve_forever, daemon=True).start()

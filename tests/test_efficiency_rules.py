@@ -15,8 +15,8 @@ import subprocess
 
 import pytest
 import yaml
-
 from conftest import require_tool
+
 from gpuobs import records as r
 from gpuobs.alerts.build import rule_groups
 from gpuobs.alerts.rules import DEFAULT

@@ -15,10 +15,10 @@ import urllib.parse
 import urllib.request
 
 import pytest
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
 from conftest import REPO, OTLPReceiver, free_port, stop
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from test_instrument import isolated  # noqa: F401  (autouse: no launcher or OTEL_* variables, fresh module state)
+
 from gpuobs import catalog as c
 from gpuobs import instrument
 from gpuobs.instrument import exemplars

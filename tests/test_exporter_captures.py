@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 
 import pytest
-
 from conftest import CAPTURES
 from test_sim_captures import FILES, grab, query_text
 

@@ -16,10 +16,10 @@ import pytest
 from conftest import REPO, free_port, stop
 from legacy_binding import legacy_pynvml_path
 from prometheus_client.parser import text_string_to_metric_families
+from test_exporter_faults import TWO, UP, one, uuid
 
 from gpuobs.nvml import fields
 from gpuobs.sim import Simulator, binding
-from test_exporter_faults import TWO, UP, one, uuid
 
 H100 = "h100-sxm-80gb"
 NODE = {"gpus": [{"profile": H100, "count": 2}],

@@ -5,8 +5,8 @@ tests/test_generate.py.)"""
 from __future__ import annotations
 
 import pytest
-
 from conftest import REPO
+
 from gpuobs import catalog as c
 from gpuobs.collect import REGISTRY
 from gpuobs.sim import scenario

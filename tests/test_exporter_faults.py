@@ -8,8 +8,8 @@ import random
 import time
 
 import pytest
-
 from conftest import RunningExporter
+
 from gpuobs import catalog as c
 from gpuobs.sim.state import set_val
 

@@ -13,12 +13,12 @@ import sys
 import bcrypt
 import pytest
 import yaml
-
 from conftest import REPO, free_port
+from test_exporter_http import SCENARIO, clean_env, cli_exporter, fetch, parse
+
 from gpuobs.cli import exporter as exporter_command
 from gpuobs.exporter import ExporterConfig
 from gpuobs.exporter.server import Exposition, HttpServer, Limits, check_telemetry_path, make_app
-from test_exporter_http import SCENARIO, clean_env, cli_exporter, fetch, parse
 
 METRICS = b"gpuobs_test_value 1\n"
 

@@ -9,12 +9,11 @@ import logging
 import os
 import time
 
-import pytest
+from test_exporter_faults import DROPPED, TEMP, TWO, UP, UTIL, one, reasons, series_of, uuid, value
 
 from gpuobs.collect.processes import pid_max
 from gpuobs.collect.thermal import Thermal
 from gpuobs.sim.state import set_val
-from test_exporter_faults import DROPPED, TEMP, TWO, UP, UTIL, one, reasons, series_of, uuid, value
 
 H100 = "h100-sxm-80gb"
 ECC = "gpuobs_gpu_ecc_errors_total"
@@ -208,6 +207,7 @@ def test_values_served_are_never_older_than_the_bound_with_a_slow_driver(exporte
 
 def test_log_records_dropped_by_fluentd_show_on_the_exporters_metrics(exporter):
     from conftest import free_port
+
     from gpuobs.logs import FluentdHandler, records_dropped_total
 
     run = exporter(TWO, interval=0.1)

@@ -24,9 +24,9 @@ from concurrent import futures
 import bcrypt
 import pytest
 import yaml
+from conftest import REPO, OTLPReceiver, free_port
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import REPO, OTLPReceiver, free_port
 from gpuobs import catalog as c
 from gpuobs.collect import REGISTRY
 from gpuobs.exporter import Exporter, ExporterConfig

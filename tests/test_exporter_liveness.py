@@ -18,8 +18,8 @@ import urllib.request
 
 import pytest
 import yaml
-
 from conftest import REPO, OTLPReceiver, free_port
+
 from gpuobs import catalog as c
 from gpuobs.exporter import LIVENESS_MIN_S, STOP_TIMEOUT_S, liveness_timeout
 from gpuobs.exporter.render import SELF_FAMILIES

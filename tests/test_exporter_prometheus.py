@@ -7,6 +7,7 @@ import subprocess
 import time
 
 from conftest import REPO
+
 from gpuobs.sim import scenario
 
 

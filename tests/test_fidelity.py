@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pynvml as N
 import pytest
-
 from conftest import CAPTURES, REPO
+
 from gpuobs.sim import fidelity, scenario
 from gpuobs.sim.capture import load_capture
 from gpuobs.smi import exported_samples

@@ -12,8 +12,8 @@ import sys
 import time
 
 import pytest
-
 from conftest import REPO
+
 from gpuobs import catalog as c
 from gpuobs.sim.state import set_val
 

@@ -38,7 +38,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import REPO, free_port, require_tool, serve_static, stop
 
 FLEET = REPO / "deploy" / "fleet"

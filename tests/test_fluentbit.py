@@ -14,10 +14,10 @@ import re
 from pathlib import Path
 
 import pytest
+from test_logpatterns import EXAMPLES
 
 from gpuobs import catalog, generated, logpatterns
 from gpuobs.logs import fluentbit
-from test_logpatterns import EXAMPLES
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / fluentbit.PATH

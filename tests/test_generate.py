@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
+
 from gpuobs import generated
 
 GENERATED_MD = ["docs/metrics.md", "docs/cardinality.md", "docs/rule-tiers.md", *(f"docs/runbooks/{p.name}" for p in

@@ -36,7 +36,6 @@ import re
 
 import pytest
 import yaml
-
 from conftest import REPO
 
 PATH = REPO / "alerts" / "grafana-alerting.json"

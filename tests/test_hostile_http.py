@@ -25,10 +25,10 @@ import urllib.request
 
 import bcrypt
 import pytest
-
 from conftest import REPO, free_port
-from gpuobs.exporter.server import Limits
 from test_exporter_http import SCENARIO, clean_env, cli_exporter, fetch, parse, tls_files, write_web_config  # noqa: F401
+
+from gpuobs.exporter.server import Limits
 
 ATTACKERS = 1100
 NOFILE = 1024  # systemd's default soft limit, the one the slowloris exhausted

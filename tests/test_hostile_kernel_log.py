@@ -14,13 +14,13 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import free_port
+from test_exporter_http import cli_exporter
+from test_kernel_log import FIRST, LATER, MATCHES, XIDS, exporter_args, fake_journalctl, kmsg, scrape, wait, watcher
+
 from gpuobs import catalog as c
 from gpuobs.collect import kernel_log as kl
 from gpuobs.collect.kernel_log import KernelLog, KernelLogWatcher, read_boot_time
-from test_exporter_http import cli_exporter
-from test_kernel_log import FIRST, LATER, XIDS, MATCHES, exporter_args, fake_journalctl, kmsg, scrape, wait, watcher
 
 OVERFLOW = "gpuobs_exporter_kernel_log_label_overflow_total"
 TRUNCATIONS = "gpuobs_exporter_kernel_log_truncations_total"

@@ -25,15 +25,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import yaml
+from conftest import REPO, free_port, require_tool, stop
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families as parse_text
+from rule_subset import subset
 
-from conftest import REPO, free_port, require_tool, stop
 from gpuobs import catalog as c
 from gpuobs.alerts.build import write_fast_rules
 from gpuobs.collect.processes import pid_max
 from gpuobs.exporter.render import SELF_FAMILIES
-from rule_subset import subset
 
 TWO = {"gpus": [{"profile": "h100-sxm-80gb", "count": 2}]}
 UNKNOWN = 999  # NVML_ERROR_UNKNOWN

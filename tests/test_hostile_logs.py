@@ -24,8 +24,9 @@ import textwrap
 import time
 from pathlib import Path
 
-from gpuobs import logpatterns as lp
 from test_logpatterns import EXAMPLES
+
+from gpuobs import logpatterns as lp
 
 REPO = Path(__file__).resolve().parents[1]
 LINE = 64 * 1024

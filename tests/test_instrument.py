@@ -17,12 +17,12 @@ import types
 from pathlib import Path
 
 import pytest
+from conftest import OTLPReceiver, free_port
 from opentelemetry import trace as otel_trace
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from conftest import OTLPReceiver, free_port
 from gpuobs import catalog as c
 from gpuobs import instrument
 from gpuobs.instrument import inference, telemetry, train

@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import free_port
 
 REPO = Path(__file__).resolve().parents[1]

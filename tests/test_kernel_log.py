@@ -16,11 +16,11 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import free_port
+from test_exporter_http import SCENARIO, clean_env, cli_exporter, fetch, parse
+
 from gpuobs.collect import kernel_log as kl
 from gpuobs.collect.kernel_log import KernelLogWatcher, parse_record, pci_bus_id, resolve
-from test_exporter_http import SCENARIO, clean_env, cli_exporter, fetch, parse
 
 XIDS = "gpuobs_gpu_kernel_xid_errors_total"
 MATCHES = "gpuobs_gpu_kernel_log_matches_total"

@@ -18,8 +18,19 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import load  # noqa: E402
-from bench.load import (ERR, FRESH_FLAG, INIT_ERROR, NO_TIMESTAMP, NVML_DOWN, STALE_AS_FRESH,  # noqa: E402
-                        STALE_FLAG, VALUES, check_body, scrape_checked, summarize_checked)
+from bench.load import (  # noqa: E402
+    ERR,
+    FRESH_FLAG,
+    INIT_ERROR,
+    NO_TIMESTAMP,
+    NVML_DOWN,
+    STALE_AS_FRESH,
+    STALE_FLAG,
+    VALUES,
+    check_body,
+    scrape_checked,
+    summarize_checked,
+)
 
 UUIDS = [f"GPU-{i:08d}-0000-0000-0000-000000000000" for i in range(3)]
 

@@ -15,8 +15,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from conftest import free_port
+
 from gpuobs import catalog as c
 from gpuobs import logpatterns as lp
 from gpuobs.logs import FluentdHandler, PatternFilter, json_handler, pattern_matches_total

@@ -16,10 +16,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
-from gpuobs.ports import free_ports
-from gpuobs import logpatterns as lp
 from test_fluentbit import pipeline_pattern
+
+from gpuobs import logpatterns as lp
+from gpuobs.ports import free_ports
 
 pytest.importorskip("torch.distributed")
 REPO = Path(__file__).resolve().parents[1]

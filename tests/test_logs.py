@@ -26,9 +26,9 @@ import msgpack
 import pynvml as N
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
-from prometheus_client import CollectorRegistry, generate_latest
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client import CollectorRegistry, generate_latest
 
 from gpuobs import logs
 from gpuobs.logs import FluentdHandler

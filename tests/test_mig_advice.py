@@ -10,12 +10,12 @@ import sys
 import time
 
 import pytest
-
 from conftest import free_port, require_tool, stop
+from test_reliability_rules import STEPS, gpu, promtool, s, week
+
 from gpuobs import mig
 from gpuobs import records as r
 from gpuobs.alerts.rules import DEFAULT
-from test_reliability_rules import STEPS, gpu, promtool, s, week
 
 GIB = 1024 ** 3
 H100, H200, A100, L40S = "NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA A100-SXM4-40GB", "NVIDIA L40S"

@@ -17,11 +17,11 @@ import subprocess
 
 import pytest
 import yaml
-
 from conftest import require_tool
+from rule_subset import subset
+
 from gpuobs import records as r
 from gpuobs.alerts.build import rule_groups
-from rule_subset import subset
 from gpuobs.alerts.rules import DEFAULT
 from gpuobs.records import WEEKLY_GROUP, duration_seconds
 

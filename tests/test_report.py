@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
 from conftest import free_port, require_tool, stop
+
 from gpuobs import report
 from gpuobs.cli import main
 
@@ -273,7 +273,8 @@ def fleet(tmp_path_factory):
     kube-state-metrics and Kueue, every recording rule backfilled; the report through the CLI."""
     require_tool("promtool"), require_tool("prometheus")
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from bench import fleet as bench_fleet, workload
+    from bench import fleet as bench_fleet
+    from bench import workload
     from gpuobs import records
 
     work = tmp_path_factory.mktemp("fleet")

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import REPO, free_port, require_tool, stop
+
 from gpuobs.alerts import tiers
 from gpuobs.alerts.build import prometheus_rule, rule_groups, rules_file, write_fast_rules
 from gpuobs.alerts.rules import DEFAULT, FAST

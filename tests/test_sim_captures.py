@@ -10,8 +10,8 @@ import re
 
 import pynvml as N
 import pytest
-
 from conftest import CAPTURES
+
 from gpuobs.sim.capture import sections
 
 FILES = sorted(CAPTURES.glob("*.txt")) if CAPTURES.exists() else []

@@ -12,7 +12,6 @@ import time
 import urllib.request
 
 import pytest
-
 from conftest import REPO, free_port
 
 EXPORTER = shutil.which("nvitop-exporter", path=os.pathsep.join([os.path.dirname(sys.executable), os.environ["PATH"]]))

@@ -8,12 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 
 from gpuobs.sim import Simulator, build, layout
 from gpuobs.sim.builder import implemented_functions
 from gpuobs.sim.state import set_val
-
-from conftest import REPO
 
 GPUOBS = [sys.executable, "-m", "gpuobs.cli"]
 SCENARIO = REPO / "examples" / "scenarios" / "8xh100.yaml"

@@ -7,14 +7,14 @@ from __future__ import annotations
 import time
 
 import pytest
-
 from conftest import require_tool
+from test_attribution import FAST, kubelet  # noqa: F401 - kubelet is a fixture
+
 from gpuobs import records
 from gpuobs.alerts.build import write_fast_rules
 from gpuobs.collect.topology import cpu_list
 from gpuobs.sim import scenario
 from gpuobs.sim.state import set_val
-from test_attribution import FAST, kubelet  # noqa: F401 - kubelet is a fixture
 
 LINKS = "gpuobs_gpu_topology_nvlink_links"
 DOMAIN = "gpuobs_gpu_topology_nvlink_domain"

@@ -8,8 +8,8 @@ import sys
 import time
 
 import pytest
-
 from conftest import REPO, free_port_run, stop
+
 from gpuobs.sim import scenario
 
 

@@ -28,10 +28,10 @@ import urllib.request
 from dataclasses import dataclass, field
 
 import pytest
-
 from conftest import REPO, free_port, require_tool, stop
-from gpuobs.ports import free_ports
+
 from gpuobs.alerts.build import write_fast_rules
+from gpuobs.ports import free_ports
 
 pytest.importorskip("torch")  # CI installs the CPU build; without torch these real jobs cannot run
 

@@ -10,8 +10,11 @@ come before it; register() checks).
 from __future__ import annotations
 
 from ..nvml import Session
-from . import identity, utilization, gpm, memory, power, thermal, clocks, clock_events, ecc, pcie  # noqa: F401, I001
-from . import nvlink, fabric, topology, mig, processes, xid, kernel_log  # noqa: F401, I001
+
+# isort: off
+from . import identity, utilization, gpm, memory, power, thermal, clocks, clock_events, ecc, pcie  # noqa: F401
+from . import nvlink, fabric, topology, mig, processes, xid  # noqa: F401
+# isort: on
 from .base import REGISTRY, Family, FamilySpec, Needs, Sample, Snapshot
 from .kernel_log import KernelLogWatcher
 from .sampler import Sampler

@@ -14,7 +14,6 @@ import pynvml as N
 from .. import catalog as c
 from .base import Family, FieldSpec, GpuCtx, register
 
-
 # nvmlDeviceGetMemoryErrorCounter arguments per label: location, error type, counter type
 LOCATIONS = {"sram": N.NVML_MEMORY_LOCATION_SRAM, "dram": N.NVML_MEMORY_LOCATION_DRAM}
 ERROR_TYPES = {"corrected": N.NVML_MEMORY_ERROR_TYPE_CORRECTED, "uncorrected": N.NVML_MEMORY_ERROR_TYPE_UNCORRECTED}

@@ -13,7 +13,6 @@ from .. import catalog as c
 from ..nvml import named
 from .base import Family, GpuCtx, register
 
-
 COMPLETED = c.FABRIC_STATES.index("completed")  # NVML_GPU_FABRIC_STATE_COMPLETED
 
 

@@ -25,7 +25,8 @@ from typing import Any, Callable
 
 import pynvml as N
 
-from .. import catalog as c, logpatterns
+from .. import catalog as c
+from .. import logpatterns
 from ..nvml import UNUSABLE, Session
 from ..nvml.fields import FieldValues
 from .base import Family, FieldSpec, GpuCtx, GpuUnusable, LogLimiter, Sample, Snapshot, drop_reason, limits

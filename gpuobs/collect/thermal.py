@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import pynvml as N
-
-from .. import catalog as c
 from dataclasses import dataclass, field
 from typing import Any
 
-from .base import Family, FieldSpec, GpuCtx, register
+import pynvml as N
 
+from .. import catalog as c
+from .base import Family, FieldSpec, GpuCtx, register
 
 THRESHOLDS = [(c.SLOWDOWN_TEMPERATURE, N.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN, "slowdown"),
               (c.SHUTDOWN_TEMPERATURE, N.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN, "shutdown"),

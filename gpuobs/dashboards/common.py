@@ -15,8 +15,23 @@ from __future__ import annotations
 import re
 
 import attr
-from grafanalib.core import (REFRESH_ON_TIME_RANGE_CHANGE, BarGauge, Dashboard, DashboardLink, GridPos, Heatmap,
-                             RowPanel, Stat, StateTimeline, Table, Target, Template, Templating, Time, TimeSeries)
+from grafanalib.core import (
+    REFRESH_ON_TIME_RANGE_CHANGE,
+    BarGauge,
+    Dashboard,
+    DashboardLink,
+    GridPos,
+    Heatmap,
+    RowPanel,
+    Stat,
+    StateTimeline,
+    Table,
+    Target,
+    Template,
+    Templating,
+    Time,
+    TimeSeries,
+)
 
 from .. import catalog as c
 from .. import records as r

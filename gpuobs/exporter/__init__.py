@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 
 from .. import __version__, catalog
 from ..collect import KernelLogWatcher, Sampler, Session, XidWatcher, build_families, default_families, needs_watcher
+from ..collect.base import Sample, Snapshot
 from ..collect.kernel_log import DEFAULT_STATE
 from ..collect.profile import Profile
-from ..collect.base import Sample, Snapshot
 from .render import CONTENT_TYPES, FORMATS, Renderer, negotiate, self_health_body
 from .server import Exposition, HttpServer, Limits, WebConfig, make_app, raise_open_files_limit
 from .webconfig import TlsReloader

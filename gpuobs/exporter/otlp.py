@@ -19,9 +19,11 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 
-from .. import __version__, catalog as c
+from .. import __version__
+from .. import catalog as c
 from ..collect.base import Snapshot
 from .render import SELF_FAMILIES, UNKNOWN_WHEN_STALE
+
 UNITS = {"bytes": "By", "watts": "W", "joules": "J", "celsius": "Cel", "hertz": "Hz", "seconds": "s", "ratio": "1"}
 
 

@@ -20,11 +20,10 @@ from collections import defaultdict
 from itertools import chain
 from typing import Callable, Iterable, Sequence
 
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client import openmetrics
+from prometheus_client import CollectorRegistry, generate_latest, openmetrics
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
-from prometheus_client.utils import floatToGoString
 from prometheus_client.metrics_core import Metric as PromMetric
+from prometheus_client.utils import floatToGoString
 
 from .. import catalog as c
 from ..collect.base import Sample, Snapshot

@@ -39,7 +39,7 @@ from typing import Callable, NamedTuple
 
 from aiohttp import web
 
-from .webconfig import BasicAuth, TlsReloader, WebConfig, WebConfigError
+from .webconfig import BasicAuth, WebConfig, WebConfigError
 
 __all__ = ["Exposition", "HttpServer", "Limits", "WebConfig", "WebConfigError", "check_connection_caps",
            "check_telemetry_path", "host_port", "make_app", "raise_open_files_limit", "REFUSE_REASONS"]

@@ -22,7 +22,8 @@ from opentelemetry import metrics as otel_metrics
 from opentelemetry import trace as otel_trace
 from opentelemetry.metrics import Observation
 
-from .. import __version__, catalog as c, logpatterns
+from .. import __version__, logpatterns
+from .. import catalog as c
 from ..runenv import RunEnv
 from .providers import BATCH_BUCKETS, DURATION_BUCKETS, SPAN_QUEUE, Providers, Settings, build, install_global
 from .quantiles import DEFAULT_MAX_SAMPLES, DEFAULT_WINDOW_S, WindowedQuantiles

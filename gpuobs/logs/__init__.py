@@ -24,8 +24,7 @@ from typing import IO, Any
 
 from ..runenv import RunEnv
 from .fields import ContextFilter, RecordFormatter, rfc3339
-from .fluentd import (DroppedRecordsCollector, FluentdHandler, address_from_env, parse_address,
-                      records_dropped_total)
+from .fluentd import DroppedRecordsCollector, FluentdHandler, address_from_env, parse_address, records_dropped_total
 from .patterns import PatternFilter, pattern_matches_total
 from .uncaught import install as install_uncaught_hooks
 
