@@ -267,7 +267,7 @@ class Rows:
         self.spans = [r[5] for r in rows]
         self.keys = [(r[1], r[3], r[2].get("reason")) for r in rows]   # (name, gpu, reason): what inject() finds
         self.prefix = []
-        for fam, name, labels, _, _, _, target in rows:
+        for _fam, name, labels, _, _, _, target in rows:
             if extra is not None:
                 labels = {**labels, **(target or extra)}
             body = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
@@ -512,7 +512,7 @@ class ClusterState(Rows):
             rows.append((rec.KSM_REQUESTS, rec.KSM_REQUESTS, {"namespace": ns, "pod": pod, "container": "main",
                                                            "resource": "nvidia_com_gpu", "unit": "integer"},
                          -1, _coef(float(gpus)), None, ksm))
-        for q, (team, quota) in enumerate(workload.QUEUES.items()):
+        for team, quota in workload.QUEUES.items():
             cq = {"cluster_queue": f"{team}-cq"}
             rows.append((rec.KUEUE_PENDING, rec.KUEUE_PENDING, {**cq, "status": "active"}, -1, _coef(2.0), None, kueue))
             gpu = {**cq, "flavor": "default", "resource": "nvidia.com/gpu"}
@@ -786,7 +786,7 @@ def expand(expr: str, pairs: list[tuple[str, str]]) -> str:
         for name, body in rules.items():
             pat = re.compile(NAME.format(re.escape(name)) + r"(\{[^{}]*\})?(\s*\[)?")
 
-            def one(m: re.Match) -> str:
+            def one(m: re.Match, name: str = name, body: str = body, expr: str = expr) -> str:  # bound: used at once
                 if m.group(2):
                     raise ValueError(f"range on recorded name {name} in {expr}")
                 for matcher in filter(None, (m.group(1) or "{}")[1:-1].split(",")):
@@ -1123,7 +1123,7 @@ def history_bench(workdir: Path, template: str, hnodes: int, step: int, scrape: 
             dashes[d] = rows
         # a warm-up pass (page cache) then `runs` timed passes, with and without interleaved per query
         for r in range(runs + 1):
-            for d, rows in dashes.items():
+            for rows in dashes.values():
                 for row in rows:
                     for key in ("with", "without"):
                         if row[key] is None:

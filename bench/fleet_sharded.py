@@ -346,7 +346,7 @@ def sharded_bench(workdir: Path, nodes: int, shards: int, window: float, faults_
     t0 = time.monotonic()
     try:
         for url in top.proms:
-            wait_until("Prometheus ready", lambda: get(f"{url}/-/ready"), 60, top.procs)
+            wait_until("Prometheus ready", lambda url=url: get(f"{url}/-/ready"), 60, top.procs)
         wait_until("every node scraped", lambda: top.sample() or sum(map(len, top.targets_up())) >= nodes,
                    600, top.procs, 5)
         res["first_cycle_s"] = time.monotonic() - t0
@@ -402,7 +402,6 @@ def latency_summary(faults: list[dict]) -> dict[str, tuple[float, float, int, in
 
 def sharded_report(s: dict, single: dict | None) -> list[str]:
     """The "distributed topology" subsection of BENCHMARKS.md's Fleet scale: goals, then the two runs side by side."""
-    fmt = fleet.fmt
     L = ["### The distributed topology (deploy/fleet) at fleet scale, next to one Prometheus", ""]
     if "error" in s:
         return L + [f"**Failed** with {s.get('nodes')} nodes: `{s['error']}`", ""]
