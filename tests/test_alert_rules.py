@@ -1220,11 +1220,11 @@ def test_promtool_unit_tests(rule_dir, alert):
 
 
 def test_every_alert_has_a_firing_and_a_quiet_case():
-    for name, a in ALERTS.items():
+    for name, _a in ALERTS.items():
         checks = [(c, expected) for c in CASES if c.alert == name for _, expected in c.checks]
         assert any(expected and c.kind == "fires" for c, expected in checks), f"{name}: no firing case"
-        for c, expected in checks:
-            for labels, description in expected:
+        for _c, expected in checks:
+            for _labels, description in expected:
                 assert description and "{{" not in description, f"{name}: description not rendered"
         if name != "Watchdog":  # vector(1): it always fires, there is nothing to keep quiet
             assert any(c.kind == "quiet" and not any(e for _, e in c.checks) for c in CASES if c.alert == name), \

@@ -525,7 +525,7 @@ def _assert_every_check_gets_data(prom: Prometheus, procs: list, checks: list[tu
 def _assert_the_scenario(prom: Prometheus) -> None:
     """The exemptions are still real (still empty), and the scenario is what the panels claim: a
     straggler, an allocated idle GPU, a lost GPU, NVML down."""
-    for (name, title, ref), why in EXEMPT.items():
+    for (name, title, ref), _why in EXEMPT.items():
         d = load()[name]
         expr = next(t["expr"] for p, t in queries(d) if p["title"] == title and t["refId"] == ref)
         assert prom.query(substitute(expr, VALUES[name])) == [], f"{title} has data now: drop its exemption"

@@ -81,7 +81,7 @@ def test_every_default_counter_is_served_with_its_type_and_labels(exporter):
         assert types.get(name) == kind, name
         got = series(samples, name)
         assert set(got) == uuids, name
-        for uuid, (labels, value) in got.items():
+        for _uuid, (labels, value) in got.items():
             assert set(labels) == (XID_LABELS if name == "DCGM_FI_DEV_XID_ERRORS" else GPU_LABELS), name
             assert labels["device"] == f"nvidia{labels['gpu']}" and labels["gpu"] in {"0", "1"}
             assert labels["modelName"] == "NVIDIA H100 80GB HBM3" and labels["pci_bus_id"]

@@ -81,7 +81,7 @@ def test_gpu_whose_handle_fails_from_the_start_is_accounted_for(make_sim, start)
 
 def test_no_permission_is_a_capability_answer_logged_once(exporter, caplog):
     run = exporter(TWO, interval=0.1)
-    u0, u1 = uuid(run, 0), uuid(run, 1)
+    _u0, u1 = uuid(run, 0), uuid(run, 1)
     with caplog.at_level(logging.INFO, logger="gpuobs.nvml"):
         run.sim.state.fail("nvmlDeviceGetTemperature", NO_PERMISSION, gpu=0)
         scrape = run.wait_for(lambda s: set(one(s, TEMP)) == {u1}, 5, "temperature withheld")
@@ -157,7 +157,7 @@ def test_impossible_process_records_are_dropped_and_counted(exporter):
                                   {"gpu": 1, "pid": alive + 0, "name": "python a.py", "used_mib": 60000, "type": "G"},
                                   {"gpu": 1, "pid": 1, "name": "init", "used_mib": 50000}]},
                    interval=0.1, families={"identity", "memory", "processes"})
-    u0, u1 = uuid(run, 0), uuid(run, 1)
+    u0, _u1 = uuid(run, 0), uuid(run, 1)
     scrape = run.wait_for(lambda s: PROC_MEM in series_of(s, u0), 5, "process series")
     served = {(labels["uuid"], labels["pid"]) for n, labels, _ in scrape if n == PROC_MEM}
     assert served == {(u0, str(alive))}
@@ -277,6 +277,6 @@ def test_nvlink_fabric_that_comes_up_later_is_served_without_a_restart(make_sim,
     run.next_snapshot(3)
     assert not [n for n, _, _ in run.scrape() if n == "gpuobs_gpu_nvlink_link_up"]
     g.link_count = links
-    scrape = run.wait_for(lambda s: len([1 for n, _, _ in s if n == "gpuobs_gpu_nvlink_link_up"]) == links, 5,
+    run.wait_for(lambda s: len([1 for n, _, _ in s if n == "gpuobs_gpu_nvlink_link_up"]) == links, 5,
                           "the links after a re-probe")
     assert run.exp.session.reinits == 0

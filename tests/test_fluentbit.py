@@ -158,11 +158,11 @@ def test_every_pattern_has_its_filter_in_catalog_order(conf):
     sections, _ = conf
     filters = pattern_filters(sections)
     assert [name for name, _ in filters] == [p.name for p in logpatterns.PATTERNS]
-    for (name, regex), pattern in zip(filters, logpatterns.PATTERNS):
+    for (_name, regex), pattern in zip(filters, logpatterns.PATTERNS):
         assert regex == fluentbit.onigmo(pattern.regex.pattern)
         assert " " not in regex and "'" not in regex and '"' not in regex and "(?P" not in regex
         assert python_regex(regex).pattern.replace(r"\x20", " ").replace(r"\x27", "'") == pattern.regex.pattern
-    for kind, keys in sections:
+    for _kind, keys in sections:
         if values(keys, "condition"):
             assert values(keys, "condition")[0] == "Key_does_not_exist log_pattern"  # the first match wins
             assert values(keys, "match") == ["pipe.*"]

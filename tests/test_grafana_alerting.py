@@ -113,7 +113,7 @@ def test_rule_groups(provisioning):
 def test_rules_are_at_rule_level_not_in_the_ruler_api_shape(provisioning):
     """The ruler API nests title, condition and data under `grafana_alert`; the loader reads them from the
     rule itself and rejects such a rule with "rule has no title set"."""
-    for group, rule in rules(provisioning):
+    for _group, rule in rules(provisioning):
         assert "grafana_alert" not in rule
         assert set(rule) <= RULE_KEYS, sorted(set(rule) - RULE_KEYS)
         assert RULE_REQUIRED <= set(rule), sorted(RULE_REQUIRED - set(rule))

@@ -514,7 +514,7 @@ def test_disabled_steps_cost_little():
     n = 20000
 
     def bare():
-        for i in range(n):
+        for _i in range(n):
             pass
 
     def instrumented():

@@ -93,7 +93,7 @@ def test_capture_reads_back_equal_to_text(make_sim, path):
     compared = 0
     for what, pattern, conv, fn in CHECKS:
         expected = grab(text, pattern, conv)
-        got = read(lambda: fn(h))
+        got = read(lambda fn=fn: fn(h))
         assert got == expected, f"{path.name}: {what}: read {got!r}, capture says {expected!r}"
         compared += expected is not None
     assert compared >= 10, f"only {compared} fields with values in {path.name}"
