@@ -831,8 +831,8 @@ def _churn_section(c: dict) -> list[str]:
                                            f"against {FLAT_MIB:.0f} MiB / {FLAT_PCT:.0f} %")
     errs = ", ".join(f"{k}: {n:.0f}" for k, n in sorted(c["nvml_errors"].items())) or "none"
     out.append(f"NVML errors the exporter counted by the end (`gpuobs_exporter_nvml_errors_total`): {errs}. Other "
-               "series are counted after the 10 % point; their spread is error series appearing, and GPUs withheld from a "
-               "pass that overran its deadline.")
+               "series are counted after the 10 % point; their spread is error series appearing, and GPUs "
+               "withheld from a pass that overran its deadline.")
     out.append("")
     peak = max(c["rss_10_mib"], c["rss_50_mib"], c["rss_100_mib"])
     bound = (f" RSS ≤ {RSS_BOUND_MIB:.0f} MiB at {c['gpus']} GPUs: **{'met' if peak <= RSS_BOUND_MIB else 'missed'}** "

@@ -60,7 +60,8 @@ def _sizes(rng: np.random.Generator, n: int) -> list[int]:
     return out
 
 
-def schedule(rng: np.random.Generator, node: str, cluster: str, roles: list[str], span: tuple[float, float]) -> list[Hold]:
+def schedule(rng: np.random.Generator, node: str, cluster: str, roles: list[str],
+             span: tuple[float, float]) -> list[Hold]:
     """Every hold on a node's GPUs over span. roles: per GPU, 'idle' (never held),
     'allocated_idle' (held by a notebook pod, unused) or anything else (runs pods)."""
     t0, t1 = span

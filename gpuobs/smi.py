@@ -48,12 +48,12 @@ def rows() -> list[str]:
             except N.NVMLError as e:
                 out.append(f"{i:>3}  unavailable: {e}")
                 continue
-            mem = _get(lambda: (lambda m: f"{m.used >> 20}/{m.total >> 20}")(
+            mem = _get(lambda h=h: (lambda m: f"{m.used >> 20}/{m.total >> 20}")(
                 N.nvmlDeviceGetMemoryInfo(h, version=N.nvmlMemory_v2)))
             out.append(
                 f"{i:>3}  {_get(N.nvmlDeviceGetName, h):<26.26} {_get(N.nvmlDeviceGetUUID, h):<17.17} "
-                f"{_get(lambda: N.nvmlDeviceGetUtilizationRates(h).gpu, fmt='{}%'):>5} {mem:>19} "
-                f"{_get(lambda: N.nvmlDeviceGetPowerUsage(h) / 1000, fmt='{:.1f}'):>8} "
+                f"{_get(lambda h=h: N.nvmlDeviceGetUtilizationRates(h).gpu, fmt='{}%'):>5} {mem:>19} "
+                f"{_get(lambda h=h: N.nvmlDeviceGetPowerUsage(h) / 1000, fmt='{:.1f}'):>8} "
                 f"{_get(N.nvmlDeviceGetTemperature, h, 0):>6} {_get(N.nvmlDeviceGetClockInfo, h, 1):>6}  "
                 f"P{_get(N.nvmlDeviceGetPerformanceState, h)}")
         return out

@@ -356,7 +356,7 @@ works differently from Prometheus:
 - **`increase()` of a counter that appeared within the window**: MetricsQL counts its first value,
   PromQL does not once the series has two samples, so `{xid}`
   and the weekly failure counts count a GPU's first XID within the window on VictoriaMetrics only.
-"""
+"""  # noqa: E501 (its Markdown table rows cannot wrap)
 
 
 def markdown(t: Thresholds) -> str:

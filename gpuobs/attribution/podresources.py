@@ -118,8 +118,9 @@ class PodResourcesWatcher(Refresher):
             self._set_state("error", "kubelet pod-resources List() failed; keeping the last mapping a while",
                             logging.WARNING, error=str(code or e))
             if self._mapping and time.monotonic() - self._mapping_time > self.keep_s:
+                age_s = round(time.monotonic() - self._mapping_time, 1)
                 log.warning("pod attribution dropped: no answer from the kubelet",
-                            extra={"socket": self.socket_path, "age_s": round(time.monotonic() - self._mapping_time, 1)})
+                            extra={"socket": self.socket_path, "age_s": age_s})
                 self._mapping = {}
             return
         self._mapping, self._mapping_time, self.up = build_mapping(response), time.monotonic(), True

@@ -40,7 +40,8 @@ def _enumerate(gpu: GpuCtx, st: "MigState") -> list[MigDevice]:
             if mig_uuid in known:
                 ids, profile = known[mig_uuid]
             else:
-                ids = (str(call(N.nvmlDeviceGetGpuInstanceId, handle)), str(call(N.nvmlDeviceGetComputeInstanceId, handle)))
+                ids = (str(call(N.nvmlDeviceGetGpuInstanceId, handle)),
+                       str(call(N.nvmlDeviceGetComputeInstanceId, handle)))
                 name = call(N.nvmlDeviceGetName, handle)
                 profile = name.rsplit(" MIG ", 1)[-1] if " MIG " in name else ""
         except (N.NVMLError, UnicodeDecodeError):

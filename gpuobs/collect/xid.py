@@ -1,7 +1,7 @@
 """XID events, on their own thread: an NVML event set waits for nvmlEventTypeXidCriticalError and
 counts each event once per GPU, XID code and MIG instance (with the MIG UUID the instance had when
-the event came, from the mig family's listing, so that attribution finds the pod holding it). Exported as counters plus a last-seen
-time, so alerts on increase() resolve, unlike a last-value gauge.
+the event came, from the mig family's listing, so that attribution finds the pod holding it).
+Exported as counters plus a last-seen time, so alerts on increase() resolve, unlike a last-value gauge.
 
 The thread reports its own health (gpuobs_exporter_xid_watcher_up, ..._errors_total{code}), is
 restarted by the sampler (through Xid.node_samples) when it dies, and rate-limits its logs."""
