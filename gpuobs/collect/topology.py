@@ -3,8 +3,8 @@ peer, through NVSwitches, or the PCIe path) and its NVLink link count (detail), 
 domain (the lowest index it shares NVLink with: one series standing in for the pairs by default),
 and each GPU's NUMA node and CPU affinity, as `nvidia-smi topo -m` shows them. Read at probe (the
 wiring is fixed for the GPUs' life; re-read after NVML re-initialises and every Session.reprobe_after
-seconds). The NVLink P2P status of each pair is asked again when the GPU's NVLink link states (read by the nvlink family in
-the batch) change, or on slow samples without them; a change re-reads the whole topology (a link
+seconds). The NVLink P2P status of each pair is asked again when the GPU's NVLink link states (read
+by the nvlink family in the batch) change, or on slow samples without them; a change re-reads the whole topology (a link
 that went down takes its pairs off NVLink). A peer the last pass read at another index (the shift
 after a GPU leaves the count) or a GPU read that is not among the peers re-reads the topology at
 once, not at the next re-probe. A peer the driver reports lost (GPU_IS_LOST) or no longer counts
