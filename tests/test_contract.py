@@ -93,7 +93,7 @@ def test_dashboards_import_the_records_without_the_alert_pack():
 
 
 # ------------------------------------------------------------------------------- no literal names
-DEFINITIONS = ["gpuobs/alerts/rules.py", "gpuobs/alerts/runbooks.py", "gpuobs/dashboards/common.py",
+DEFINITIONS = ["gpuobs/alerts/rules.py", "gpuobs/alerts/runbooks/__init__.py", "gpuobs/dashboards/common.py",
                "gpuobs/dashboards/node.py", "gpuobs/dashboards/fleet.py", "gpuobs/dashboards/training.py",
                "gpuobs/dashboards/inference.py", "gpuobs/dashboards/exporter.py"]
 
@@ -119,6 +119,15 @@ def typed_names(source: str) -> list[str]:
 @pytest.mark.parametrize("path", DEFINITIONS)
 def test_definitions_type_no_record_or_metric_name(path):
     assert not typed_names((REPO / path).read_text()), f"{path}: use gpuobs.catalog and gpuobs.records"
+
+
+def test_runbook_templates_type_no_record_or_metric_name():
+    """The Markdown templates and snippets too (gpuobs/alerts/runbooks/): `$NAME` for every metric and record."""
+    templates = sorted((REPO / "gpuobs" / "alerts" / "runbooks").rglob("*.md"))
+    assert len(templates) > len(alerts(DEFAULT))  # one per alert, and the shared snippets
+    typed = {p.relative_to(REPO).as_posix(): [*RECORD.findall(t), *(m for m in METRIC.findall(t) if m not in LABELS)]
+             for p in templates for t in [p.read_text()]}
+    assert not {p: names for p, names in typed.items() if names}, "write $NAME (gpuobs.catalog or gpuobs.records)"
 
 
 def test_the_literal_check_sees_names():
