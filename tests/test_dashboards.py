@@ -267,6 +267,13 @@ def test_two_panels_of_one_identity_fail_the_build():
     L = _layout("Once", "Twice")
     L.add(k.stat("Twice", [k.target("vector(1)")], "short"), 6, 4, key="Twice, the second")  # a key resolves it
     assert len({p.id for p in k.dashboard("t", "node", "", L, [], []).panels}) == 4
+    L.row("Row")
+    with pytest.raises(PanelIdError, match="two rows titled 'Row'"):
+        k.dashboard("t", "node", "", L, [], [])
+    L = _layout("Once")
+    L.row("Another row")
+    L.add(k.stat("Once", [k.target("vector(1)")], "short"), 6, 4)  # the same title in another row: its own id
+    assert len({p.id for p in k.dashboard("t", "node", "", L, [], []).panels}) == 4
 
 
 def test_a_hash_collision_fails_the_build():

@@ -326,11 +326,11 @@ def assign_ids(uid: str, panels: list, identities: list[tuple[str | None, str]])
     seen: dict[int, tuple[str | None, str]] = {}
     out = []
     for panel, (row, key) in zip(panels, identities, strict=True):
-        if (row, key) in set(seen.values()):
+        pid = panel_id(panel_identity(uid, row, key))
+        if seen.get(pid) == (row, key):  # the same identity twice, not a collision
             where = "two rows" if row is None else f"two panels in row {row!r}"
             raise PanelIdError(f"dashboard {uid}: {where} titled {key!r}; give one an explicit key "
                                "(Layout.add(..., key=...) or Layout.row(..., key=...))")
-        pid = panel_id(panel_identity(uid, row, key))
         if pid in seen:
             raise PanelIdError(f"dashboard {uid}: panel {key!r} (row {row!r}) and panel {seen[pid][1]!r} "
                                f"(row {seen[pid][0]!r}) hash to the same id {pid}; give one an explicit key")
