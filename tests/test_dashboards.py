@@ -5,6 +5,7 @@ training ranks, an inference server), parses and returns data."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import subprocess
@@ -22,8 +23,21 @@ from gpuobs import catalog as c
 from gpuobs import records
 from gpuobs.alerts.build import write_fast_rules
 from gpuobs.collect import REGISTRY
-from gpuobs.dashboards.build import DASHBOARDS, outputs
-from gpuobs.dashboards.common import DATASOURCE, SCHEMA_VERSION, UIDS, VARIABLE, interpolate, sel
+from gpuobs.dashboards import common as k
+from gpuobs.dashboards.build import DASHBOARDS, dashboard_json, outputs
+from gpuobs.dashboards.common import (
+    DATASOURCE,
+    MAX_PANEL_ID,
+    SCHEMA_VERSION,
+    UIDS,
+    VARIABLE,
+    Layout,
+    PanelIdError,
+    interpolate,
+    panel_id,
+    panel_identity,
+    sel,
+)
 from gpuobs.generated import write
 from gpuobs.sim import Simulator, scenario
 from gpuobs.sim.state import set_val
@@ -183,6 +197,97 @@ def test_dashboard_lint(name):
     assert not problems, "\n".join(problems)
 
 
+# ---------------------------------------------------------------------------------------- panel ids
+def _by_identity(dashboard: dict) -> dict[tuple[str | None, str], dict]:
+    """{(row title, panel title): panel}, rows as (None, title): every panel by its identity."""
+    out, row = {}, ""
+    for p in panels(dashboard):
+        key = (None, p["title"]) if p["type"] == "row" else (row, p["title"])
+        row = p["title"] if p["type"] == "row" else row
+        assert key not in out, f"two panels {key}"
+        out[key] = p
+    return out
+
+
+def _ids(dashboard: dict) -> dict[tuple[str | None, str], int]:
+    return {key: p["id"] for key, p in _by_identity(dashboard).items()}
+
+
+@pytest.mark.parametrize("name", sorted(DASHBOARDS))
+def test_panel_ids_are_unique_positive_32_bit_integers(name):
+    ids = list(_ids(load()[name]).values())
+    assert len(ids) == len(set(ids)) > 1
+    assert all(isinstance(i, int) and 1 <= i <= MAX_PANEL_ID < 2**31 for i in ids)
+
+
+def _built_with_an_extra_panel(name: str, monkeypatch) -> dict:
+    """Dashboard `name` built with, before each row after its first, an extra row of one panel, and a
+    panel more at the start of that row (so every panel after them moves)."""
+    row = Layout.row
+
+    def extra(self, title):
+        self.add(k.stat(title, [k.target("vector(1)")], "short"), 24, 3)
+
+    def extra_row_and_row(self, title, key=None):
+        if self.panels:
+            row(self, f"Extra row before {title}")
+            extra(self, f"Extra panel before {title}")
+        row(self, title, key)
+        if len(self.identities) > 1:
+            extra(self, f"Extra panel in {title}")
+
+    monkeypatch.setattr(Layout, "row", extra_row_and_row)
+    return json.loads(dashboard_json(DASHBOARDS[name]()))
+
+
+@pytest.mark.parametrize("name", sorted(DASHBOARDS))
+def test_inserting_panels_changes_no_other_panels_id(name, monkeypatch):
+    before = json.loads(dashboard_json(DASHBOARDS[name]()))
+    after = _built_with_an_extra_panel(name, monkeypatch)
+    old, new = _ids(before), _ids(after)
+    assert {key: new[key] for key in old} == old  # every panel kept its id...
+    placed = _by_identity(after)
+    moved = [key for key, p in _by_identity(before).items() if p["gridPos"] != placed[key]["gridPos"]]
+    assert moved, "the extra panels moved no other panel: the test proves nothing"  # ...though others moved
+    added = set(new) - set(old)
+    assert len(added) >= 2 and not {new[key] for key in added} & set(old.values())
+
+
+def _layout(*titles: str) -> Layout:
+    L = Layout()
+    L.row("Row")
+    for title in titles:
+        L.add(k.stat(title, [k.target("vector(1)")], "short"), 6, 4)
+    return L
+
+
+def test_two_panels_of_one_identity_fail_the_build():
+    with pytest.raises(PanelIdError, match="two panels in row 'Row' titled 'Twice'.*explicit key"):
+        k.dashboard("t", "node", "", _layout("Once", "Twice", "Twice"), [], [])
+    L = _layout("Once", "Twice")
+    L.add(k.stat("Twice", [k.target("vector(1)")], "short"), 6, 4, key="Twice, the second")  # a key resolves it
+    assert len({p.id for p in k.dashboard("t", "node", "", L, [], []).panels}) == 4
+    L.row("Row")
+    with pytest.raises(PanelIdError, match="two rows titled 'Row'"):
+        k.dashboard("t", "node", "", L, [], [])
+    L = _layout("Once")
+    L.row("Another row")
+    L.add(k.stat("Once", [k.target("vector(1)")], "short"), 6, 4)  # the same title in another row: its own id
+    assert len({p.id for p in k.dashboard("t", "node", "", L, [], []).panels}) == 4
+
+
+def test_a_hash_collision_fails_the_build():
+    seen: dict[int, str] = {}
+    for i in itertools.count():  # birthday bound: about 58,000 titles to two alike in 2^31 ids
+        title = f"panel {i}"
+        pid = panel_id(panel_identity(UIDS["node"], "Row", title))
+        if pid in seen:
+            break
+        seen[pid] = title
+    with pytest.raises(PanelIdError, match=f"hash to the same id {pid}"):
+        k.dashboard("t", "node", "", _layout(seen[pid], title), [], [])
+
+
 def _data_links(d: dict) -> str:
     return " ".join(link["url"] for p in panels(d) for link in p.get("fieldConfig", {}).get("defaults", {})
                     .get("links", []))
@@ -231,8 +336,10 @@ def test_exemplars_on_the_step_time_and_request_latency_buckets():
 
     buckets = {f"{m.name}_bucket" for m in EXEMPLAR_METRICS}
     on = {(name, p["title"]) for name, d in load().items() for p, t in queries(d) if t.get("exemplar")}
-    assert on == {("training-job", "Step time distribution"), ("training-job", "Slow steps: p99 by rank with exemplars"),
-                  ("inference-service", "Latency distribution"), ("inference-service", "Slow requests: p99 with exemplars")}
+    assert on == {("training-job", "Step time distribution"),
+                  ("training-job", "Slow steps: p99 by rank with exemplars"),
+                  ("inference-service", "Latency distribution"),
+                  ("inference-service", "Slow requests: p99 with exemplars")}
     for name, d in load().items():
         for p, t in queries(d):
             if t.get("exemplar"):
@@ -431,7 +538,8 @@ kube_pod_status_phase{namespace="sandbox",pod="queued-0",uid="u-1",phase="Pendin
 kube_pod_status_phase{namespace="sandbox",pod="queued-0",uid="u-1",phase="Running"} 0
 # HELP kube_pod_container_resource_requests The number of requested request resource by a container.
 # TYPE kube_pod_container_resource_requests gauge
-kube_pod_container_resource_requests{namespace="sandbox",pod="queued-0",uid="u-1",container="main",resource="nvidia_com_gpu",unit="integer"} 2
+kube_pod_container_resource_requests{namespace="sandbox",pod="queued-0",uid="u-1",container="main",\
+resource="nvidia_com_gpu",unit="integer"} 2
 """,
     "kueue": """\
 # HELP kueue_pending_workloads The number of pending workloads, per 'cluster_queue' and 'status'.
@@ -525,7 +633,7 @@ def _assert_every_check_gets_data(prom: Prometheus, procs: list, checks: list[tu
 def _assert_the_scenario(prom: Prometheus) -> None:
     """The exemptions are still real (still empty), and the scenario is what the panels claim: a
     straggler, an allocated idle GPU, a lost GPU, NVML down."""
-    for (name, title, ref), _why in EXEMPT.items():
+    for name, title, ref in EXEMPT:
         d = load()[name]
         expr = next(t["expr"] for p, t in queries(d) if p["title"] == title and t["refId"] == ref)
         assert prom.query(substitute(expr, VALUES[name])) == [], f"{title} has data now: drop its exemption"

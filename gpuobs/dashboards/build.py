@@ -72,7 +72,8 @@ def datasource_file(url: str = "http://prometheus:9090", scrape_interval: str = 
                      "exemplarTraceIdDestinations": [{"name": TRACE_ID_LABEL, "datasourceUid": trace_uid}]}}, {
         "name": "Jaeger", "uid": trace_uid, "type": "jaeger", "access": "proxy", "url": trace_url,
         "editable": False}]}
-    return (HEADER + "# Grafana datasources: copy to /etc/grafana/provisioning/datasources/ and set the urls. timeInterval\n"
+    return (HEADER
+            + "# Grafana datasources: copy to /etc/grafana/provisioning/datasources/ and set the urls. timeInterval\n"
             "# must be Prometheus's scrape interval: $__rate_interval is at least four times it. Exemplars'\n"
             f"# {TRACE_ID_LABEL} opens the trace in the datasource of uid {trace_uid} (with Tempo instead of Jaeger:\n"
             "# GPUOBS_TRACING_DATASOURCE_UID=<its uid> gpuobs generate, and drop the Jaeger entry).\n"

@@ -6,12 +6,19 @@ Conventions every dashboard follows (and tests/test_dashboards.py checks):
 - every panel has a unit;
 - only non-Angular panel types: timeseries, stat, table, bargauge, state-timeline, heatmap (and rows);
 - every rate()/increase() runs over `$__rate_interval`, and only over counters;
-- panels are laid out by `Layout`, which gives unique ids and non-overlapping grid positions;
+- panels are laid out by `Layout` in non-overlapping grid positions;
+- a panel's id is derived from its identity, not its position: the SHA-256 of [dashboard uid, row
+  title, panel title] (or an explicit key given to Layout.add/row instead of the title) reduced to
+  1..2^31-1 (panel_id), so adding, removing or moving other panels changes no id and Grafana's
+  `viewPanel=<id>` links survive; two panels of one identity or two ids alike fail the build
+  (PanelIdError);
 - uids are stable, so links between dashboards (fleet -> node -> job) keep working.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 
 import attr
@@ -292,40 +299,90 @@ def heatmap(title: str, targets: list[Target], unit: str, description: str = "",
 
 
 # -------------------------------------------------------------------------------------- layout
+MAX_PANEL_ID = 2**31 - 1  # ids are 1..2^31-1: Grafana's int64 and the browser's numbers hold them exactly
+
+
+class PanelIdError(ValueError):
+    """Two panels of one dashboard with one identity, or two identities hashing to one id."""
+
+
+def panel_id(identity: str) -> int:
+    """A panel's id from its identity (panel_identity): the first 8 bytes of its SHA-256, as an integer
+    in 1..MAX_PANEL_ID. Depends on nothing else, so adding, removing or moving other panels keeps it."""
+    digest = hashlib.sha256(identity.encode()).digest()
+    return int.from_bytes(digest[:8], "big") % MAX_PANEL_ID + 1
+
+
+def panel_identity(uid: str, row: str | None, title: str) -> str:
+    """What a panel's id is derived from: [dashboard uid, row title, panel title or explicit key] as JSON;
+    a row panel's is [uid, row title] (two elements, so no panel's can equal it)."""
+    return json.dumps([uid, title] if row is None else [uid, row, title])
+
+
+def assign_ids(uid: str, panels: list, identities: list[tuple[str | None, str]]) -> list:
+    """The panels with their ids (panel_id of each identity (row, title or key) under dashboard uid).
+    Raises PanelIdError on two panels of one identity (give one a key) or on two identities with
+    one id (a hash collision: give one of them a key)."""
+    seen: dict[int, tuple[str | None, str]] = {}
+    out = []
+    for panel, (row, key) in zip(panels, identities, strict=True):
+        pid = panel_id(panel_identity(uid, row, key))
+        if seen.get(pid) == (row, key):  # the same identity twice, not a collision
+            where = "two rows" if row is None else f"two panels in row {row!r}"
+            raise PanelIdError(f"dashboard {uid}: {where} titled {key!r}; give one an explicit key "
+                               "(Layout.add(..., key=...) or Layout.row(..., key=...))")
+        if pid in seen:
+            raise PanelIdError(f"dashboard {uid}: panel {key!r} (row {row!r}) and panel {seen[pid][1]!r} "
+                               f"(row {seen[pid][0]!r}) hash to the same id {pid}; give one an explicit key")
+        seen[pid] = (row, key)
+        out.append(attr.evolve(panel, id=pid))
+    return out
+
+
 class Layout:
-    """Places panels left to right in lines of 24 columns, rows as section headers; gives ids."""
+    """Places panels left to right in lines of 24 columns, rows as section headers, and records each
+    panel's identity (its row's title and its own title, or an explicit key) for its id (assign_ids,
+    applied by dashboard()): an id never depends on a position, so adding a panel renumbers no other and
+    Grafana's viewPanel links keep working. A panel renamed keeps its id with its old title as key."""
 
     def __init__(self):
         self.panels: list = []
+        self.identities: list[tuple[str | None, str]] = []  # (row title, panel title or key); rows: (None, title)
         self.x = self.y = self.line_h = 0
+        self.row_title = ""  # panels before the first row
 
     def _newline(self) -> None:
         self.y += self.line_h
         self.x = self.line_h = 0
 
-    def _place(self, panel, w: int, h: int):
+    def _place(self, panel, w: int, h: int, identity: tuple[str | None, str]):
         if not 1 <= w <= 24:
             raise ValueError(f"{panel.title}: width {w} is not 1-24")
         if self.x + w > 24:
             self._newline()
-        placed = attr.evolve(panel, gridPos=GridPos(h=h, w=w, x=self.x, y=self.y), id=len(self.panels) + 1)
+        placed = attr.evolve(panel, gridPos=GridPos(h=h, w=w, x=self.x, y=self.y))
         self.panels.append(placed)
+        self.identities.append(identity)
         self.x += w
         self.line_h = max(self.line_h, h)
         return placed
 
-    def row(self, title: str) -> None:
+    def row(self, title: str, key: str | None = None) -> None:
+        """A row (section header) titled title; key replaces the title in its id and its panels'."""
         self._newline()
-        self._place(RowPanel(title=title, collapsed=False), 24, 1)
+        self.row_title = key or title
+        self._place(RowPanel(title=title, collapsed=False), 24, 1, (None, self.row_title))
         self._newline()
 
-    def add(self, panel, w: int = 12, h: int = 8) -> None:
+    def add(self, panel, w: int = 12, h: int = 8, key: str | None = None) -> None:
+        """Place a panel w columns wide and h high; key replaces its title in its id (for a title
+        repeated within one row, or a renamed panel keeping its id)."""
         families = detail_families(panel)
         if families:  # says which exporter flag the panel needs: the default profile leaves its series out
             note = (f"Detail: needs the exporter's --profile full or --detail {','.join(families)} "
                     "(docs/cardinality.md).")
             panel = attr.evolve(panel, description=f"{panel.description} {note}".strip())
-        self._place(panel, w, h)
+        self._place(panel, w, h, (self.row_title, key or panel.title))
 
 
 _EXPOSED = {name: m for m in c.EXPORTED for name in m.prometheus_samples}
@@ -334,13 +391,17 @@ _EXPOSED = {name: m for m in c.EXPORTED for name in m.prometheus_samples}
 def detail_families(panel) -> list[str]:
     """The families of the detail metrics (catalog.DETAIL) that a panel's queries read, sorted; [] for
     a panel that reads only series of the default profile."""
-    names = {t for target in getattr(panel, "targets", []) for t in re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*", target.expr)}
+    names = {t for target in getattr(panel, "targets", [])
+             for t in re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*", target.expr)}
     return sorted({_EXPOSED[n].family for n in names if n in _EXPOSED and _EXPOSED[n] in c.DETAIL})
 
 
 def dashboard(title: str, key: str, description: str, layout: Layout, variables: list[Template],
               links: list[DashboardLink], time_from: str = "now-6h") -> Dashboard:
-    return Dashboard(title=title, uid=UIDS[key], description=description, tags=TAGS, panels=layout.panels,
+    """A gpuobs dashboard of uid UIDS[key], its panels from layout with their ids (assign_ids): raises
+    PanelIdError where two panels share an identity or an id."""
+    panels = assign_ids(UIDS[key], layout.panels, layout.identities)
+    return Dashboard(title=title, uid=UIDS[key], description=description, tags=TAGS, panels=panels,
                      templating=Templating([datasource_variable(), *variables]), links=links,
                      schemaVersion=SCHEMA_VERSION, graphTooltip=1, refresh="30s", timezone="browser",
                      time=Time(time_from, "now"), editable=True)

@@ -22,8 +22,8 @@ def m(metric: c.Metric, *matchers: str) -> str:
     return sel(metric, *E, *matchers)
 
 
-def build():
-    L = k.Layout()
+def status(L: k.Layout) -> None:
+    """The 'Status' row."""
     up = sel("up", *E)
     L.row("Status")
     L.add(k.stat("Exporters up", [target(f"sum({up})")], "short", "Exporter targets Prometheus scrapes now."), 4, 4)
@@ -61,6 +61,9 @@ def build():
     L.add(k.table("Driver and NVML versions", [target(m(c.NVML_INFO))], "short",
                   "Driver, NVML and CUDA driver versions per node.", hide=("Value",), links=[k.TO_NODE]), 12, 5)
 
+
+def sampling(L: k.Layout) -> None:
+    """The 'Sampling' row."""
     L.row("Sampling")
     L.add(k.timeseries("Collection duration", [target(m(c.COLLECTION_DURATION), NODE)], "s",
                        "Wall time of the last complete sampling pass.", min=0), 8, 8)
@@ -80,6 +83,9 @@ def build():
         target(sel(r.NODE_GPUS_PRESENT, C, N), NODE + " present")], "short",
         "GPUs each node should have and GPUs its driver counts.", min=0), 8, 8)
 
+
+def errors(L: k.Layout) -> None:
+    """The 'Errors' row."""
     L.row("Errors")
     L.add(k.timeseries("NVML errors by call and code", [target(
         f"sum by (node, call, code) ({rate(m(c.NVML_ERRORS))})", NODE + " {{call}} {{code}}")], "cps",
@@ -137,6 +143,16 @@ def build():
                   "Calls that give no value by design, with the number of GPUs: not_supported, no_permission, or "
                   "function_not_found on an older driver (a fallback call serves the value where one exists).",
                   hide=("cluster", "instance", "job")), 24, 8)
+
+
+ROWS = [status, sampling, errors]  # in dashboard order
+
+
+def build():
+    """The Exporter health dashboard: the rows of ROWS in order, variables job, cluster and node."""
+    L = k.Layout()
+    for row in ROWS:
+        row(L)
 
     variables = [
         k.variable("job", f"label_values({c.NVML_UP.name}, job)", "Scrape job"),

@@ -116,8 +116,8 @@ def weekly_review(L: k.Layout) -> None:
                              {"color": "green", "value": 0.9}]), 6, 4)
 
 
-def build():
-    L = k.Layout()
+def inventory(L: k.Layout) -> None:
+    """The 'Inventory' row."""
     L.row("Inventory")
     expected = f"sum({sel(r.CLUSTER_GPUS_EXPECTED, C)})"
     present = f"sum({sel(r.CLUSTER_GPUS_PRESENT, C)})"
@@ -137,6 +137,9 @@ def build():
     L.add(k.stat("Idle GPUs", [target(f"sum({sel(r.CLUSTER_GPUS_IDLE, C)}) or vector(0)")], "short",
                  "GPUs with no work over the idle window, allocated or not."), 4, 4)
 
+
+def utilization(L: k.Layout) -> None:
+    """The 'Utilization' row."""
     L.row("Utilization")
     L.add(k.timeseries("Fleet GPU utilization and SM activity", [
         target(sel(r.CLUSTER_UTILIZATION, C), "{{cluster}} GPU utilization"),
@@ -160,6 +163,9 @@ def build():
                   "percentunit", "The ten GPUs with the lowest average utilization over the dashboard's range.",
                   rename={"Value": "avg utilization"}, links=[k.TO_NODE]), 12, 8)
 
+
+def throttling(L: k.Layout) -> None:
+    """The 'Throttling, power and temperature' row."""
     L.row("Throttling, power and temperature")
     L.add(k.timeseries("Throttled GPUs by reason", [
         target(sel(r.CLUSTER_THROTTLED, C), "{{cluster}} {{reason}}")],
@@ -182,6 +188,9 @@ def build():
     L.add(k.table("Hottest GPUs", [target(f"topk(10, {gpus(c.TEMPERATURE)})")], "celsius",
                   "The ten hottest GPUs now.", rename={"Value": "temperature"}, links=[k.TO_NODE]), 12, 8)
 
+
+def errors(L: k.Layout) -> None:
+    """The 'Errors and events' row."""
     L.row("Errors and events")
     L.add(k.timeseries("XID errors by code", [
         target(sel(r.CLUSTER_XID_ERRORS, C), "{{cluster}} XID {{xid}}")], "short",
@@ -205,6 +214,9 @@ def build():
                   "with the exporter's --detail ecc.",
                   rename={"Value": "banks low or out"}, links=[k.TO_NODE]), 8, 8)
 
+
+def most_at_risk(L: k.Layout) -> None:
+    """The 'GPUs most at risk' row."""
     L.row("GPUs most at risk")
     L.add(k.table("GPUs most at risk", at_risk(), "short",
                   "Per degradation signal, the ten GPUs that moved most towards failure over the dashboard's "
@@ -218,6 +230,9 @@ def build():
                           "Value #C": "NVLink errors/s rise", "Value #D": "banks newly low",
                           "Value #E": "°C to slowdown in 3 h", "Value #F": "power brake changes"}), 24, 9)
 
+
+def interconnects(L: k.Layout) -> None:
+    """The 'Interconnects' row."""
     L.row("Interconnects")
     L.add(k.stat("NVLink links down",
                  [target(f"sum({sel(r.NODE_NVLINK_LINKS_DOWN, C, N)}) or vector(0)")], "short",
@@ -246,7 +261,16 @@ def build():
         target(per_cluster(r.NODE_PCIE_TX), "{{cluster}} transmit"),
         target(per_cluster(r.NODE_PCIE_RX), "{{cluster}} receive")], "Bps",
         "PCIe bytes per second between the GPUs and their hosts.", min=0), 12, 7)
-    weekly_review(L)
+
+
+ROWS = [inventory, utilization, throttling, errors, most_at_risk, interconnects, weekly_review]  # in dashboard order
+
+
+def build():
+    """The Fleet overview dashboard: the rows of ROWS in order, variables cluster, node and model."""
+    L = k.Layout()
+    for row in ROWS:
+        row(L)
 
     variables = [
         k.variable("cluster", f"label_values({c.GPUS_EXPECTED.name}, cluster)", "Cluster"),
