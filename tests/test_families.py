@@ -15,11 +15,18 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, free_port, stop
 
 from gpuobs import catalog as c
 from gpuobs import records
@@ -183,3 +190,124 @@ def test_a_missing_layer_fails(monkeypatch):
 @pytest.mark.parametrize("family", sorted(REGISTRY))
 def test_every_registered_family_has_a_catalog_module(family):
     assert defined_by_module(family), f"gpuobs/catalog/{family}.py defines no metric"
+
+
+# ------------------------------------------------------------------------ acceptance, in a temp copy
+# What `gpuobs generate` reads and writes: the package and every generator's folders (gpuobs.generated)
+COPIED = ("gpuobs", "alerts", "dashboards", "docs", "deploy/fluent-bit", "examples/scenarios")
+
+
+def _copy(tmp_path: Path) -> Path:
+    """A copy of what `gpuobs generate` and the exporter need (no caches)."""
+    root = tmp_path / "repo"
+    for part in COPIED:
+        shutil.copytree(REPO / part, root / part, ignore=shutil.ignore_patterns("__pycache__"))
+    return root
+
+
+def _run(root: Path, *args: str, **kw) -> subprocess.CompletedProcess:
+    """`python ARGS` in the copy, importing gpuobs from it."""
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.run([sys.executable, *args], cwd=root, env=env, capture_output=True, text=True, timeout=300,
+                          **kw)
+
+
+def _generate(root: Path) -> set[str]:
+    """Run `gpuobs generate` in the copy; the paths (relative) of every file a generator makes there."""
+    out = _run(root, "-m", "gpuobs.cli", "generate")
+    assert out.returncode == 0, out.stderr[-2000:]
+    listing = _run(root, "-c", "import json; from gpuobs import generated as g; print(json.dumps(sorted("
+                   "str(p.relative_to(g.ROOT)) for gen in g.GENERATORS for p in gen.make(g.ROOT, None))))")
+    assert listing.returncode == 0, listing.stderr[-2000:]
+    return set(json.loads(listing.stdout))
+
+
+def _changed(root: Path) -> list[str]:
+    """Files of the copy that differ from the repository's (or that it alone has), relative paths."""
+    changed = []
+    for path in sorted(p for part in COPIED for p in (root / part).rglob("*") if p.is_file()):
+        rel = path.relative_to(root).as_posix()
+        if "__pycache__" in rel:
+            continue
+        if not (REPO / rel).is_file() or (REPO / rel).read_bytes() != path.read_bytes():
+            changed.append(rel)
+    return changed
+
+
+def _edit(path: Path, old: str, new: str) -> None:
+    """Replace the one occurrence of old in a file (AssertionError unless there is exactly one)."""
+    text = path.read_text()
+    assert text.count(old) == 1, (path, old)
+    path.write_text(text.replace(old, new))
+
+
+def test_renaming_a_metric_changes_only_its_catalog_line_and_generated_files(tmp_path):
+    """The rename, as a user does it: one name string in the family's catalog module, then `gpuobs
+    generate`. Every file that changed is generated, or that one catalog line."""
+    root = _copy(tmp_path)
+    module = root / "gpuobs" / "catalog" / f"{c.POWER_USAGE.family}.py"
+    old, new = c.POWER_USAGE.name, "gpuobs_gpu_board_power_watts"
+    _edit(module, f'_m("{old.removeprefix("gpuobs_")}"', f'_m("{new.removeprefix("gpuobs_")}"')
+    generated = _generate(root)
+    changed = _changed(root)
+    catalog_line = module.relative_to(root).as_posix()
+    assert catalog_line in changed and set(changed) - {catalog_line} <= generated, changed
+    before, after = (REPO / catalog_line).read_text().splitlines(), module.read_text().splitlines()
+    assert len(before) == len(after) and sum(a != b for a, b in zip(before, after)) == 1
+    # the rules, the dashboards, the runbooks and the metric docs all followed
+    for part in ("alerts/", "dashboards/", "docs/runbooks/", "docs/metrics.md"):
+        assert any(p.startswith(part) for p in changed), part
+    assert not [p for p in generated if old in (root / p).read_text()], "a generated file keeps the old name"
+
+
+NEW_METRIC = '''
+POWER_INSTANT = _m("gpu_power_instant_watts", "gauge", "watts", "Power draw of the GPU board at this instant "
+                   "(the same field as gpuobs_gpu_power_usage_watts, unchecked).", "power",
+                   "NVML_FI_DEV_POWER_INSTANT (milliwatts) / 1000")
+detail(POWER_INSTANT)
+'''
+
+
+def test_adding_a_metric_to_a_family_reaches_every_layer(tmp_path):
+    """A new gauge of the power family, added as ARCHITECTURE.md's "Where to add" says, in a temp copy.
+    Hand-written files edited: 2 (gpuobs/catalog/power.py: the Metric and its tier; and
+    gpuobs/collect/power.py: one emit) where it took 10 before the family modules; then `gpuobs
+    generate`. docs/metrics.md lists it, docs/cardinality.md counts it, and the exporter of the copy
+    serves it on the simulator."""
+    root = _copy(tmp_path)
+    with (root / "gpuobs" / "catalog" / "power.py").open("a") as f:
+        f.write(NEW_METRIC)
+    _edit(root / "gpuobs" / "collect" / "power.py", "        gpu.emit(c.POWER_USAGE, draw, per=MILLI)\n",
+          "        gpu.emit(c.POWER_USAGE, draw, per=MILLI)\n        gpu.emit(c.POWER_INSTANT, draw, per=MILLI)\n")
+    generated = _generate(root)
+    changed = _changed(root)
+    edited = sorted(set(changed) - generated)
+    assert edited == ["gpuobs/catalog/power.py", "gpuobs/collect/power.py"], edited
+    assert "`gpuobs_gpu_power_instant_watts`" in (root / "docs" / "metrics.md").read_text()
+    assert "docs/cardinality.md" in changed  # the full profile's power series, one more per GPU
+    assert _serves(root, "gpuobs_gpu_power_instant_watts") == 8  # one per GPU of the 8xH100 scenario
+
+
+def _serves(root: Path, name: str) -> int:
+    """Series of `name` the copy's exporter serves (full profile) on the 8xH100 simulator."""
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    proc = subprocess.Popen([sys.executable, "-m", "gpuobs.cli", "exporter", "--simulate",
+                             "examples/scenarios/8xh100.yaml", "--listen-address", "127.0.0.1", "--port", str(port),
+                             "--interval", "0.5", "--profile", "full", "--kernel-log", "off"],
+                            cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert proc.poll() is None, proc.stderr.read()[-2000:]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                    body = r.read().decode()
+                if "gpuobs_gpu_power_usage_watts{" in body:
+                    return sum(line.startswith(name + "{") for line in body.splitlines())
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "the copy's exporter served no GPU series"
+            time.sleep(0.2)
+    finally:
+        stop(proc)
