@@ -93,9 +93,10 @@ def test_dashboards_import_the_records_without_the_alert_pack():
 
 
 # ------------------------------------------------------------------------------- no literal names
-DEFINITIONS = ["gpuobs/alerts/rules.py", "gpuobs/alerts/runbooks/__init__.py", "gpuobs/dashboards/common.py",
-               "gpuobs/dashboards/node.py", "gpuobs/dashboards/fleet.py", "gpuobs/dashboards/training.py",
-               "gpuobs/dashboards/inference.py", "gpuobs/dashboards/exporter.py",
+DEFINITIONS = ["gpuobs/alerts/rules.py", "gpuobs/alerts/common.py", "gpuobs/alerts/runbooks/__init__.py",
+               "gpuobs/dashboards/common.py", "gpuobs/dashboards/node.py", "gpuobs/dashboards/fleet.py",
+               "gpuobs/dashboards/training.py", "gpuobs/dashboards/inference.py", "gpuobs/dashboards/exporter.py",
+               *sorted(p.relative_to(REPO).as_posix() for p in (REPO / "gpuobs/alerts/families").glob("*.py")),
                *sorted(p.relative_to(REPO).as_posix() for p in (REPO / "gpuobs/dashboards/rows").glob("*.py"))]
 
 
