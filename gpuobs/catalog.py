@@ -9,6 +9,7 @@ Python names. Naming follows Prometheus conventions: one `gpuobs_` namespace, ba
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -42,8 +43,15 @@ class Metric:
     dcgm: dict[tuple[str, ...], str] = field(default_factory=dict)
     dcgm_scale: float = 1.0
     max_value: float | None = None  # values above this are impossible and dropped
+    min_value: float = 0.0  # values below this are impossible and dropped; signed NVML values declare theirs
     otel_name: str | None = None  # instrument name, for metrics recorded through OpenTelemetry
     otel_unit: str = ""  # UCUM unit of the instrument (its Prometheus name carries the converted unit)
+
+    @property
+    def valid(self) -> tuple[float, float]:
+        """The declared valid range (lowest, highest; inf when unbounded) in base units: a collected
+        value outside it is impossible, dropped and counted (gpuobs.collect.base.checked)."""
+        return (self.min_value, math.inf if self.max_value is None else self.max_value)
 
     @property
     def identity(self) -> tuple[str, ...]:
@@ -214,6 +222,10 @@ MAX_OPERATING_TEMPERATURE = _m("gpu_max_operating_temperature_celsius", "gauge",
 MEMORY_MAX_TEMPERATURE = _m("gpu_memory_max_operating_temperature_celsius", "gauge", "celsius",
                             "Highest memory temperature for normal operation.", "thermal",
                             "nvmlDeviceGetTemperatureThreshold(NVML_TEMPERATURE_THRESHOLD_MEM_MAX)", max_value=200)
+TEMPERATURE_MARGIN = _m("gpu_temperature_margin_celsius", "gauge", "celsius", "Degrees the GPU core is below its "
+                        "T.Limit (the temperature at which it starts slowing its clocks); negative above it.",
+                        "thermal", "nvmlDeviceGetMarginTemperature .marginTemperature (signed), read every slow pass",
+                        min_value=-200, max_value=200)
 FAN_SPEED = _m("gpu_fan_speed_ratio", "gauge", "ratio", "Fan speed as a fraction of its maximum.", "thermal",
                "nvmlDeviceGetFanSpeed (percent) / 100", dcgm={(): "DCGM_FI_DEV_FAN_SPEED"}, dcgm_scale=100,
                max_value=1.0)
@@ -682,7 +694,7 @@ DETAIL: frozenset[Metric] = frozenset({
     FBC_SESSIONS, FBC_FPS, FBC_LATENCY,
     MEMORY_RESERVED, MEMORY_FREE, BAR1_TOTAL, BAR1_USED,
     POWER_DEFAULT_LIMIT, POWER_MIN_LIMIT, POWER_MAX_LIMIT, POWER_AVERAGE, MEMORY_POWER, POWER_REQUESTED_LIMIT,
-    SHUTDOWN_TEMPERATURE, MAX_OPERATING_TEMPERATURE, FAN_SPEED,
+    SHUTDOWN_TEMPERATURE, MAX_OPERATING_TEMPERATURE, TEMPERATURE_MARGIN, FAN_SPEED,
     MAX_CLOCK, PSTATE, CLOCK_EVENT_REASONS_MASK, CLOCK_EVENT_DURATION,
     ECC_MODE, ECC_PENDING, ECC_LOCATION_ERRORS, REMAPPED_ROWS,
     PCIE_THROUGHPUT,
