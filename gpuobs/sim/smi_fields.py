@@ -110,8 +110,9 @@ class Export:
     """Where a capture field is exported: `metric` (the catalog Metric, looked up by the sample name
     it is served under, `_total` included) with `labels` (plus the MIG device's or process's own),
     compared by value after `convert` (raw capture text, profile -> exported unit) within `tolerance`
-    (exported unit), or by the value of label `label` of that series (`one_hot`: of the series whose value is 1, for one-series-per-state
-    metrics). `also` lists further series the same line must match (one line exported twice)."""
+    (exported unit), or by the value of label `label` of that series (`one_hot`: of the series whose
+    value is 1, for one-series-per-state metrics). `also` lists further series the same line must
+    match (one line exported twice)."""
     metric: c.Metric
     labels: dict[str, str] = field(default_factory=dict)
     convert: Callable[[str, dict], Any] = _scaled(1.0)
