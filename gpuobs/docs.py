@@ -211,15 +211,15 @@ def cardinality_markdown(measured: dict | None = None) -> str:
            "## Profiles", "",
            "- **default** (`gpuobs exporter`, `--profile default`): what every shipped alert, recording rule "
            "and default dashboard panel reads. Per-GPU totals stand in for the per-link NVLink series, and the "
-           "NVLink domain (`gpuobs_gpu_topology_nvlink_domain`) for the GPU pairs.",
+           f"NVLink domain (`{c.NVLINK_DOMAIN.exposed_name}`) for the GPU pairs.",
            "- **full** (`--profile full`; the default with `--naming dcgm`): every series, the detail too.",
            "- **detail per family** (`--detail nvlink,ecc`): the default profile plus every series of those "
            "families. Panels that need detail say so in their description.", "",
            f"Simulator profiles: {profiles}.", "",
            "## Series per GPU, by family", ""]
     out += _family_table(m["cases"])
-    out += ["", f"Per node, on top: **{node}** exporter self-health series (`gpuobs_nvml_up`, `gpuobs_gpus_*`, "
-            "`gpuobs_exporter_*`, `gpuobs_nvml_info`), plus one per NVML error seen (by call and code) and one "
+    out += ["", f"Per node, on top: **{node}** exporter self-health series (`{c.NVML_UP.exposed_name}`, "
+            f"`{c.NAMESPACE}_gpus_*`, `{c.NAMESPACE}_exporter_*`, `{c.NVML_INFO.exposed_name}`), plus one per NVML error seen (by call and code) and one "
             "per kind of dropped value (by metric and reason).", "",
             f"A node of N such GPUs serves N × (per GPU) + per node, plus N × (N − 1) GPU pairs (topology) in "
             f"the full profile; for example 8 × H100 SXM: 8 × {per_gpu['default']} + {node} = "
