@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import re
 from pathlib import Path
 
 from . import catalog as c
@@ -218,8 +219,9 @@ def cardinality_markdown(measured: dict | None = None) -> str:
            f"Simulator profiles: {profiles}.", "",
            "## Series per GPU, by family", ""]
     out += _family_table(m["cases"])
-    out += ["", f"Per node, on top: **{node}** exporter self-health series (`{c.NVML_UP.exposed_name}`, "
-            f"`{c.NAMESPACE}_gpus_*`, `{c.NAMESPACE}_exporter_*`, `{c.NVML_INFO.exposed_name}`), plus one per NVML error seen (by call and code) and one "
+    out += ["", f"Per node, on top: **{node}** exporter self-health series "
+            f"(`{c.NVML_UP.exposed_name}`, `{c.NAMESPACE}_gpus_*`, `{c.NAMESPACE}_exporter_*`, "
+            f"`{c.NVML_INFO.exposed_name}`), plus one per NVML error seen (by call and code) and one "
             "per kind of dropped value (by metric and reason).", "",
             f"A node of N such GPUs serves N × (per GPU) + per node, plus N × (N − 1) GPU pairs (topology) in "
             f"the full profile; for example 8 × H100 SXM: 8 × {per_gpu['default']} + {node} = "
@@ -255,9 +257,35 @@ def cardinality_markdown(measured: dict | None = None) -> str:
     return "\n".join(out)
 
 
+DCGM_SOURCE = DOCS / "src" / "dcgm.md"  # hand-written prose of docs/dcgm.md, native names as placeholders
+_PLACEHOLDER = re.compile(r"\{\{(?:c\.([A-Z][A-Z0-9_]*)(\.name)?|dcgm:(DCGM_FI_[A-Z0-9_]+))\}\}")
+
+
+def _native(match: re.Match) -> str:
+    if match[3]:
+        found = [m for m in c.ALL if match[3] in m.dcgm.values() and m.identity != c.MIG_LABELS]
+    else:
+        found = [m for m in [getattr(c, match[1], None)] if isinstance(m, c.Metric)]
+    if len(found) != 1:
+        raise ValueError(f"{match[0]}: {len(found)} catalog metrics match; name exactly one")
+    return found[0].name if match[2] else found[0].exposed_name
+
+
+def from_template(text: str) -> str:
+    """A hand-written page whose native metric names are placeholders, with the names filled in
+    from the catalog, so that a rename in the catalog is followed: {{c.NAME}} (NAME a catalog
+    Metric's Python name) becomes its exposed name (`_total`, `_info` added), {{c.NAME.name}} its
+    name, {{dcgm:FIELD}} the exposed name of the one whole-GPU metric served as that dcgm-exporter field. The
+    template's first line (a comment naming its output) is dropped. Raises ValueError for a
+    placeholder that names no metric or several."""
+    body = text.split("\n", 1)[1] if text.startswith("<!--") else text
+    return _PLACEHOLDER.sub(_native, body)
+
+
 def generated(root: Path = DOCS.parent) -> dict[Path, str]:
     """Every generated doc under root/docs and its content (gpuobs.generated adds the first line
     that names the generator). The cardinality measurement initialises NVML on simulators of its
     own: run it in a process that has no other NVML state (as `gpuobs generate` is)."""
     docs = root / DOCS.name
-    return {docs / METRICS_MD.name: metrics_markdown(), docs / CARDINALITY_MD.name: cardinality_markdown()}
+    return {docs / METRICS_MD.name: metrics_markdown(), docs / CARDINALITY_MD.name: cardinality_markdown(),
+            docs / DCGM_SOURCE.name: from_template(DCGM_SOURCE.read_text())}
