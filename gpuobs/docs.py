@@ -194,6 +194,10 @@ def _detail_lines() -> list[str]:
     return out
 
 
+_SELF_HEALTH = ", ".join(f"`{n}`" for n in (c.NVML_UP.exposed_name, f"{c.NAMESPACE}_gpus_*",
+                                            f"{c.NAMESPACE}_exporter_*", c.NVML_INFO.exposed_name))
+
+
 def cardinality_markdown(measured: dict | None = None) -> str:
     """docs/cardinality.md: the series budget per GPU and per node, per profile, measured on the simulator."""
     m = measured or measure_cardinality()
@@ -219,10 +223,8 @@ def cardinality_markdown(measured: dict | None = None) -> str:
            f"Simulator profiles: {profiles}.", "",
            "## Series per GPU, by family", ""]
     out += _family_table(m["cases"])
-    out += ["", f"Per node, on top: **{node}** exporter self-health series "
-            f"(`{c.NVML_UP.exposed_name}`, `{c.NAMESPACE}_gpus_*`, `{c.NAMESPACE}_exporter_*`, "
-            f"`{c.NVML_INFO.exposed_name}`), plus one per NVML error seen (by call and code) and one "
-            "per kind of dropped value (by metric and reason).", "",
+    out += ["", f"Per node, on top: **{node}** exporter self-health series ({_SELF_HEALTH}), plus one per NVML error seen "
+            "(by call and code) and one per kind of dropped value (by metric and reason).", "",
             f"A node of N such GPUs serves N × (per GPU) + per node, plus N × (N − 1) GPU pairs (topology) in "
             f"the full profile; for example 8 × H100 SXM: 8 × {per_gpu['default']} + {node} = "
             f"{8 * per_gpu['default'] + node} series by default, 8 × {per_gpu['full']} + {node} + 56 = "
