@@ -223,8 +223,8 @@ def cardinality_markdown(measured: dict | None = None) -> str:
            f"Simulator profiles: {profiles}.", "",
            "## Series per GPU, by family", ""]
     out += _family_table(m["cases"])
-    out += ["", f"Per node, on top: **{node}** exporter self-health series ({_SELF_HEALTH}), plus one per NVML error seen "
-            "(by call and code) and one per kind of dropped value (by metric and reason).", "",
+    out += ["", f"Per node, on top: **{node}** exporter self-health series ({_SELF_HEALTH}), plus one per NVML "
+            "error seen (by call and code) and one per kind of dropped value (by metric and reason).", "",
             f"A node of N such GPUs serves N × (per GPU) + per node, plus N × (N − 1) GPU pairs (topology) in "
             f"the full profile; for example 8 × H100 SXM: 8 × {per_gpu['default']} + {node} = "
             f"{8 * per_gpu['default'] + node} series by default, 8 × {per_gpu['full']} + {node} + 56 = "
