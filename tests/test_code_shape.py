@@ -206,3 +206,25 @@ def test_the_cycle_check_sees_a_cycle(tmp_path):
     assert import_cycles(import_graph(tmp_path)) == [["gpuobs.sim.a", "gpuobs.sim.b", "gpuobs.sim.c"]]
     (pkg / "sim" / "c.py").write_text("g = 1\n")
     assert import_cycles(import_graph(tmp_path)) == []
+
+
+def test_every_test_architecture_md_names_exists():
+    """The rules of ARCHITECTURE.md's "Where to add" name the tests that enforce them: each named
+    test file and test function exists (a `::test` alone belongs to the file named before it)."""
+    import re
+
+    text = (REPO / "ARCHITECTURE.md").read_text()
+    named, current = [], None
+    for m in re.finditer(r"tests/(\w+\.py)(?:::(\w+))?|(?<![\w/.])::(\w+)", text):
+        current = m[1] or current
+        if m[2] or m[3]:
+            named.append((current, m[2] or m[3]))
+        elif m[1]:
+            named.append((current, None))
+    assert len(named) > 10
+    for file, test in named:
+        path = REPO / "tests" / file
+        assert path.is_file(), f"ARCHITECTURE.md names {file}, which does not exist"
+        if test:
+            defined = {n.name for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.FunctionDef)}
+            assert test in defined, f"ARCHITECTURE.md names {file}::{test}, which does not exist"
