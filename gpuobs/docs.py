@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import re
 from pathlib import Path
 
 from . import catalog as c
@@ -193,6 +194,10 @@ def _detail_lines() -> list[str]:
     return out
 
 
+_SELF_HEALTH = ", ".join(f"`{n}`" for n in (c.NVML_UP.exposed_name, f"{c.NAMESPACE}_gpus_*",
+                                            f"{c.NAMESPACE}_exporter_*", c.NVML_INFO.exposed_name))
+
+
 def cardinality_markdown(measured: dict | None = None) -> str:
     """docs/cardinality.md: the series budget per GPU and per node, per profile, measured on the simulator."""
     m = measured or measure_cardinality()
@@ -211,16 +216,15 @@ def cardinality_markdown(measured: dict | None = None) -> str:
            "## Profiles", "",
            "- **default** (`gpuobs exporter`, `--profile default`): what every shipped alert, recording rule "
            "and default dashboard panel reads. Per-GPU totals stand in for the per-link NVLink series, and the "
-           "NVLink domain (`gpuobs_gpu_topology_nvlink_domain`) for the GPU pairs.",
+           f"NVLink domain (`{c.NVLINK_DOMAIN.exposed_name}`) for the GPU pairs.",
            "- **full** (`--profile full`; the default with `--naming dcgm`): every series, the detail too.",
            "- **detail per family** (`--detail nvlink,ecc`): the default profile plus every series of those "
            "families. Panels that need detail say so in their description.", "",
            f"Simulator profiles: {profiles}.", "",
            "## Series per GPU, by family", ""]
     out += _family_table(m["cases"])
-    out += ["", f"Per node, on top: **{node}** exporter self-health series (`gpuobs_nvml_up`, `gpuobs_gpus_*`, "
-            "`gpuobs_exporter_*`, `gpuobs_nvml_info`), plus one per NVML error seen (by call and code) and one "
-            "per kind of dropped value (by metric and reason).", "",
+    out += ["", f"Per node, on top: **{node}** exporter self-health series ({_SELF_HEALTH}), plus one per NVML "
+            "error seen (by call and code) and one per kind of dropped value (by metric and reason).", "",
             f"A node of N such GPUs serves N × (per GPU) + per node, plus N × (N − 1) GPU pairs (topology) in "
             f"the full profile; for example 8 × H100 SXM: 8 × {per_gpu['default']} + {node} = "
             f"{8 * per_gpu['default'] + node} series by default, 8 × {per_gpu['full']} + {node} + 56 = "
@@ -255,9 +259,35 @@ def cardinality_markdown(measured: dict | None = None) -> str:
     return "\n".join(out)
 
 
+DCGM_SOURCE = DOCS / "src" / "dcgm.md"  # hand-written prose of docs/dcgm.md, native names as placeholders
+_PLACEHOLDER = re.compile(r"\{\{(?:c\.([A-Z][A-Z0-9_]*)(\.name)?|dcgm:(DCGM_FI_[A-Z0-9_]+))\}\}")
+
+
+def _native(match: re.Match) -> str:
+    if match[3]:
+        found = [m for m in c.ALL if match[3] in m.dcgm.values() and m.identity != c.MIG_LABELS]
+    else:
+        found = [m for m in [getattr(c, match[1], None)] if isinstance(m, c.Metric)]
+    if len(found) != 1:
+        raise ValueError(f"{match[0]}: {len(found)} catalog metrics match; name exactly one")
+    return found[0].name if match[2] else found[0].exposed_name
+
+
+def from_template(text: str) -> str:
+    """A hand-written page whose native metric names are placeholders, with the names filled in
+    from the catalog, so that a rename in the catalog is followed: {{c.NAME}} (NAME a catalog
+    Metric's Python name) becomes its exposed name (`_total`, `_info` added), {{c.NAME.name}} its
+    name, {{dcgm:FIELD}} the exposed name of the one whole-GPU metric served as that dcgm-exporter field. The
+    template's first line (a comment naming its output) is dropped. Raises ValueError for a
+    placeholder that names no metric or several."""
+    body = text.split("\n", 1)[1] if text.startswith("<!--") else text
+    return _PLACEHOLDER.sub(_native, body)
+
+
 def generated(root: Path = DOCS.parent) -> dict[Path, str]:
     """Every generated doc under root/docs and its content (gpuobs.generated adds the first line
     that names the generator). The cardinality measurement initialises NVML on simulators of its
     own: run it in a process that has no other NVML state (as `gpuobs generate` is)."""
     docs = root / DOCS.name
-    return {docs / METRICS_MD.name: metrics_markdown(), docs / CARDINALITY_MD.name: cardinality_markdown()}
+    return {docs / METRICS_MD.name: metrics_markdown(), docs / CARDINALITY_MD.name: cardinality_markdown(),
+            docs / DCGM_SOURCE.name: from_template(DCGM_SOURCE.read_text())}

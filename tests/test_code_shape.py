@@ -120,3 +120,109 @@ def test_the_layering_check_sees_relative_and_absolute_imports():
     module = REPO / "gpuobs" / "collect" / "base.py"
     assert {"catalog", "nvml"} <= _imported_units(module)
     assert "exporter" in _imported_units(REPO / "gpuobs" / "cli.py")
+
+
+# ------------------------------------------------------------------------------------ import cycles
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(root: Path, package: str = "gpuobs") -> dict[str, set[str]]:
+    """{module: the modules of `package` it imports, at any depth of its code (a function-level import
+    closes a cycle too)}, from the sources under root/package. `from X import name` counts X.name
+    when that is a module, else X; a package's __init__ is its package name."""
+    paths = {_module_name(p, root): p for p in (root / package).rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        is_package = path.name == "__init__.py"
+        here = name.split(".") if is_package else name.split(".")[:-1]
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = here[:len(here) - node.level + 1] if node.level else []
+                module = ".".join(base + (node.module.split(".") if node.module else []))
+                submodules = {f"{module}.{a.name}" for a in node.names} & set(paths)
+                targets |= submodules if len(submodules) == len(node.names) else submodules | {module}
+        graph[name] = {t for t in targets if t in paths and t != name}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted: every module
+    in one can reach every other through imports."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_no_import_cycle_between_gpuobs_modules():
+    graph = import_graph(REPO)
+    assert len(graph) > 80 and "gpuobs.sim.smi_fields" in graph["gpuobs.sim.capture"]
+    assert not import_cycles(graph), f"import cycles: {import_cycles(graph)}"
+
+
+def test_the_cycle_check_sees_a_cycle(tmp_path):
+    pkg = tmp_path / "gpuobs"
+    (pkg / "sim").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sim" / "__init__.py").write_text("")
+    (pkg / "sim" / "a.py").write_text("from . import b\n")
+    (pkg / "sim" / "b.py").write_text("def f():\n    from .c import g\n")  # a function-level import counts
+    (pkg / "sim" / "c.py").write_text("import gpuobs.sim.a\ng = 1\n")
+    (pkg / "d.py").write_text("from .sim import a\n")  # imports into the cycle, is not in it
+    assert import_cycles(import_graph(tmp_path)) == [["gpuobs.sim.a", "gpuobs.sim.b", "gpuobs.sim.c"]]
+    (pkg / "sim" / "c.py").write_text("g = 1\n")
+    assert import_cycles(import_graph(tmp_path)) == []
+
+
+def test_every_test_architecture_md_names_exists():
+    """The rules of ARCHITECTURE.md's "Where to add" name the tests that enforce them: each named
+    test file and test function exists (a `::test` alone belongs to the file named before it)."""
+    import re
+
+    text = (REPO / "ARCHITECTURE.md").read_text()
+    named, current = [], None
+    for m in re.finditer(r"tests/(\w+\.py)(?:::(\w+))?|(?<![\w/.])::(\w+)", text):
+        current = m[1] or current
+        if m[2] or m[3]:
+            named.append((current, m[2] or m[3]))
+        elif m[1]:
+            named.append((current, None))
+    assert len(named) > 10
+    for file, test in named:
+        path = REPO / "tests" / file
+        assert path.is_file(), f"ARCHITECTURE.md names {file}, which does not exist"
+        if test:
+            defined = {n.name for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.FunctionDef)}
+            assert test in defined, f"ARCHITECTURE.md names {file}::{test}, which does not exist"

@@ -93,11 +93,22 @@ def test_dashboards_import_the_records_without_the_alert_pack():
 
 
 # ------------------------------------------------------------------------------- no literal names
-DEFINITIONS = ["gpuobs/alerts/rules.py", "gpuobs/alerts/common.py", "gpuobs/alerts/runbooks/__init__.py",
-               "gpuobs/dashboards/common.py", "gpuobs/dashboards/node.py", "gpuobs/dashboards/fleet.py",
-               "gpuobs/dashboards/training.py", "gpuobs/dashboards/inference.py", "gpuobs/dashboards/exporter.py",
-               *sorted(p.relative_to(REPO).as_posix() for p in (REPO / "gpuobs/alerts/families").glob("*.py")),
-               *sorted(p.relative_to(REPO).as_posix() for p in (REPO / "gpuobs/dashboards/rows").glob("*.py"))]
+# Every module of gpuobs/ but the catalog (where metric names are defined) is checked. The exceptions,
+# by module and name, each with why; an exception no longer needed fails too.
+NAME_EXCEPTIONS: dict[str, tuple[frozenset[str], str]] = {
+    "gpuobs/logpatterns.py": (frozenset({"gpuobs_log_pattern_matches"}),
+                              "layer 1 beside the catalog, so it may not import it; tests/test_logpatterns.py "
+                              "pins the name to catalog.LOG_PATTERN_MATCHES"),
+    "gpuobs/logs/fluentbit.py": (frozenset({"gpuobs_log_patterns", "gpuobs_pattern_"}),
+                                 "a Fluent Bit tag and a filter-alias prefix, not metric names"),
+    "gpuobs/demo.py": (frozenset({"gpuobs_training_step_duration_seconds_bucket"}),
+                       "pending: the demo is being reworked in a parallel change; it should read "
+                       "c.STEP_DURATION.prometheus_samples"),
+}
+DEFINES_NAMES = ("gpuobs/catalog", "gpuobs/records")  # metric names; record names and their quantities
+MODULES = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "gpuobs").rglob("*.py")
+                 if not p.relative_to(REPO).as_posix().startswith(DEFINES_NAMES)
+                 and not p.name.endswith(("_pb2.py", "_pb2_grpc.py")))
 
 
 def literals(source: str) -> list[str]:
@@ -118,9 +129,17 @@ def typed_names(source: str) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("path", DEFINITIONS)
-def test_definitions_type_no_record_or_metric_name(path):
-    assert not typed_names((REPO / path).read_text()), f"{path}: use gpuobs.catalog and gpuobs.records"
+@pytest.mark.parametrize("path", MODULES)
+def test_no_module_types_a_record_or_metric_name(path):
+    allowed, _why = NAME_EXCEPTIONS.get(path, (frozenset(), ""))
+    found = typed_names((REPO / path).read_text())
+    assert not set(found) - allowed, f"{path}: use gpuobs.catalog and gpuobs.records ({set(found) - allowed})"
+    assert allowed <= set(found), f"{path}: drop the exception for {allowed - set(found)}: no longer typed"
+
+
+def test_the_literal_check_covers_every_module():
+    assert len(MODULES) > 80 and "gpuobs/sim/fidelity.py" in MODULES and "gpuobs/logs/fluentd.py" in MODULES
+    assert not [m for m in MODULES if m.startswith("gpuobs/catalog")] and set(NAME_EXCEPTIONS) <= set(MODULES)
 
 
 def test_runbook_templates_type_no_record_or_metric_name():

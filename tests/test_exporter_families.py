@@ -4,6 +4,8 @@ tests/test_generate.py.)"""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from conftest import REPO
 
@@ -147,3 +149,61 @@ def test_exporter_doc_lists_the_registry_families():
                if line.startswith("| `--families`"))
     listed = row.rsplit("|", 2)[-2].split(":", 1)[1]
     assert [n.strip() for n in listed.split(",")] == list(REGISTRY)
+
+
+# ------------------------------------------------------------------ one emit path, declared ranges
+def _dropped(run, metric: c.Metric, reason: str) -> float:
+    return run.values(c.DROPPED.exposed_name, metric=metric.name, reason=reason).get("", 0.0)
+
+
+def test_a_signed_metric_serves_its_negative_values_and_drops_what_is_out_of_its_range(exporter):
+    """The margin to T.Limit is negative on a GPU hotter than its T.Limit: served, not dropped as
+    the old `>= 0` check did; below its declared range it is dropped and counted like any other
+    impossible value. The memory temperature (a batched field value) goes through the same gate."""
+    from gpuobs.sim.state import set_val
+
+    assert c.TEMPERATURE_MARGIN.valid[0] < 0 <= c.TEMPERATURE.valid[0]
+    run = exporter({"gpus": [{"profile": "h100-sxm-80gb", "count": 1}]}, interval=0.1)
+    g = run.sim.state.gpu(0)
+    uuid = g.uuid.s.decode()
+    margin = c.TEMPERATURE_MARGIN.exposed_name
+    set_val(g.temp_margin, -7)
+    run.wait_for(lambda s: run.values(margin).get(uuid) == -7, 5, "a negative margin served")
+    assert _dropped(run, c.TEMPERATURE_MARGIN, "out_of_range") == 0
+    set_val(g.temp_margin, c.TEMPERATURE_MARGIN.valid[0] - 1)
+    set_val(g.temp_mem, c.MEMORY_TEMPERATURE.valid[1] + 1)
+    run.wait_for(lambda s: uuid not in run.values(margin)
+                 and uuid not in run.values(c.MEMORY_TEMPERATURE.exposed_name), 5, "out-of-range values dropped")
+    run.next_snapshot(2)
+    first = _dropped(run, c.TEMPERATURE_MARGIN, "out_of_range")
+    assert first >= 1 and _dropped(run, c.MEMORY_TEMPERATURE, "out_of_range") >= 1
+    run.next_snapshot(2)
+    assert _dropped(run, c.TEMPERATURE_MARGIN, "out_of_range") > first  # counted on every pass
+    set_val(g.temp_margin, 12)
+    run.wait_for(lambda s: run.values(margin).get(uuid) == 12, 5, "a good value served again")
+
+
+@pytest.mark.parametrize(("raw", "scale", "kept"), [
+    (-5, 1.0, -5.0), (5, 1.0, 5.0), (-201, 1.0, None), (201, 1.0, None), (0xFFFFFFFF, 1.0, None),
+    (float("nan"), 1.0, None), (-100, 0.5, -50.0)])
+def test_the_one_gate_keeps_values_in_the_declared_range(raw, scale, kept):
+    from gpuobs.collect.base import checked
+
+    drops = []
+    sample = checked(c.TEMPERATURE_MARGIN, ("0", "GPU-x"), raw, raw * scale, lambda m, why: drops.append((m, why)))
+    assert (sample.value if sample else None) == kept
+    assert len(drops) == (kept is None) and all(m is c.TEMPERATURE_MARGIN for m, _ in drops)
+    unsigned = checked(c.TEMPERATURE, ("0", "GPU-x"), -5, -5.0, lambda m, why: drops.append((m, why)))
+    assert unsigned is None and drops[-1] == (c.TEMPERATURE, "out_of_range")
+
+
+def test_no_collector_checks_a_value_range_of_its_own():
+    """Every NVML value goes through base.checked (GpuCtx.emit and the field-values batch both call
+    it): nothing else reads a metric's range or sentinels, so the declared range is the whole rule."""
+    import gpuobs.collect
+
+    for path in Path(gpuobs.collect.__file__).parent.glob("*.py"):
+        source = path.read_text()
+        for name in ("limits(", "drop_reason(", ".max_value", ".min_value", ".valid"):
+            assert path.name == "base.py" or name not in source, f"{path.name} uses {name}"
+    assert "checked(" in (Path(gpuobs.collect.__file__).parent / "sampler.py").read_text()

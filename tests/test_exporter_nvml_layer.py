@@ -178,3 +178,24 @@ def test_a_failing_probe_is_counted_and_run_again(make_sim, monkeypatch):
     assert sampler.collector_errors["thermal"] == 2 and "power" not in sampler.collector_errors
     assert any(s.metric.name == "gpuobs_gpu_power_usage_watts" for s in snap.samples)  # the others go on
     session.shutdown()
+
+
+def test_every_called_function_exists_in_the_oldest_binding_or_is_backfilled():
+    """ARCHITECTURE.md's ABI rule: an NVML function a collector calls that pynvml 11.4.1 lacks is
+    listed in gpuobs.nvml.ABI_FUNCTIONS (backfilled with a FUNCTION_NOT_FOUND stub), so that an
+    older binding makes it an unavailable value, never an AttributeError in a family."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from legacy_binding import legacy_pynvml_path
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(legacy_pynvml_path()), str(COLLECT.parents[1])]))
+    code = ("import json, sys, gpuobs.nvml, pynvml; "
+            "print(json.dumps([n for n in json.loads(sys.argv[1]) if not hasattr(pynvml, n)]))")
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(sorted(_nvml_functions()))], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [], "add these to gpuobs.nvml.ABI_FUNCTIONS"
+    assert "nvmlDeviceGetMarginTemperature" in ABI_FUNCTIONS  # newer than 11.4.1: the check has work to do

@@ -307,7 +307,7 @@ def test_records_arrive_structured_with_trace_and_run_fields(receiver, run_env, 
     assert "trace_id" not in by_message["outside any span"][2]
     failed = by_message["step failed"][2]
     assert failed["level"] == "ERROR" and "ValueError: bad batch" in failed["exc_info"]
-    assert handler.dropped == 0 and handler.metrics()["gpuobs_log_records_dropped_total"] == 0
+    assert handler.dropped == 0 and handler.metrics()["gpuobs_telemetry_log_records_dropped_total"] == 0
     assert receiver.modes <= {"message", "forward", "packed"}
 
 
@@ -458,9 +458,9 @@ def test_fluentd_that_never_reads_costs_little_and_drops_counted(run_env, make_l
         registry = CollectorRegistry()
         registry.register(logs.DroppedRecordsCollector())
         exposed = generate_latest(registry).decode()
-        assert "# TYPE gpuobs_log_records_dropped_total counter" in exposed or \
-            "# TYPE gpuobs_log_records_dropped counter" in exposed
-        assert registry.get_sample_value("gpuobs_log_records_dropped_total") >= handler.dropped
+        assert "# TYPE gpuobs_telemetry_log_records_dropped_total counter" in exposed or \
+            "# TYPE gpuobs_telemetry_log_records_dropped counter" in exposed
+        assert registry.get_sample_value("gpuobs_telemetry_log_records_dropped_total") >= handler.dropped
     finally:
         stalled.close()
 
@@ -585,7 +585,7 @@ def test_dropped_total_is_a_counter_that_outlives_its_handlers(run_env):
     assert logs.records_dropped_total() - before == 10
     registry = CollectorRegistry()
     registry.register(logs.DroppedRecordsCollector())
-    assert registry.get_sample_value("gpuobs_log_records_dropped_total") == logs.records_dropped_total()
+    assert registry.get_sample_value("gpuobs_telemetry_log_records_dropped_total") == logs.records_dropped_total()
 
 
 TRAINING_ENDPOINT_SCRIPT = textwrap.dedent('''

@@ -6,6 +6,7 @@ duration histograms' quantile gauges, the detail tier). gpuobs.catalog re-export
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -37,8 +38,15 @@ class Metric:
     dcgm: dict[tuple[str, ...], str] = field(default_factory=dict)
     dcgm_scale: float = 1.0
     max_value: float | None = None  # values above this are impossible and dropped
+    min_value: float = 0.0  # values below this are impossible and dropped; signed NVML values declare theirs
     otel_name: str | None = None  # instrument name, for metrics recorded through OpenTelemetry
     otel_unit: str = ""  # UCUM unit of the instrument (its Prometheus name carries the converted unit)
+
+    @property
+    def valid(self) -> tuple[float, float]:
+        """The declared valid range (lowest, highest; inf when unbounded) in base units: a collected
+        value outside it is impossible, dropped and counted (gpuobs.collect.base.checked)."""
+        return (self.min_value, math.inf if self.max_value is None else self.max_value)
 
     @property
     def identity(self) -> tuple[str, ...]:

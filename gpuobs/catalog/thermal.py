@@ -23,10 +23,14 @@ MAX_OPERATING_TEMPERATURE = _m("gpu_max_operating_temperature_celsius", "gauge",
 MEMORY_MAX_TEMPERATURE = _m("gpu_memory_max_operating_temperature_celsius", "gauge", "celsius",
                             "Highest memory temperature for normal operation.", "thermal",
                             "nvmlDeviceGetTemperatureThreshold(NVML_TEMPERATURE_THRESHOLD_MEM_MAX)", max_value=200)
+TEMPERATURE_MARGIN = _m("gpu_temperature_margin_celsius", "gauge", "celsius", "Degrees the GPU core is below its "
+                        "T.Limit (the temperature at which it starts slowing its clocks); negative above it.",
+                        "thermal", "nvmlDeviceGetMarginTemperature .marginTemperature (signed), read every slow pass",
+                        min_value=-200, max_value=200)
 FAN_SPEED = _m("gpu_fan_speed_ratio", "gauge", "ratio", "Fan speed as a fraction of its maximum.", "thermal",
                "nvmlDeviceGetFanSpeed (percent) / 100", dcgm={(): "DCGM_FI_DEV_FAN_SPEED"}, dcgm_scale=100,
                max_value=1.0)
 
 # Tiers (docs/cardinality.md): detail is left out of the default profile (served with --profile full or
 # --detail FAMILY)
-detail(SHUTDOWN_TEMPERATURE, MAX_OPERATING_TEMPERATURE, FAN_SPEED)
+detail(SHUTDOWN_TEMPERATURE, MAX_OPERATING_TEMPERATURE, TEMPERATURE_MARGIN, FAN_SPEED)

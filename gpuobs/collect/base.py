@@ -22,16 +22,17 @@ SENTINELS = {0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF, 0xFFFF, 0x7FFFFFFF}  # NVML "not av
 COUNTER_SENTINELS = {0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF}
 
 
-_LIMITS: dict[Metric, tuple[float, frozenset[int]]] = {}
+_LIMITS: dict[Metric, tuple[float, float, frozenset[int]]] = {}
 
 
-def limits(metric: Metric) -> tuple[float, frozenset[int]]:
-    """(largest possible value, raw values that are NVML sentinels) of a metric, kept per metric:
-    the emit paths ask once per value."""
+def limits(metric: Metric) -> tuple[float, float, frozenset[int]]:
+    """(lowest, highest possible value, raw values that are NVML sentinels) of a metric: its declared
+    valid range (Metric.valid) and its kind's sentinels, kept per metric: every sample asks once."""
     got = _LIMITS.get(metric)
     if got is None:
-        upper = metric.max_value if metric.max_value is not None else sys.float_info.max
-        got = _LIMITS[metric] = (upper, frozenset(COUNTER_SENTINELS if metric.kind == "counter" else SENTINELS))
+        lower, upper = metric.valid
+        got = _LIMITS[metric] = (lower, min(upper, sys.float_info.max),
+                                 frozenset(COUNTER_SENTINELS if metric.kind == "counter" else SENTINELS))
     return got
 
 
@@ -40,6 +41,19 @@ def drop_reason(raw: float, value: float, sentinels: frozenset[int]) -> str:
     if type(raw) is int and raw in sentinels:
         return "sentinel"
     return "not_finite" if not math.isfinite(value) else "out_of_range"
+
+
+def checked(metric: Metric, labels: tuple[str, ...], raw: float, value: float,
+            dropped: Callable[[Metric, str], None]) -> Sample | None:
+    """The one gate every collected value passes (GpuCtx.emit and the field-values batch): the Sample
+    of `value` (raw NVML value after the caller's scaling) unless raw is an NVML sentinel or value is
+    not finite or outside the metric's declared valid range, in which case `dropped(metric, reason)`
+    counts it (gpuobs_exporter_dropped_values_total) and None is returned: never served."""
+    lower, upper, sentinels = limits(metric)
+    if lower <= value <= upper and not (type(raw) is int and raw in sentinels):  # also rules out NaN and inf
+        return Sample(metric, labels, float(value))
+    dropped(metric, drop_reason(raw, value, sentinels))
+    return None
 
 
 class LogLimiter:
@@ -312,8 +326,8 @@ class GpuCtx:
 
     def emit(self, metric: Metric, raw: float | None, *extra: str, scale: float = 1.0, per: float = 1,
              labels: tuple[str, ...] | None = None) -> None:
-        """Add one sample of raw * scale / per, unless raw is absent, an NVML sentinel, not finite, or
-        the scaled value is out of the metric's range; drops are counted, never served."""
+        """Add one sample of raw * scale / per, unless raw is absent or `checked` drops it (an NVML
+        sentinel, not finite, or outside the metric's valid range): drops are counted, never served."""
         if raw is None:
             return
         rule = self.profile.rules.get(metric, True)
@@ -325,13 +339,10 @@ class GpuCtx:
             self.memo[key] = sample
             self.out.append(sample)
             return
-        value = raw * scale / per
-        upper, sentinels = limits(metric)
-        if 0 <= value <= upper and not (type(raw) is int and raw in sentinels):  # also rules out NaN and inf
-            sample = self.memo[key] = Sample(metric, (labels or self.labels) + extra, float(value))
+        sample = checked(metric, (labels or self.labels) + extra, raw, raw * scale / per, self.dropped)
+        if sample is not None:  # a drop is never kept: it is counted on every pass
+            self.memo[key] = sample
             self.out.append(sample)
-        else:  # never kept: a drop is counted on every pass
-            self.dropped(metric, drop_reason(raw, value, sentinels))
 
 
 @dataclass

@@ -29,7 +29,7 @@ from .. import catalog as c
 from .. import logpatterns
 from ..nvml import UNUSABLE, Session
 from ..nvml.fields import FieldValues
-from .base import Family, FieldSpec, GpuCtx, GpuUnusable, LogLimiter, Sample, Snapshot, drop_reason, limits
+from .base import Family, FieldSpec, GpuCtx, GpuUnusable, LogLimiter, Sample, Snapshot, checked
 from .profile import FULL, Profile
 
 log = logging.getLogger("gpuobs.sampler")
@@ -60,8 +60,8 @@ class _GpuState:
 class _FieldBatch:
     """One GPU's field-values batch: the specs, their reader (FieldValues) and, per spec, the
     Sample made from its last value. read() keeps every value in gpu.fields and emits the specs'
-    samples as GpuCtx.emit would (same checks, same drops counted every pass), making a Sample
-    only for a value that changed: comparing the values with the previous read's and copying the
+    samples through GpuCtx.emit's gate (base.checked: same checks, same drops counted every pass),
+    making a Sample only for a value that changed: comparing the values with the previous read's and copying the
     unchanged samples run in C, and the renderer then finds those samples identical to the
     previous snapshot's."""
 
@@ -73,7 +73,6 @@ class _FieldBatch:
         self.specs = specs
         self.keys = [(s.field_id, s.scope) for s in specs]
         self.labels = [labels + s.extra for s in specs]
-        self.limits = [limits(s.metric) if s.metric is not None else None for s in specs]
         self.reader = FieldValues(self.keys)
         self.samples: list[Sample | None] = [None] * len(specs)  # None: no metric, dropped or not read
         self.last: list | tuple | None = None  # the values of the last read
@@ -118,12 +117,7 @@ class _FieldBatch:
         spec = self.specs[i]
         sample = None
         if spec.metric is not None:
-            value = raw * spec.scale / spec.per
-            upper, sentinels = self.limits[i]
-            if 0 <= value <= upper and not (type(raw) is int and raw in sentinels):
-                sample = Sample(spec.metric, self.labels[i], float(value))
-            else:
-                gpu.dropped(spec.metric, drop_reason(raw, value, sentinels))
+            sample = checked(spec.metric, self.labels[i], raw, raw * spec.scale / spec.per, gpu.dropped)
         self.samples[i] = sample
         return sample
 

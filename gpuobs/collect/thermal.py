@@ -1,4 +1,5 @@
-"""Thermal: GPU and memory temperature, the GPU's own slowdown/shutdown thresholds, fan speed."""
+"""Thermal: GPU and memory temperature, the margin to T.Limit, the GPU's own slowdown/shutdown
+thresholds, fan speed."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ _UNREAD = object()  # fan speed not read yet for this GPU
 class ThermalState:
     thresholds: list[tuple[c.Metric, int | None]] = field(default_factory=list)  # probed: fixed per GPU
     fan: Any = _UNREAD  # last fan speed read, percent (None: failed)
+    margin: Any = _UNREAD  # last margin to T.Limit read, degrees C, signed (None: failed)
 
 
 @register("thermal")
@@ -42,9 +44,15 @@ class Thermal(Family):
     def collect(self, gpu: GpuCtx) -> None:
         st = self.state(gpu)
         gpu.emit(c.TEMPERATURE, gpu.get(N.nvmlDeviceGetTemperature, N.NVML_TEMPERATURE_GPU))
+        # the margin (a detail series) is read on slow passes, like the fan: one more call every pass
+        # would take a MIG-split GPU past its NVML call budget (tests/test_exporter_calls.py)
+        if (gpu.slow or st.margin is _UNREAD) and gpu.serves(c.TEMPERATURE_MARGIN):
+            st.margin = gpu.get(N.nvmlDeviceGetMarginTemperature)
         if (gpu.slow or st.fan is _UNREAD) and gpu.serves(c.FAN_SPEED):  # fans follow temperature slowly
             st.fan = gpu.get(N.nvmlDeviceGetFanSpeed)
         for metric, value in st.thresholds:
             gpu.emit(metric, value)
         if st.fan is not _UNREAD:
             gpu.emit(c.FAN_SPEED, st.fan, scale=0.01)
+        if st.margin is not _UNREAD:
+            gpu.emit(c.TEMPERATURE_MARGIN, st.margin)  # signed: negative above T.Limit

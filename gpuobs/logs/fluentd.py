@@ -66,6 +66,7 @@ from typing import Any, Callable
 import msgpack
 from fluent.sender import EventTime
 
+from .. import catalog as c
 from ..runenv import RunEnv
 from .fields import ContextFilter, RecordFormatter
 from .patterns import PatternFilter
@@ -458,8 +459,10 @@ class FluentdHandler(logging.Handler):
         return self.dropped_queue_full + self.dropped_errors + self.dropped_send
 
     def metrics(self) -> dict[str, int]:
-        return {"gpuobs_log_records_dropped_total": self.dropped,
-                "gpuobs_log_records_queued": self.queued}
+        """This handler's counts by exposed catalog name: the records it dropped
+        (catalog.LOGS_DROPPED) and, under "queued", the records waiting in its queue now (a count
+        for the caller, not an exported metric)."""
+        return {c.LOGS_DROPPED.exposed_name: self.dropped, "queued": self.queued}
 
     @property
     def queued(self) -> int:
@@ -622,15 +625,16 @@ def records_dropped_total() -> int:
 
 
 class DroppedRecordsCollector:
-    """prometheus_client collector: gpuobs_log_records_dropped_total (register it on a registry)."""
+    """prometheus_client collector of this process's dropped log records (records_dropped_total())
+    under the catalog's name, catalog.LOGS_DROPPED (gpuobs_telemetry_log_records_dropped_total, the
+    series the exporter and the training endpoint serve); register it on a registry of your own, not
+    beside those two, which already serve it."""
 
     def collect(self):
+        """One counter family, catalog.LOGS_DROPPED, valued records_dropped_total()."""
         from prometheus_client.core import CounterMetricFamily
 
-        yield CounterMetricFamily("gpuobs_log_records_dropped",
-                                  "Log records lost before Fluentd acknowledged them (full queue, "
-                                  "no acknowledgement in time)",
-                                  value=records_dropped_total())
+        yield CounterMetricFamily(c.LOGS_DROPPED.name, c.LOGS_DROPPED.help, value=records_dropped_total())
 
     def describe(self):
         return []

@@ -45,7 +45,8 @@ ABI_FUNCTIONS = ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCompute
                  "nvmlDeviceGetGraphicsRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2",
                  "nvmlDeviceGetGraphicsRunningProcesses_v2", "nvmlGpmQueryDeviceSupport", "nvmlGpmSampleAlloc",
                  "nvmlGpmSampleFree", "nvmlGpmSampleGet", "nvmlGpmMigSampleGet", "nvmlGpmMetricsGet",
-                 "nvmlEventSetWait_v2")
+                 "nvmlEventSetWait_v2", "nvmlDeviceGetMarginTemperature", "nvmlDeviceGetGpuFabricInfo",
+                 "nvmlDeviceGetGpuFabricInfoV")
 
 
 def _missing(name: str) -> Callable[..., Any]:

@@ -25,17 +25,31 @@ import statistics
 from pathlib import Path
 from typing import Any, Iterator
 
+from .smi_fields import known  # the field tables: a line neither read nor listed there is unplaced
+from .smi_text import (
+    FABRIC_STATES,
+    FABRIC_STATUS,
+    VALUE,
+    _first,
+    _flag,
+    _get,
+    _hex,
+    _int,
+    _list,
+    _num,
+    _s,
+    health_mask,
+    sram_uncorrected,
+    tlimit,
+)
+
 __all__ = ["field_paths", "load_capture", "parse_query", "pmon_usage", "sections", "unplaced"]
 
 _BANNER = re.compile(r"^#{20,}\n# ([\w-]+) :: (.+?)[ \t]*\n(?:#[^\n]*\n)*?#{20,}[ \t]*\n", re.M)
 _LINE = re.compile(r"^( *)(\S.*?)\s*:(?:\s+(.*?))?\s*$")  # "Key   : value" (value optional)
 _GPU_KEY = re.compile(r"^GPU [0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+\.[0-9A-Fa-f]+$")
-_NA = {"n/a", "not supported", "requested functionality has been deprecated", "unknown error",
-       "insufficient permissions", "not available", ""}
-_ANNOTATION = re.compile(r"^(.*?\S)\s*\[[^\[\]]*\]$")  # "13.3 [Deprecated; ...]" -> "13.3"
 log = logging.getLogger(__name__)
 PHASES = ("idle", "load")  # the capture phases a -q section is taken in
-VALUE = "_value"  # key holding the value of a line that has both a value and a sub-block
 
 # Clocks Event Reasons (née Clocks Throttle Reasons) -> nvmlClocksEventReason* bits.
 _REASON_BITS = {"Idle": 0x1, "GPU Idle": 0x1, "Applications Clocks Setting": 0x2,
@@ -46,7 +60,6 @@ _COUNTERS = {"power": "SW Power Capping", "sync_boost": "Sync Boost",
              "sw_thermal": "SW Thermal Slowdown", "hw_thermal": "HW Thermal Slowdown",
              "hw_power_brake": "HW Power Braking"}
 _COMPUTE_MODES = {"default": 0, "exclusive_thread": 1, "prohibited": 2, "exclusive_process": 3}
-_FLAGS = {"enabled": 1, "disabled": 0, "yes": 1, "no": 0, "active": 1, "not active": 0}
 
 
 # ---------------------------------------------------------------- generic tree parsing
@@ -109,81 +122,7 @@ def sections(text: str) -> dict[tuple[str, str], str]:
     return out
 
 
-# ---------------------------------------------------------------- value helpers
-
-def _get(node: Any, *path: str) -> Any:
-    """Walk dict keys; None where a key is missing or a level is not a dict."""
-    for key in path:
-        if isinstance(node, list):
-            node = node[0] if node else None
-        if not isinstance(node, dict) or key not in node:
-            return None
-        node = node[key]
-    return node
-
-
-def _first(node: Any, *paths: tuple[str, ...]) -> Any:
-    """The first of several key paths whose value is not N/A (fallback key names)."""
-    for path in paths:
-        v = _get(node, *path)
-        if _s(v) is not None:
-            return v
-    return None
-
-
-def _s(v: Any) -> str | None:
-    """A raw value as a string, or None for N/A-like / missing values."""
-    if isinstance(v, list):
-        v = v[0] if v else None
-    if isinstance(v, dict):
-        v = v.get(VALUE)
-    if v is None:
-        return None
-    v = v.strip()
-    m = _ANNOTATION.match(v)
-    if m:  # keep the value, drop the note; a value that is only "[N/A]" has nothing before it
-        v = m[1]
-    low = v.strip("[]").strip().lower()
-    # R610's version table says 'Deprecated, see "KMD version" instead' where a version was
-    return None if low in _NA or low.startswith("deprecated") else v
-
-
-def _num(v: Any) -> float | None:
-    s = _s(v)
-    m = re.match(r"[-+]?\d+(?:\.\d+)?", s) if s else None
-    return float(m[0]) if m else None
-
-
-def _int(v: Any) -> int | None:
-    x = _num(v)
-    return None if x is None else int(x)
-
-
-def _hex(v: Any) -> int | None:
-    s = _s(v)
-    try:
-        return int(s, 16) if s else None
-    except ValueError:
-        return None
-
-
-def _flag(v: Any) -> int | None:
-    s = _s(v)
-    return _FLAGS.get(s.lower()) if s else None
-
-
-def _list(v: Any) -> list:
-    return [] if v is None else v if isinstance(v, list) else [v]
-
-
 # ---------------------------------------------------------------- profile pieces
-
-def tlimit(t: Any) -> int | None:
-    """Absolute T.Limit (C) of one `Temperature` block: GPU Current Temp + GPU T.Limit Temp (the
-    margin below T.Limit). None for the consumer format, which prints absolute thresholds."""
-    gpu, margin = _int(_get(t, "GPU Current Temp")), _int(_get(t, "GPU T.Limit Temp"))
-    return gpu + margin if gpu is not None and margin is not None else None
-
 
 def _temperature(t: Any, limit: int | None) -> dict[str, int | None]:
     """Temperatures in C. `limit` is the GPU's absolute T.Limit, derived once per GPU (see
@@ -275,22 +214,6 @@ def _ecc(g: dict) -> dict[str, int | None]:
     return out
 
 
-def sram_uncorrected(scope: Any) -> int | None:
-    """Uncorrectable SRAM errors of one `ECC Errors` scope block (Volatile or Aggregate), as
-    nvmlDeviceGetMemoryErrorCounter counts them for NVML_MEMORY_LOCATION_SRAM: the one `SRAM
-    Uncorrectable` line, or where nvidia-smi splits it, its `Parity` and `SEC-DED` lines summed. None
-    when a term is N/A, and when `SRAM Correctable` is: the split lines come from another call
-    (nvmlDeviceGetSramEccErrorStatus), which a GeForce answers with zeros while its memory error
-    counters are not supported (an RTX 4080 capture: Parity and SEC-DED 0, query-gpu's
-    ecc.errors.uncorrected.*.sram [N/A])."""
-    if _get(scope, "SRAM Uncorrectable") is not None:
-        return _int(_get(scope, "SRAM Uncorrectable"))
-    parity, secded = _int(_get(scope, "SRAM Uncorrectable Parity")), _int(_get(scope, "SRAM Uncorrectable SEC-DED"))
-    if parity is None or secded is None or _int(_get(scope, "SRAM Correctable")) is None:
-        return None
-    return parity + secded
-
-
 def _retired(g: dict) -> dict[str, int | None] | None:
     r = _get(g, "Retired Pages")
     out = {"sbe": _int(_first(r, ("Single Bit ECC",), ("Single Bit ECC", "Count"))),
@@ -317,38 +240,6 @@ def _session_stats(block: Any) -> dict[str, int | None] | None:
         return None
     return {"sessions": _int(_get(block, "Active Sessions")), "average_fps": _int(_get(block, "Average FPS")),
             "average_latency_us": _int(_get(block, "Average Latency"))}
-
-
-FABRIC_STATES = {"not supported": 0, "not started": 1, "in progress": 2, "completed": 3}  # nvmlGpuFabricState_t
-# nvidia-smi prints the registration status as nvmlErrorString(status); only success is read back into
-# its nvmlReturn_t (other texts would need the whole error table, and no capture shows one).
-FABRIC_STATUS = {"success": 0}
-# Fabric/Health lines -> (shift of their NVML_GPU_FABRIC_HEALTH_MASK_* field, {text: field value}); a
-# field nvidia-smi prints N/A, or a line an older driver does not print, is 0 (..._NOT_SUPPORTED).
-HEALTH_FIELDS = {"Bandwidth": (0, {"degraded": 1, "true": 1, "full": 2, "false": 2}),
-                 "Route Recovery in progress": (2, {"true": 1, "false": 2}),
-                 "Route Unhealthy": (4, {"true": 1, "false": 2}),
-                 "Access Timeout Recovery": (6, {"true": 1, "false": 2}),
-                 "Incorrect Configuration": (8, {"none": 1})}
-HEALTH_UNDECODED = ("Partition Assigned",)  # health lines whose mask bits gpuobs does not know
-
-
-def health_mask(health: Any) -> int | None:
-    """The NVML fabric health mask the `Fabric/Health` lines spell out (nvmlGpuFabricInfo_v2_t
-    healthMask: 2-bit fields at bits 0, 2, 4, 6, a 4-bit field at 8). None (no mask: the driver does
-    not report health) when every line is N/A; None too when a line holds a text this table does not
-    know or a line it cannot place in the mask has a value: a mask is never guessed."""
-    mask, seen = 0, False
-    for key, (shift, values) in HEALTH_FIELDS.items():
-        s = _s(_get(health, key))
-        if s is None:
-            continue
-        if s.lower() not in values:
-            return None
-        mask, seen = mask | values[s.lower()] << shift, True
-    if any(_s(_get(health, key)) is not None for key in HEALTH_UNDECODED):
-        return None
-    return mask if seen else None
 
 
 def _fabric(g: dict) -> dict[str, int | None] | None:
@@ -382,7 +273,8 @@ def _mig(g: dict, names: dict[int, str]) -> dict | None:
         devices.append({
             "index": index, "gi_id": _int(_get(d, "GPU Instance ID")), "ci_id": _int(_get(d, "Compute Instance ID")),
             "profile": names.get(index) if index is not None else None,
-            "sm_count": _int(_first(attrs, ("Multiprocessor count",), ("SM count",))), "ce_count": _int(_get(attrs, "Copy Engine count")),
+            "sm_count": _int(_first(attrs, ("Multiprocessor count",), ("SM count",))),
+            "ce_count": _int(_get(attrs, "Copy Engine count")),
             "enc_count": _int(_get(attrs, "Encoder count")), "dec_count": _int(_get(attrs, "Decoder count")),
             "jpg_count": _int(_get(attrs, "JPG count")), "ofa_count": _int(_get(attrs, "OFA count")),
             "memory_mib": _mem(_get(d, "Shared FB Memory Usage") or _get(d, "FB Memory Usage")),
@@ -528,9 +420,7 @@ def _walk(node: dict, prefix: str, ctx: dict) -> Iterator[tuple[str, Any, dict]]
 
 def unplaced(root: dict) -> list[str]:
     """Paths of the lines of a parsed `-q` text (top level and GPU blocks) that the importer neither
-    reads nor lists as not exported (gpuobs.sim.fidelity's tables), each once, in input order."""
-    from .fidelity import known  # the field tables live with the report that explains them
-
+    reads nor lists as not exported (gpuobs.sim.smi_fields' tables), each once, in input order."""
     found: dict[str, None] = {}
     for key, value in root.items():
         if _GPU_KEY.match(key) and isinstance(value, dict):
@@ -583,7 +473,8 @@ def load_capture(path: str | Path, phase: str = "load", warn: bool = True) -> li
     if body is None:
         raise ValueError(f"{path}: no '{phase}' or '{other}' query (-q) section")
     root = _tree(body)
-    top, names, usage = _versions(root, secs), _mig_names(secs.get(("capabilities", "list (-L)"), "")), _pmon(secs, used)
+    top, usage = _versions(root, secs), _pmon(secs, used)
+    names = _mig_names(secs.get(("capabilities", "list (-L)"), ""))
     idle = _gpus(_tree(secs.get(("idle", "query (-q)"), "")))
     lost = unplaced(root)
     for name in lost if warn else ():
