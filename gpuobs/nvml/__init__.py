@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Any, Callable
 
-import pynvml
+import pynvml as pynvml  # re-exported: gpuobs.sim reads the field ids through it, backfilled
 
 log = logging.getLogger("gpuobs.nvml")
 

@@ -26,11 +26,12 @@ from __future__ import annotations
 import contextlib
 import ctypes
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import pynvml
 
 
-def _string_functions() -> dict[str, object]:
+def _string_functions() -> dict[str, Any]:
     """pynvml's functions wrapped by its str<->bytes converter (convertStrBytes), by name."""
     probe = getattr(pynvml, "convertStrBytes", None)
     if probe is None:  # a binding that predates the conversion: nothing to undo
