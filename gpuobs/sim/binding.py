@@ -51,14 +51,15 @@ def bytes_strings() -> Iterator[None]:
     try:
         for name, fn in saved.items():
             setattr(pynvml, name, fn.__wrapped__)  # the undecorated function: bytes in, bytes out
-        if had_getattr:
-            base.__getattribute__ = ctypes.Structure.__getattribute__  # char fields read as bytes
+        # a method of pynvml's class patched on purpose (mypy refuses assigning to a method: setattr)
+        if had_getattr:  # char fields read as bytes
+            setattr(base, "__getattribute__", ctypes.Structure.__getattribute__)  # noqa: B010
         yield
     finally:
         for name, fn in saved.items():
             setattr(pynvml, name, fn)
         if had_getattr:
-            base.__getattribute__ = old_getattr
+            setattr(base, "__getattribute__", old_getattr)  # noqa: B010
 
 
 @contextlib.contextmanager
