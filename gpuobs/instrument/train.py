@@ -467,6 +467,7 @@ class _Data:
         return next(self._current)
 
     def __len__(self) -> int:
+        # a Sized iterable (a DataLoader) has a length; any other raises TypeError, as len() of it would
         return len(self._iterable)  # type: ignore[arg-type]
 
 
