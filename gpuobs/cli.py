@@ -141,7 +141,7 @@ def _origin(ctx: click.Context, name: str) -> str:
     """How the exporter option `name` was given: its flag, or its environment variable."""
     param = next(p for p in ctx.command.params if p.name == name)
     if ctx.get_parameter_source(name) is ParameterSource.ENVIRONMENT:
-        return param.envvar if isinstance(param.envvar, str) else "/".join(param.envvar)
+        return param.envvar if isinstance(param.envvar, str) else "/".join(param.envvar or ())
     return param.opts[0]
 
 

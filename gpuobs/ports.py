@@ -14,7 +14,8 @@ def free_port() -> int:
     retry or fail with the server's own error."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]  # (host, port) for AF_INET; typeshed types the address Any
+        return port
 
 
 def free_port_run(n: int) -> int:

@@ -226,3 +226,34 @@ def test_every_test_architecture_md_names_exists():
         if test:
             defined = {n.name for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.FunctionDef)}
             assert test in defined, f"ARCHITECTURE.md names {file}::{test}, which does not exist"
+
+
+def _public_definitions(tree: ast.Module):
+    """(qualified name, node) of every public module-level function and class, and every public
+    method of a public class (public: the name does not start with `_`)."""
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and not node.name.startswith("_"):
+            yield node.name, node
+            if isinstance(node, ast.ClassDef):
+                for member in node.body:
+                    if isinstance(member, (ast.FunctionDef, ast.AsyncFunctionDef)) and not member.name.startswith("_"):
+                        yield f"{node.name}.{member.name}", member
+
+
+def _undocumented(source: str) -> list[str]:
+    return [name for name, node in _public_definitions(ast.parse(source)) if not ast.get_docstring(node)]
+
+
+def test_every_public_name_in_gpuobs_has_a_docstring():
+    # ARCHITECTURE.md: docstrings on public functions and classes (shapes, units, errors, sources)
+    missing = [f"{path.relative_to(REPO)}: {name}" for path in _sources() if path.is_relative_to(REPO / "gpuobs")
+               for name in _undocumented(path.read_text())]
+    assert not missing, f"{len(missing)} public names without a docstring:\n" + "\n".join(missing)
+
+
+def test_the_docstring_check_sees_functions_classes_and_methods():
+    source = ('def f():\n    """Doc."""\ndef g(): pass\ndef _h(): pass\n'
+              'class A:\n    def m(self): pass\n    def _n(self): pass\n'
+              '    @property\n    def p(self):\n        """Doc."""\n'
+              'class _B:\n    def m(self): pass\n')
+    assert _undocumented(source) == ["g", "A", "A.m"]

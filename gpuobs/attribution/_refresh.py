@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import TypeVar
 
 log = logging.getLogger("gpuobs.attribution")
+
+
+_R = TypeVar("_R", bound="Refresher")
 
 
 class Refresher:
@@ -21,6 +25,8 @@ class Refresher:
         self._thread: threading.Thread | None = None
 
     def refresh(self) -> None:  # pragma: no cover - overridden
+        """Reads the source once and replaces the mapping whole; sets `up`. An exception is logged by
+        the thread, sets `up` False and leaves the mapping to the next refresh."""
         raise NotImplementedError
 
     def _run(self) -> None:
@@ -33,12 +39,14 @@ class Refresher:
             self.refreshes += 1
             self._stop.wait(self.refresh_s)
 
-    def start(self):
+    def start(self: _R) -> _R:
+        """Starts the refresh thread (a daemon: it never holds the process up) and returns self."""
         self._thread = threading.Thread(target=self._run, name=f"gpuobs-{self.name}", daemon=True)
         self._thread.start()
         return self
 
     def stop(self, timeout: float = 3.0) -> None:
+        """Stops the thread and waits for it at most `timeout` seconds (a refresh in flight ends first)."""
         self._stop.set()
         if self._thread:
             self._thread.join(timeout=timeout)

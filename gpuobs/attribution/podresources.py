@@ -17,6 +17,7 @@ import logging
 import os
 import stat
 import time
+from typing import Any
 
 from ._refresh import Refresher
 
@@ -39,7 +40,7 @@ def device_uuid(device_id: str) -> str | None:
     return uuid if uuid.startswith(("GPU-", "MIG-")) else None
 
 
-def build_mapping(response) -> dict[str, dict[str, str]]:
+def build_mapping(response: Any) -> dict[str, dict[str, str]]:
     """{device UUID: {pod, namespace, container}} from a ListPodResourcesResponse. A device shared
     by several containers (time-slicing) gets their names joined with commas, sorted."""
     users: dict[str, set[tuple[str, str, str]]] = {}
@@ -75,23 +76,26 @@ class PodResourcesWatcher(Refresher):
         self.errors = 0       # of which failed or timed out
         self._mapping: dict[str, dict[str, str]] = {}  # replaced whole, never mutated: read without a lock
         self._mapping_time = 0.0
-        self._state = None    # last logged state: "missing", "error", "ok"
+        self._state: str | None = None    # last logged state: "missing", "error", "ok"
 
-    def lookup(self, uuid: str, index: int | str | None = None, gpu_instance: str | None = None) -> dict | None:
+    def lookup(self, uuid: str, index: int | str | None = None,
+               gpu_instance: str | None = None) -> dict[str, str] | None:
         """{pod, namespace, container} using the GPU or MIG device with this UUID, or None."""
         return self._mapping.get(uuid)
 
     @property
     def mapping(self) -> dict[str, dict[str, str]]:
+        """The last mapping from the kubelet (empty when none or dropped): replaced whole, never mutated."""
         return self._mapping
 
-    def _set_state(self, state: str, message: str, level: int = logging.INFO, **extra) -> None:
+    def _set_state(self, state: str, message: str, level: int = logging.INFO, **extra: Any) -> None:
         if state != self._state:
             log.log(level, message, extra={"socket": self.socket_path, **extra})
             self._state = state
 
-    def list(self):
-        """One List() call with the deadline; the response or an exception."""
+    def list(self) -> Any:
+        """One List() call with the deadline: the ListPodResourcesResponse (protobuf, untyped here), or
+        grpc.RpcError (UNAVAILABLE, DEADLINE_EXCEEDED, ...)."""
         import grpc
 
         from . import podresources_v1_pb2 as pb
@@ -105,6 +109,8 @@ class PodResourcesWatcher(Refresher):
             return stub.List(pb.ListPodResourcesRequest(), timeout=self.timeout_s)
 
     def refresh(self) -> None:
+        """One List(): the mapping from its answer; on no socket, none; on an error or timeout, the
+        previous mapping until it is older than `keep_refreshes` refreshes. State changes are logged once."""
         if not _is_socket(self.socket_path):
             self._set_state("missing", "no kubelet pod-resources socket: no pod attribution")
             self._mapping, self._mapping_time, self.up = {}, 0.0, False
@@ -127,4 +133,5 @@ class PodResourcesWatcher(Refresher):
         self._set_state("ok", "pod attribution from the kubelet", devices=len(self._mapping))
 
     def stop(self, timeout: float | None = None) -> None:
+        """Stops the thread; waits by default one List() deadline plus a second, enough for a call in flight."""
         super().stop(self.timeout_s + 1 if timeout is None else timeout)

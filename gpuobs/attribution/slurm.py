@@ -51,6 +51,8 @@ class SlurmJobMap(Refresher):
         self._present: bool | None = None
 
     def refresh(self) -> None:
+        """Re-reads the job-mapping directory whole; `up` says whether it exists (its appearance and
+        disappearance are logged once each)."""
         present = os.path.isdir(self.directory)
         if present != self._present:
             log.info("slurm job-mapping directory " + ("found" if present else "missing: no job attribution"),
@@ -59,7 +61,8 @@ class SlurmJobMap(Refresher):
         self._mapping = read_mapping(self.directory) if present else {}
         self.up = present
 
-    def lookup(self, uuid: str, index: int | str | None = None, gpu_instance: str | None = None) -> dict | None:
+    def lookup(self, uuid: str, index: int | str | None = None,
+               gpu_instance: str | None = None) -> dict[str, str] | None:
         """{"hpc_job": ids} of the device: by `<index>.<gpu_instance>` for a MIG device, else `<index>`,
         or by UUID; None if no job holds it."""
         m = self._mapping

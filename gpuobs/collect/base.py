@@ -63,7 +63,7 @@ class LogLimiter:
     def __init__(self, per: float = 60.0, burst: int = 1, clock: Callable[[], float] = time.monotonic):
         self.per, self.burst, self._clock = per, burst, clock
         self._lock = threading.Lock()
-        self._state: dict[Hashable, list] = {}  # key -> [window start, allowed in window, suppressed]
+        self._state: dict[Hashable, list[int | float]] = {}  # key -> [window start, allowed in window, suppressed]
 
     def allow(self, key: Hashable) -> int | None:
         """None: leave this record out. Else: how many records of this key were left out since the
@@ -77,7 +77,7 @@ class LogLimiter:
                 st[2] += 1
                 return None
             st[1] += 1
-            suppressed, st[2] = st[2], 0
+            suppressed, st[2] = int(st[2]), 0
             return suppressed
 
 
@@ -255,8 +255,8 @@ class GpuCtx:
     last_error: int | None = None  # NVML code of the last get() that failed (None: it answered)
     # emit()'s Samples of this pass and of the previous one, by what made them: an unchanged value is
     # served as the same Sample (no new object; the renderer's comparison stops at the identity)
-    memo: dict = field(default_factory=dict)
-    memo_before: dict = field(default_factory=dict)
+    memo: dict[Hashable, Sample] = field(default_factory=dict)
+    memo_before: dict[Hashable, Sample] = field(default_factory=dict)
     profile: Profile = FULL  # which series are served: others are never made
     # UUIDs of the node's GPUs the driver reports lost (GPU_IS_LOST) or no longer counts, as of the
     # sampler's latest read: series naming one as a peer are left out (a timed-out GPU is not lost)
@@ -354,8 +354,10 @@ class Rate:
 
     def update(self, value: float | None, now: float) -> float | None:
         """Record `value` (counter units) read at `now` (monotonic seconds); the rate in units/s."""
-        usable = value is not None and value not in COUNTER_SENTINELS
-        prev, self.last = self.last, ((value, now) if usable else None)
-        if prev is None or not usable or value < prev[0] or now <= prev[1]:
+        prev, self.last = self.last, None
+        if value is None or value in COUNTER_SENTINELS:
+            return None
+        self.last = (value, now)
+        if prev is None or value < prev[0] or now <= prev[1]:
             return None
         return (value - prev[0]) / (now - prev[1])

@@ -27,9 +27,14 @@ class ClockEvents(Family):
               for fid, reason in c.CLOCK_EVENT_COUNTER_FIELDS.items()]
 
     def fields(self, gpu: GpuCtx) -> list[FieldSpec]:
+        """The clock-event duration counters (NVML's cumulative ns per reason, c.CLOCK_EVENT_COUNTER_FIELDS)
+        when the profile serves c.CLOCK_EVENT_DURATION; else none, and no field is read."""
         return self.FIELDS if gpu.serves(c.CLOCK_EVENT_DURATION) else []
 
     def collect(self, gpu: GpuCtx) -> None:
+        """The current clock-event reasons bitmask (nvmlDeviceGetCurrentClocksEventReasons, or the
+        pre-R535 throttle-reasons call) as c.CLOCK_EVENT_REASONS_MASK and one 0/1 c.CLOCK_EVENT_ACTIVE per named
+        reason; nothing when the call fails or answers the all-ones "unknown" mask."""
         # R535 renamed throttle reasons to clock events; older drivers and bindings have the old call
         mask = gpu.first(N.nvmlDeviceGetCurrentClocksEventReasons, N.nvmlDeviceGetCurrentClocksThrottleReasons)
         if mask is not None and mask != 0xFFFFFFFFFFFFFFFF:

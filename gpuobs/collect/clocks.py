@@ -17,6 +17,8 @@ FAST = (N.NVML_CLOCK_SM,)
 
 @dataclass
 class ClocksState:
+    """Per-GPU clock readings kept between passes: current and maximum MHz by nvmlClockType_t, and the
+    last P-state (the memory clock is read again when it moves)."""
     current: dict[int, int | None] = field(default_factory=dict)  # clock type -> last MHz read (None: failed)
     maximum: dict[int, int | None] = field(default_factory=dict)  # clock type -> MHz, probed
     pstate: int | None = None  # the P-state last read
@@ -24,14 +26,20 @@ class ClocksState:
 
 @register("clocks")
 class Clocks(Family):
+    """Current and maximum clocks (per c.CLOCKS type) in Hz and the P-state. The SM clock is read every
+    pass; the others on slow samples or after a failed read, the memory clock also when the P-state moves."""
     State = ClocksState
 
     def probe(self, gpu: GpuCtx) -> None:
+        """Reads the maximum clock of each type (nvmlDeviceGetMaxClockInfo, MHz; fixed for the GPU's life),
+        only when the profile serves c.MAX_CLOCK (detail)."""
         served = gpu.serves(c.MAX_CLOCK)  # detail: no call by default
         self.state(gpu).maximum = {clock: gpu.get(N.nvmlDeviceGetMaxClockInfo, clock, variant=label)
                                    for clock, label in enumerate(c.CLOCKS) if served}
 
     def collect(self, gpu: GpuCtx) -> None:
+        """Emits c.CLOCK and c.MAX_CLOCK per clock type (MHz from NVML, exported in Hz) and c.PSTATE
+        (nvmlDeviceGetPerformanceState, 0 fastest to 15); a failed read emits nothing for that series."""
         st = self.state(gpu)
         served = [(clock, label) for clock, label in enumerate(c.CLOCKS)
                   if gpu.profile.keeps(c.CLOCK, gpu.labels + (label,)) or gpu.serves(c.MAX_CLOCK)]

@@ -22,15 +22,20 @@ COUNTERS = {"volatile": N.NVML_VOLATILE_ECC, "aggregate": N.NVML_AGGREGATE_ECC}
 
 @dataclass
 class EccState:
+    """Per-GPU ECC readings kept between passes: the mode (current, pending), the per-location counters
+    and the row-remapper bank histogram, and the batched totals they were read with."""
     mode: Any = None  # last nvmlDeviceGetEccMode answer: (current, pending), None when failed
     read: bool = False  # mode, location counters and bank histogram read at least once
     locations: dict[tuple[str, str, str], int | None] = field(default_factory=dict)  # labels -> last count
     banks: Any = None  # last nvmlDeviceGetRowRemapperHistogram answer, None when failed
-    totals: tuple | None = None  # the batched totals the breakdown was last read with
+    totals: tuple[float | None, ...] | None = None  # the batched totals the breakdown was last read with
 
 
 @register("ecc")
 class Ecc(Family):
+    """ECC mode, error counters (volatile and aggregate, corrected and uncorrected), retired pages and
+    remapped rows from the field-values batch; the per-location breakdown and the bank histogram only when
+    those totals move."""
     State = EccState
     FIELDS = [FieldSpec(N.NVML_FI_DEV_ECC_SBE_VOL_TOTAL, c.ECC_ERRORS, extra=("corrected", "volatile")),
               FieldSpec(N.NVML_FI_DEV_ECC_DBE_VOL_TOTAL, c.ECC_ERRORS, extra=("uncorrected", "volatile")),
@@ -45,12 +50,18 @@ class Ecc(Family):
               FieldSpec(N.NVML_FI_DEV_REMAPPED_FAILURE, c.REMAP_FAILURE)]
 
     def fields(self, gpu: GpuCtx) -> list[FieldSpec]:
+        """The ECC totals, retired-page and remapped-row counts and their pending flags (the same on every GPU;
+        a GPU without ECC answers NOT_SUPPORTED once, remembered by gpuobs.nvml)."""
         return self.FIELDS
 
     def probe(self, gpu: GpuCtx) -> None:
+        """Marks the breakdown unread, so that collect() reads it again after a re-probe."""
         self.state(gpu).read = False  # capabilities are asked again: so is the breakdown
 
     def collect(self, gpu: GpuCtx) -> None:
+        """Emits c.ECC_MODE and c.ECC_PENDING (nvmlDeviceGetEccMode, slow samples), the per-location counts
+        (nvmlDeviceGetMemoryErrorCounter, detail) and c.REMAP_BANKS by availability
+        (nvmlDeviceGetRowRemapperHistogram) from the last read of each."""
         st = self.state(gpu)
         # The mode changes only with a reboot after nvidia-smi -e: slow samples. The per-location
         # counters and the bank histogram are a breakdown of the batched totals (errors, remapped

@@ -42,6 +42,8 @@ def _fabric_v1(handle: Any) -> Any:
 
 @dataclass
 class FabricState:
+    """The last fabric answer (nvmlDeviceGetGpuFabricInfoV or its v1 fallback; None: neither answered) and
+    whether it was read at all."""
     info: Any = None  # last answer of the V call or its v1 fallback; None: none answered
     read: bool = False
 
@@ -53,6 +55,9 @@ class Fabric(Family):
     State = FabricState
 
     def collect(self, gpu: GpuCtx) -> None:
+        """Emits one 0/1 c.FABRIC_STATE per registration state, and c.FABRIC_STATUS and c.FABRIC_CLIQUE once
+        registration completed, c.FABRIC_HEALTH where the V call gives the health mask; read on slow samples,
+        and only where the profile serves the family (all detail)."""
         st = self.state(gpu)
         if not gpu.serves(c.FABRIC_STATE):  # all of it is detail: no call under the default profile
             return

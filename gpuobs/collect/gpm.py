@@ -27,9 +27,11 @@ def metrics_get(sample1: Any, sample2: Any, ids: list[int]) -> dict[int, float]:
 
 @dataclass
 class GpmState:
+    """Per-GPU GPM state: whether the GPU supports GPM, and per GPU instance (None: the whole GPU) the two
+    sample buffers NVML allocated and whether the previous one holds a sample."""
     supported: bool = False  # the probe's answer (nvmlGpmQueryDeviceSupport)
     # GPU instance id (None: the whole GPU) -> [previous sample, current sample, previous is valid]
-    samples: dict[int | None, list] = field(default_factory=dict)
+    samples: dict[int | None, list[Any]] = field(default_factory=dict)
 
 
 @register("gpm")
@@ -39,18 +41,24 @@ class Gpm(Family):
     State = GpmState
 
     def probe(self, gpu: GpuCtx) -> None:
+        """Asks nvmlGpmQueryDeviceSupport whether the GPU supports GPM (Hopper and later); no answer is "no"."""
         support = gpu.get(N.nvmlGpmQueryDeviceSupport)
         self.state(gpu).supported = bool(support and support.isSupportedDevice)
 
     def supported(self, gpu: GpuCtx) -> bool:
         """The GPU supports GPM (as of the last probe)."""
-        return self.state(gpu).supported
+        st: GpmState = self.state(gpu)
+        return st.supported
 
     def collect(self, gpu: GpuCtx) -> None:
+        """One whole-GPU GPM sample, emitting c.GPM_METRICS (NVML percents, exported as ratios 0-1) against the
+        previous sample; nothing on an unsupported GPU or on the first sample."""
         if self.supported(gpu):
             self.sample(gpu, None, c.GPM_METRICS, gpu.labels)
 
     def free(self, state: GpmState) -> None:
+        """Frees every GPM sample buffer the state holds (nvmlGpmSampleFree; an NVML error there is ignored:
+        the GPU is going away or NVML re-initialised)."""
         for pair in state.samples.values():
             for sample in pair[:2]:
                 try:

@@ -11,7 +11,7 @@ from .. import catalog as c
 from .base import Family, GpuCtx, register
 
 
-def _text(value) -> str:
+def _text(value: object) -> str:
     """A label value: always str, never a bytes repr (older pynvml returns bytes)."""
     if isinstance(value, bytes):
         return value.decode("utf-8", errors="replace")
@@ -20,6 +20,7 @@ def _text(value) -> str:
 
 @dataclass
 class IdentityState:
+    """The GPU's identity label values (read by probe) and its persistence and compute modes as last read."""
     info: tuple[str, ...] | None = None  # GPU_INFO's label values after the GPU's own labels
     modes: tuple[int | None, int | None] | None = None  # (persistence, compute mode) as last read; None: unread
 
@@ -30,6 +31,8 @@ class Identity(Family):
     State = IdentityState
 
     def probe(self, gpu: GpuCtx) -> None:
+        """Reads name, PCI bus id, serial, VBIOS, compute capability, brand and architecture (each '' where
+        NVML does not answer) with the driver and CUDA versions into the state."""
         cc = gpu.get(N.nvmlDeviceGetCudaComputeCapability)
         pci = gpu.get(N.nvmlDeviceGetPciInfo_v3)
         self.state(gpu).info = (
@@ -43,6 +46,8 @@ class Identity(Family):
             _text(ARCHITECTURES.get(gpu.get(N.nvmlDeviceGetArchitecture))))
 
     def collect(self, gpu: GpuCtx) -> None:
+        """Emits c.GPU_INFO (value 1, the identity as labels), c.PERSISTENCE_MODE and one 0/1 c.COMPUTE_MODE
+        per mode; the modes are read on slow samples, and only where the profile serves them."""
         st = self.state(gpu)
         if st.info is not None:
             gpu.emit(c.GPU_INFO, 1, *st.info)

@@ -59,7 +59,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import pynvml as N
 
@@ -199,8 +199,8 @@ class Counts:
     """What the watcher counted since boot: {(pci bus id in NVML form or "", xid): n},
     {(pci bus id or "", pattern): n}, the records lost, the records over the label-set cap
     (`overflow`) and the truncations of a regular file (`truncated`)."""
-    xids: collections.Counter = field(default_factory=collections.Counter)
-    matches: collections.Counter = field(default_factory=collections.Counter)
+    xids: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
+    matches: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
     lost: int = 0
     overflow: int = 0
     truncated: int = 0
@@ -371,7 +371,7 @@ class KernelLogWatcher:
                 self._unknown[name] += 1
             counter[key] += 1
 
-    def _admissible(self, name: str, counter: collections.Counter, key: tuple[str, str]) -> bool:
+    def _admissible(self, name: str, counter: collections.Counter[tuple[str, str]], key: tuple[str, str]) -> bool:
         """A label set counted already, or room for a new one under the caps."""
         if key in counter:
             return True
@@ -414,12 +414,14 @@ class KernelLogWatcher:
         """Restore counts and position from the state file when it is of this boot and source and
         every field is valid; else start clean (one warning for a file that is not valid)."""
         self._boot_id = self._read_boot_id()
-        if self._persist and not os.access(os.path.dirname(self.state_path) or ".", os.W_OK):  # type: ignore[arg-type]
+        path = self.state_path
+        if not self._persist or path is None:
+            return
+        if not os.access(os.path.dirname(path) or ".", os.W_OK):
             self._no_state(FileNotFoundError("state directory missing or not writable"))  # said at start, not at stop
-        if not self._persist:
             return
         try:
-            saved = _read_state(self.state_path)  # type: ignore[arg-type]
+            saved = _read_state(path)
             if not _same_run(saved, self._boot_id, self._source_id()):
                 return  # another boot or source: its counts are not this one's
             position, counts, gpus = _position(saved.get("position")), _counts(saved), _gpus(saved.get("gpus", {}))
@@ -445,7 +447,9 @@ class KernelLogWatcher:
     def save(self, force: bool = False) -> None:
         """Write the state file atomically when something changed, at most every save_every_s
         (force: now). A file that cannot be written turns persistence off, with one warning."""
-        if not self._persist or not self._dirty or (not force and self._clock() - self._saved_at < self.save_every_s):
+        path = self.state_path
+        if not self._persist or path is None or not self._dirty or (
+                not force and self._clock() - self._saved_at < self.save_every_s):
             return
         with self._save_lock:
             with self._lock:
@@ -458,7 +462,7 @@ class KernelLogWatcher:
                 self._dirty = False
             self._saved_at = self._clock()
             try:
-                _write_atomically(self.state_path, json.dumps(state))  # type: ignore[arg-type]
+                _write_atomically(path, json.dumps(state))
             except OSError as e:
                 self._no_state(e)
 
@@ -627,8 +631,11 @@ class KernelLogWatcher:
             args.append(f"--after-cursor={cursor}")
         proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
                                 preexec_fn=_die_with_parent)
+        stdout = proc.stdout
         try:
-            fd = proc.stdout.fileno()  # type: ignore[union-attr]
+            if stdout is None:  # not reached: stdout=PIPE
+                raise SourceGone("journalctl without a pipe")
+            fd = stdout.fileno()
             os.set_blocking(fd, False)
             pending, answered = b"", False
             while not self._stop.is_set():
@@ -645,7 +652,8 @@ class KernelLogWatcher:
         finally:
             proc.kill()
             proc.wait()
-            proc.stdout.close()  # type: ignore[union-attr]
+            if stdout is not None:
+                stdout.close()
 
     def _journal_lines(self, data: bytes) -> bytes:
         """Consume the complete JSON entries of `data`: those of another boot (`_BOOT_ID`) only move
@@ -676,7 +684,7 @@ class KernelLogWatcher:
                         extra={"source": self.kind, "path": self.path,
                                "error": getattr(err, "strerror", None) or type(err).__name__, "detail": str(err)})
 
-    def _warning(self, message: str, code: str, **extra) -> None:
+    def _warning(self, message: str, code: str, **extra: Any) -> None:
         suppressed = self._warn.allow((message, code))
         if suppressed is not None:
             log.warning(message, extra={"error": code, "suppressed": suppressed, **extra})
@@ -702,7 +710,7 @@ def _no_constant(name: str) -> float:
     raise StateError(f"{name} is not a number")
 
 
-def _read_state(path: str) -> dict:
+def _read_state(path: str) -> dict[str, Any]:
     """The state file's top-level object. Raises FileNotFoundError, OSError, StateError (over
     MAX_STATE_BYTES, NaN or Infinity, not an object) or ValueError (not JSON, not UTF-8)."""
     with open(path, "rb") as f:
@@ -715,7 +723,7 @@ def _read_state(path: str) -> dict:
     return saved
 
 
-def _same_run(saved: dict, boot_id: str, source: str) -> bool:
+def _same_run(saved: dict[str, Any], boot_id: str, source: str) -> bool:
     """True when the state is of this boot and source. Raises StateError for a version, boot id or
     source of the wrong type, or a version this code does not write."""
     if saved.get("version") != STATE_VERSION or type(saved.get("version")) is not int:
@@ -726,21 +734,28 @@ def _same_run(saved: dict, boot_id: str, source: str) -> bool:
     return bool(boot_id) and saved["boot_id"] == boot_id and saved["source"] == source
 
 
-def _int(value: object, name: str, optional: bool = False) -> int | None:
-    """A JSON integer from 0 to 2**63 - 1 (bool and float refused); None where optional."""
-    if value is None and optional:
-        return None
+def _int(value: object, name: str) -> int:
+    """A JSON integer from 0 to 2**63 - 1 (bool and float refused). Raises StateError."""
     if type(value) is not int or not 0 <= value < 2**63:
         raise StateError(f"{name}: {value!r:.40}, not an integer from 0")
     return value
 
 
-def _text(value: object, name: str, limit: int, optional: bool = False) -> str | None:
-    if value is None and optional:
-        return None
+def _optional_int(value: object, name: str) -> int | None:
+    """None, or a JSON integer as _int reads it. Raises StateError."""
+    return None if value is None else _int(value, name)
+
+
+def _text(value: object, name: str, limit: int) -> str:
+    """A JSON string of at most `limit` characters. Raises StateError."""
     if not isinstance(value, str) or len(value) > limit:
         raise StateError(f"{name}: {value!r:.40}, not a string of at most {limit} characters")
     return value
+
+
+def _optional_text(value: object, name: str, limit: int) -> str | None:
+    """None, or a JSON string as _text reads it. Raises StateError."""
+    return None if value is None else _text(value, name, limit)
 
 
 def _position(saved: object) -> Position:
@@ -750,22 +765,22 @@ def _position(saved: object) -> Position:
     dated = saved.get("time")
     if dated is not None and (type(dated) not in (int, float) or not math.isfinite(dated) or dated < 0):
         raise StateError(f"position.time: {dated!r:.40}, not a date")
-    tail = _text(saved.get("tail"), "position.tail", 2 * TAIL_BYTES, optional=True)
+    tail = _optional_text(saved.get("tail"), "position.tail", 2 * TAIL_BYTES)
     if tail is not None and (len(tail) % 2 or any(ch not in "0123456789abcdef" for ch in tail)):
         raise StateError(f"position.tail: {tail!r:.40}, not hex")
-    return Position(seq=_int(saved.get("seq"), "position.seq", optional=True),
-                    inode=_int(saved.get("inode"), "position.inode", optional=True),
-                    offset=_int(saved.get("offset", 0), "position.offset"),  # type: ignore[arg-type]
-                    cursor=_text(saved.get("cursor"), "position.cursor", 1024, optional=True),
+    return Position(seq=_optional_int(saved.get("seq"), "position.seq"),
+                    inode=_optional_int(saved.get("inode"), "position.inode"),
+                    offset=_int(saved.get("offset", 0), "position.offset"),
+                    cursor=_optional_text(saved.get("cursor"), "position.cursor", 1024),
                     time=None if dated is None else float(dated), tail=tail)
 
 
-def _label_sets(saved: object, name: str, valid: Callable[[str], bool]) -> collections.Counter:
+def _label_sets(saved: object, name: str, valid: Callable[[str], bool]) -> collections.Counter[tuple[str, str]]:
     """[[pci, code, n], ...] -> Counter: at most MAX_LABEL_SETS, each address "" or in NVML's
     form, each code valid, each n an integer from 0, no label set twice. Raises StateError."""
     if not isinstance(saved, list) or len(saved) > MAX_LABEL_SETS:
         raise StateError(f"{name}: not a list of at most {MAX_LABEL_SETS} label sets")
-    out: collections.Counter = collections.Counter()
+    out: collections.Counter[tuple[str, str]] = collections.Counter()
     for item in saved:
         if not isinstance(item, list) or len(item) != 3:
             raise StateError(f"{name}: {item!r:.60}, not [pci, code, count]")
@@ -778,28 +793,29 @@ def _label_sets(saved: object, name: str, valid: Callable[[str], bool]) -> colle
     return out
 
 
-def _counts(saved: dict) -> Counts:
+def _counts(saved: dict[str, Any]) -> Counts:
     """The counters of the state file. Raises StateError."""
     def pattern_name(k: str) -> bool:
         return re.fullmatch(r"[a-z0-9_]{1,64}", k) is not None
 
     return Counts(_label_sets(saved.get("xids"), "xids", lambda x: _xid_code(x) == x),
                   _label_sets(saved.get("matches"), "matches", pattern_name),
-                  _int(saved.get("lost"), "lost"),  # type: ignore[arg-type]
-                  _int(saved.get("overflow", 0), "overflow"),  # type: ignore[arg-type]
-                  _int(saved.get("truncated", 0), "truncated"))  # type: ignore[arg-type]
+                  _int(saved.get("lost"), "lost"),
+                  _int(saved.get("overflow", 0), "overflow"),
+                  _int(saved.get("truncated", 0), "truncated"))
 
 
 def _gpus(saved: object) -> dict[str, tuple[str, str, str]]:
     """{pci: [index, uuid, busId]} of the state file. Raises StateError."""
     if not isinstance(saved, dict) or len(saved) > MAX_LABEL_SETS:
         raise StateError(f"gpus: not an object of at most {MAX_LABEL_SETS} addresses")
-    out = {}
+    out: dict[str, tuple[str, str, str]] = {}
     for pci, gpu in saved.items():
         if pci_bus_id(pci) != pci or not isinstance(gpu, list) or len(gpu) != 3:
             raise StateError(f"gpus: {pci!r:.40}: {gpu!r:.60}")
-        out[pci] = tuple(_text(g, "gpus entry", 128) for g in gpu)
-    return out  # type: ignore[return-value]
+        index, uuid, bus_id = (_text(g, "gpus entry", 128) for g in gpu)
+        out[pci] = (index, uuid, bus_id)
+    return out
 
 
 def _journal_message(message: object) -> str:
@@ -867,6 +883,8 @@ class KernelLog(Family):
         return cls(needs.kernel_log) if needs.kernel_log is not None else None
 
     def probe(self, gpu: GpuCtx) -> None:
+        """Tells the watcher the GPU's PCI bus id (nvmlDeviceGetPciInfo_v3), index and UUID, so that kernel
+        lines naming the address are labelled with the GPU."""
         info = gpu.get(N.nvmlDeviceGetPciInfo_v3)
         bus_id = info.busId if info is not None else None
         if isinstance(bus_id, bytes):  # older pynvml
@@ -883,6 +901,9 @@ class KernelLog(Family):
         return str(known.get(uuid, index)), uuid, bus_id
 
     def node_samples(self, known: dict[str, int]) -> list[Sample]:
+        """The watcher's counts as node samples, kept across GPU loss: c.KERNEL_XID_ERRORS and
+        c.KERNEL_LOG_MATCHES per address (labelled with the GPU where known), and its health (up, lost, overflow,
+        truncated). Restarts the watcher's thread first if it died."""
         self.watcher.supervise()
         counts = self.watcher.totals()
         out = [Sample(c.KERNEL_XID_ERRORS, self._labels(pci, known) + (xid,), float(n))

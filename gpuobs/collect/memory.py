@@ -13,7 +13,7 @@ from .base import Family, GpuCtx, register
 
 
 @named("nvmlDeviceGetMemoryInfo_v2")
-def memory_v2(handle):
+def memory_v2(handle: Any) -> Any:
     """nvmlDeviceGetMemoryInfo_v2 for a GPU or MIG handle: total, reserved, used, free in bytes.
     Raises NVMLError(FUNCTION_NOT_FOUND) when the binding predates it (pynvml < 11.5), as pynvml
     does when the driver predates it (R510)."""
@@ -23,7 +23,7 @@ def memory_v2(handle):
     return N.nvmlDeviceGetMemoryInfo(handle, version=version)
 
 
-def memory_any(gpu: GpuCtx, handle=None, variant: str = ""):
+def memory_any(gpu: GpuCtx, handle: Any = None, variant: str = "") -> Any:
     """Memory info of the GPU (or of one of its MIG devices: its handle and a variant): v2, else v1
     on drivers and bindings without it (v1 has no `reserved`, and its `used` includes the reserved
     memory); None if neither answers. Raises GpuUnusable as GpuCtx.get does."""
@@ -35,19 +35,25 @@ _UNREAD = object()  # BAR1 not read yet for this GPU
 
 @dataclass
 class MemoryState:
+    """The GPU's total memory in bytes as of this pass, and the last BAR1 answer (read on slow samples)."""
     total: int | None = None  # bytes, as of this pass (None: not read); the processes family checks against it
     bar1: Any = _UNREAD  # last nvmlDeviceGetBAR1MemoryInfo answer (None: failed)
 
 
 @register("memory")
 class Memory(Family):
+    """Framebuffer memory (total, used, reserved, free; bytes, nvmlDeviceGetMemoryInfo v2 else v1) every
+    pass, BAR1 total and used on slow samples where served. Other families read the total (total())."""
     State = MemoryState
 
     def total(self, gpu: GpuCtx) -> int | None:
         """The GPU's memory in bytes as read in this pass (None: not read)."""
-        return self.state(gpu).total
+        st: MemoryState = self.state(gpu)
+        return st.total
 
     def collect(self, gpu: GpuCtx) -> None:
+        """Emits c.MEMORY_TOTAL, c.MEMORY_USED, c.MEMORY_RESERVED (v2 only) and c.MEMORY_FREE in bytes, and
+        c.BAR1_TOTAL and c.BAR1_USED from the last BAR1 read; nothing for a call that failed."""
         st = self.state(gpu)
         mem = memory_any(gpu)
         st.total = None if mem is None else mem.total

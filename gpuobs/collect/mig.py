@@ -5,6 +5,7 @@ Device-level values stay on the physical GPU's series only."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import pynvml as N
 
@@ -55,21 +56,24 @@ _UNREAD = object()  # MIG mode not read yet for this GPU
 
 @dataclass
 class MigState:
+    """Per-GPU MIG state: the mode (1 on, 0 off, None unanswered; _UNREAD before the first listing) and the
+    pending mode, the listed devices with their BAR1 and SM-count extras, and the GONE bookkeeping."""
     mode: object = _UNREAD  # 1: MIG on, 0: off, None: the GPU did not answer
     pending: int | None = None  # the mode after the next GPU reset
     max_devices: int | None = None  # nvmlDeviceGetMaxMigDeviceCount (None: not answered yet)
     devices: list[MigDevice] = field(default_factory=list)  # enumerated when the mode is read
     # per device (by its instance ids), read with the enumeration: BAR1 info and SM count (or None)
-    extras: dict[tuple[str, str], tuple] = field(default_factory=dict)
+    extras: dict[tuple[str, str], tuple[Any, int | None]] = field(default_factory=dict)
     sms: dict[str, int | None] = field(default_factory=dict)  # MIG UUID -> SM count (fixed by its profile)
     relisted: int = 0  # listings made at once because a listed handle was gone
     trusted: set[str] = field(default_factory=set)  # MIG UUIDs listed again after a GONE answer: still there
 
 
-def _extras(gpu: GpuCtx, devices: list[MigDevice], st: MigState) -> dict[tuple[str, str], tuple]:
+def _extras(gpu: GpuCtx, devices: list[MigDevice], st: MigState) -> dict[tuple[str, str], tuple[Any, int | None]]:
     """(nvmlBAR1Memory_t, SM count) per MIG device, each None where the device does not answer; BAR1
     read on slow samples (its use moves slowly), the SM count once per device (fixed by the profile)."""
-    out, sms = {}, {}
+    out: dict[tuple[str, str], tuple[Any, int | None]] = {}
+    sms: dict[str, int | None] = {}
     for handle, ids, mig_uuid, _ in devices:
         if not gpu.serves(c.MIG_SMS) and not gpu.serves(c.MIG_BAR1_USED):  # detail: no call by default
             out[ids] = (None, None)
@@ -98,7 +102,9 @@ class Mig(Family):
 
     @classmethod
     def build(cls, needs: Needs) -> "Mig":
-        return cls(gpm=needs.built.get("gpm"))
+        """The family for the exporter, sampling GPM per GPU instance through the gpm family when it is built."""
+        gpm = needs.built.get("gpm")
+        return cls(gpm=gpm if isinstance(gpm, Gpm) else None)
 
     def devices(self, gpu: GpuCtx) -> list[MigDevice] | None:
         """The GPU's MIG devices as of this pass; None when the GPU is not in MIG mode."""
@@ -113,6 +119,9 @@ class Mig(Family):
         return list(st.devices) if st is not None and st.mode == 1 else []
 
     def collect(self, gpu: GpuCtx) -> None:
+        """Lists the MIG devices on slow samples (and on the first pass), then emits c.MIG_MODE, c.MIG_PENDING
+        and each device's memory, BAR1, SM count and GPM series; a handle found gone drops what this pass emitted from
+        the old listing, lists again at once and emits from the new one."""
         st = self.state(gpu)
         if gpu.slow or st.mode is _UNREAD:
             self._list(gpu, st)
@@ -157,7 +166,7 @@ class Mig(Family):
         """Emit the mode and each listed device's series; False as soon as a device's handle is
         gone (its memory read fails with a GONE code, and a listing since did not find the device
         still there), with no further call on any listed handle."""
-        gpu.emit(c.MIG_MODE, st.mode)
+        gpu.emit(c.MIG_MODE, st.mode if isinstance(st.mode, int) else None)  # _list ran: an int or None
         gpu.emit(c.MIG_PENDING, st.pending)
         gpm = self.gpm if self.gpm is not None and self.gpm.supported(gpu) else None
         for handle, ids, mig_uuid, profile in st.devices:

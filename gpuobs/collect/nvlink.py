@@ -31,13 +31,16 @@ def link_sum(gpu: GpuCtx, links: int, fids: tuple[int, ...]) -> int | None:
     """The sum of these fields over every link, None when one of them did not come back or is a
     sentinel: a sum missing a link would read as a counter reset, or as fewer errors than there are."""
     raw = [gpu.fields.get((fid, link)) for link in range(links) for fid in fids]
-    if any(v is None or v in COUNTER_SENTINELS for v in raw):
+    values = [v for v in raw if v is not None and v not in COUNTER_SENTINELS]
+    if len(values) < len(raw):
         return None
-    return sum(raw)
+    return int(sum(values))
 
 
 @dataclass
 class NvlinkState:
+    """Per-GPU NVLink state: the link count of the last probe, the field specs built for it, and the rate
+    of the data bytes over all links."""
     links: int = 0  # links the GPU reported at the last probe
     fields: list[FieldSpec] = field(default_factory=list)  # built per link count: the sampler reuses its batch
     rate: Rate = field(default_factory=Rate)  # of the data bytes sent and received over all links
@@ -58,6 +61,8 @@ class Nvlink(Family):
     State = NvlinkState
 
     def probe(self, gpu: GpuCtx) -> None:
+        """Reads the link count (NVML_FI_DEV_NVLINK_LINK_COUNT; 0 where the field does not answer) and builds the
+        per-link field specs when it changed."""
         fv = gpu.get(N.nvmlDeviceGetFieldValues, [N.NVML_FI_DEV_NVLINK_LINK_COUNT], variant="link_count")
         ok = fv is not None and fv[0].nvmlReturn == N.NVML_SUCCESS
         links = fv[0].value.uiVal if ok else 0
@@ -66,9 +71,14 @@ class Nvlink(Family):
             st.links, st.fields = links, link_fields(links)
 
     def fields(self, gpu: GpuCtx) -> list[FieldSpec]:
-        return self.state(gpu).fields
+        """Throughput and error counters of every link the last probe counted, one FieldSpec each."""
+        st: NvlinkState = self.state(gpu)
+        return st.fields
 
     def collect(self, gpu: GpuCtx) -> None:
+        """Emits from the batch: c.NVLINKS_DOWN (links not enabled), c.NVLINKS_TX and c.NVLINKS_RX (bytes, NVML
+        counts KiB), c.NVLINKS_ERRORS (CRC, replay and recovery errors summed over links) and c.NVLINK_THROUGHPUT
+        (bytes/s between passes, detail); a sum is left out when one link's value is missing."""
         st = self.state(gpu)
         if not st.links:
             return

@@ -15,6 +15,8 @@ POWER_SANITY = 2.0  # a draw above twice the enforced limit is a bad reading, no
 
 @register("power")
 class Power(Family):
+    """Power draw, limits, average power (GPU and memory scopes) and energy from the batch (NVML's mW and
+    mJ, exported as W and J); the draw is checked against the limit before it is emitted."""
     # Draw is checked against the limit in collect, so it is not emitted from a FieldSpec.
     FIELDS = [FieldSpec(N.NVML_FI_DEV_POWER_CURRENT_LIMIT, c.POWER_LIMIT, per=MILLI),
               FieldSpec(N.NVML_FI_DEV_POWER_DEFAULT_LIMIT, c.POWER_DEFAULT_LIMIT, per=MILLI),
@@ -28,9 +30,12 @@ class Power(Family):
     DRAW = FieldSpec(N.NVML_FI_DEV_POWER_INSTANT, None)  # read here, emitted by collect
 
     def fields(self, gpu: GpuCtx) -> list[FieldSpec]:
+        """The limits, energy and average-power fields (FIELDS) and the instant draw (DRAW, emitted by collect)."""
         return [*self.FIELDS, self.DRAW]
 
     def collect(self, gpu: GpuCtx) -> None:
+        """Emits c.POWER_USAGE in watts: the batched instant draw, else nvmlDeviceGetPowerUsage (older drivers).
+        A draw above POWER_SANITY times the current limit is dropped as "above_limit" (a garbage read, not a spike)."""
         draw = gpu.fields.get((N.NVML_FI_DEV_POWER_INSTANT, 0))
         if draw is None:  # older drivers: the classic getter
             draw = gpu.get(N.nvmlDeviceGetPowerUsage)

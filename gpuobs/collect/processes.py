@@ -18,7 +18,7 @@ import pynvml as N
 from .. import catalog as c
 from .base import COUNTER_SENTINELS, Family, GpuCtx, Needs, register
 from .memory import Memory
-from .mig import GONE, Mig
+from .mig import GONE, Mig, MigDevice
 
 # Newest first: _v3 (R510+), then _v2 for older drivers and bindings. The versioned functions, not
 # pynvml's unversioned ones: on a driver without _v3 those raise NVMLLibraryMismatchError, which
@@ -68,7 +68,7 @@ def host_view(pids: list[int]) -> bool:
     return any(_running(pid) for pid in pids if 0 < pid < limit)
 
 
-def _read(gpu: GpuCtx, mig: tuple | None) -> dict[int, tuple[int | None, str]]:
+def _read(gpu: GpuCtx, mig: MigDevice | None) -> dict[int, tuple[int | None, str]]:
     """{pid: (used bytes or None, type)} of compute and graphics processes on the GPU or one MIG device;
     the type names the lists the pid is in: compute, graphics or compute_graphics."""
     procs: dict[int, int | None] = {}
@@ -90,6 +90,7 @@ def _read(gpu: GpuCtx, mig: tuple | None) -> dict[int, tuple[int | None, str]]:
 
 @dataclass
 class ProcessesState:
+    """The names of the GPU's processes (pid -> name from /proc), kept while each process runs."""
     names: dict[int, str] = field(default_factory=dict)  # pid -> process name, while the process runs
 
 
@@ -106,9 +107,16 @@ class Processes(Family):
 
     @classmethod
     def build(cls, needs: Needs) -> "Processes":
-        return cls(needs.process_cap, memory=needs.built.get("memory"), mig=needs.built.get("mig"))
+        """The family for the exporter: `needs.process_cap` processes per GPU, with the memory and mig
+        families when they are built."""
+        memory, mig = needs.built.get("memory"), needs.built.get("mig")
+        return cls(needs.process_cap, memory=memory if isinstance(memory, Memory) else None,
+                   mig=mig if isinstance(mig, Mig) else None)
 
     def collect(self, gpu: GpuCtx) -> None:
+        """Emits c.PROCESS_MEMORY (bytes; per MIG device on a GPU in MIG mode) for the `cap` largest users,
+        and their SM utilization over the last UTILIZATION_WINDOW_S seconds outside MIG mode; a process NVML gives no
+        memory for is counted as dropped ("not_available")."""
         migs = self.mig.devices(gpu) if self.mig is not None else None
         if migs:
             records = self._mig_records(gpu, migs)
@@ -129,16 +137,19 @@ class Processes(Family):
         if top and not migs:  # per-process utilization is not available in MIG mode
             self._utilization(gpu, {rec[0] for rec in top})
 
-    def _mig_records(self, gpu: GpuCtx, migs: list) -> list[tuple]:
+    def _mig_records(self, gpu: GpuCtx, migs: list[MigDevice]) -> list[tuple[int, int | None, tuple[str, str], str]]:
         """(pid, used, MIG instance ids, type) per process of each MIG device, stopping at a device
         whose handle is gone (destroyed since the listing): the mig family lists again at once, and
         no later call uses a handle of the old listing."""
-        records = []
+        records: list[tuple[int, int | None, tuple[str, str], str]] = []
+        family = self.mig
+        if family is None:  # not reached: migs came from the mig family
+            return records
         for mig in migs:
             gpu.last_error = None
             found = _read(gpu, mig)
-            if not found and self.mig.gone(gpu) and mig[2] not in self.mig.state(gpu).trusted:
-                self.mig.relist(gpu)
+            if not found and family.gone(gpu) and mig[2] not in family.state(gpu).trusted:
+                family.relist(gpu)
                 break
             records += [(pid, used, mig[1], kind) for pid, (used, kind) in found.items()]
         return records

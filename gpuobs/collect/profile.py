@@ -24,7 +24,7 @@ class Profile:
     Raises ValueError for another name."""
     name: str = "default"
     detail: frozenset[str] = frozenset()
-    rules: dict = field(default_factory=dict, compare=False, repr=False)  # Metric -> Rule, filled at init
+    rules: dict[c.Metric, Rule] = field(default_factory=dict, compare=False, repr=False)  # filled at init
 
     def __post_init__(self) -> None:
         if self.name not in PROFILES:

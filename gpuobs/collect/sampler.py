@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import itertools
 import logging
 import operator
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Hashable
 
 import pynvml as N
 
@@ -53,8 +54,8 @@ class _GpuState:
     """What the sampler keeps of one GPU between passes (the families keep their own)."""
     generation: int  # NVML generation it was made under: handles and answers of another are void
     probed_at: float | None = None  # monotonic end of the last complete probe
-    batch: tuple | None = None  # (key, _FieldBatch or None): the GPU's field batch
-    memo: dict = field(default_factory=dict)  # GpuCtx.memo of its last pass
+    batch: tuple[Hashable, _FieldBatch | None] | None = None  # (key, _FieldBatch or None): the GPU's field batch
+    memo: dict[Hashable, Sample] = field(default_factory=dict)  # GpuCtx.memo of its last pass
 
 
 class _FieldBatch:
@@ -75,7 +76,7 @@ class _FieldBatch:
         self.labels = [labels + s.extra for s in specs]
         self.reader = FieldValues(self.keys)
         self.samples: list[Sample | None] = [None] * len(specs)  # None: no metric, dropped or not read
-        self.last: list | tuple | None = None  # the values of the last read
+        self.last: list[float | None] | tuple[float | None, ...] | None = None  # the values of the last read
         self.dropping: list[int] = []  # specs whose last value was dropped: counted again each pass
         self.floats: list[int] | None = None  # float-valued specs: always made again (-0.0 == 0.0)
 
@@ -205,7 +206,7 @@ class _Readers:
     taken longer than `stall` seconds and GPUs still wait, another thread joins the pass: a call
     hung or slow on one GPU holds one thread, never the GPUs after it."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._idle: list[_Reader] = []
         self._all: list[_Reader] = []
         self._lock = threading.Lock()
@@ -298,11 +299,13 @@ class Sampler:
     # ---- loop -----------------------------------------------------------------------------
 
     def start(self) -> "Sampler":
+        """Starts the sampling thread (a daemon: one pass every interval) and returns self."""
         self._thread = threading.Thread(target=self._run, name="gpuobs-sampler", daemon=True)
         self._thread.start()
         return self
 
     def stop(self) -> None:
+        """Stops the sampling thread and its GPU readers; waits at most 2 s for a pass in flight."""
         self._stop.set()
         self._readers.close()
         if self._thread:
@@ -368,7 +371,7 @@ class Sampler:
 
     def _versions(self) -> tuple[str, str, str]:
         """(driver, NVML, CUDA driver) versions; '' for one NVML does not give."""
-        def safe(fn):
+        def safe(fn: Callable[[], object]) -> str:
             try:
                 return str(self.session.call(fn))
             except (N.NVMLError, UnicodeDecodeError):
@@ -416,7 +419,7 @@ class Sampler:
         if self._count is not None and not slow and self._count[0] == self.session.generation:
             return self._count[1]
         try:
-            count = self.session.call(N.nvmlDeviceGetCount, name="nvmlDeviceGetCount_v2")
+            count: int = self.session.call(N.nvmlDeviceGetCount, name="nvmlDeviceGetCount_v2")
         except N.NVMLError:
             self._count = None
             return None
@@ -481,13 +484,13 @@ class Sampler:
     def _read_all(self, count: int, deadline: float) -> dict[int, _GpuRead]:
         """Every counted GPU read by the readers, waited for until `deadline` (monotonic)."""
         results: dict[int, _GpuRead] = {}
-        jobs = []
+        jobs: list[tuple[int, Callable[[], _GpuRead]]] = []
         for index in range(count):
             handle, uuid = self._handles.get(index, (None, ""))
             if uuid and uuid in self._reading:  # its read of an earlier pass still hangs
                 results[index] = _GpuRead(index, uuid, reason="timeout")
                 continue
-            jobs.append((index, lambda i=index, h=handle, u=uuid: self._read_gpu(i, h, u)))
+            jobs.append((index, functools.partial(self._read_gpu, index, handle, uuid)))
         done = self._readers.run(_Pass(jobs), deadline, self.stall)
         for index, _ in jobs:
             result = done.get(index)

@@ -22,6 +22,8 @@ _UNREAD = object()  # fan speed not read yet for this GPU
 
 @dataclass
 class ThermalState:
+    """The GPU's absolute temperature thresholds (probed; fixed per GPU) and the last fan speed read
+    (percent; None: failed; _UNREAD before the first read)."""
     thresholds: list[tuple[c.Metric, int | None]] = field(default_factory=list)  # probed: fixed per GPU
     fan: Any = _UNREAD  # last fan speed read, percent (None: failed)
     margin: Any = _UNREAD  # last margin to T.Limit read, degrees C, signed (None: failed)
@@ -35,13 +37,17 @@ class Thermal(Family):
     FIELDS = [FieldSpec(N.NVML_FI_DEV_MEMORY_TEMP, c.MEMORY_TEMPERATURE)]
 
     def fields(self, gpu: GpuCtx) -> list[FieldSpec]:
+        """The memory temperature field (NVML_FI_DEV_MEMORY_TEMP, °C), the same on every GPU."""
         return self.FIELDS
 
     def probe(self, gpu: GpuCtx) -> None:
+        """Reads each threshold of THRESHOLDS (nvmlDeviceGetTemperatureThreshold, °C; None where not answered)."""
         self.state(gpu).thresholds = [(metric, gpu.get(N.nvmlDeviceGetTemperatureThreshold, kind, variant=label))
                                       for metric, kind, label in THRESHOLDS]
 
     def collect(self, gpu: GpuCtx) -> None:
+        """Emits c.TEMPERATURE (nvmlDeviceGetTemperature, °C) every pass, the probed thresholds, and
+        c.FAN_SPEED as a ratio 0-1 (read on slow samples, only where served)."""
         st = self.state(gpu)
         gpu.emit(c.TEMPERATURE, gpu.get(N.nvmlDeviceGetTemperature, N.NVML_TEMPERATURE_GPU))
         # the margin (a detail series) is read on slow passes, like the fan: one more call every pass

@@ -19,7 +19,7 @@ from typing import Any, Callable
 import pynvml as N
 
 from .. import catalog as c
-from .base import Family, GpuCtx, register
+from .base import Family, GpuCtx, Sample, register
 
 MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS: links are asked for until one answers none
 CPU_WORDS = 16  # 64-bit words of the affinity mask asked for: 1024 logical CPUs
@@ -31,7 +31,7 @@ P2P_OK = getattr(N, "NVML_P2P_STATUS_OK", 0)
 def _nvml(name: str) -> Callable[..., Any]:
     """pynvml's function of that name, looked up now; one an older binding lacks (11.4.1 has no
     nvmlDeviceGetNumaNodeId) answers FUNCTION_NOT_FOUND, which GpuCtx.get remembers as unavailable."""
-    fn = getattr(N, name, None)
+    fn: Callable[..., Any] | None = getattr(N, name, None)
     if fn is not None:
         return fn
 
@@ -61,8 +61,9 @@ class TopologyState:
     numa: int | None = None
     cpus: str | None = None
     domain: int | None = None  # lowest index of this GPU and its NVLink peers (gpuobs_gpu_topology_nvlink_domain)
-    links: tuple | None = None  # NVLink link states (field values) when P2P was last asked
-    moved_for: frozenset | None = None  # the GPUs read (UUID, index) that last made collect() re-probe
+    links: tuple[float, ...] | None = None  # NVLink link states (field values) when P2P was last asked
+    # the GPUs read (UUID, index) that last made collect() re-probe
+    moved_for: frozenset[tuple[str, int]] | None = None
 
 
 def cpu_list(words: Any) -> str:
@@ -132,7 +133,8 @@ def _p2p(gpu: GpuCtx, peer: Peer) -> bool | None:
     return None if status is None else status == P2P_OK
 
 
-def _pair(gpu: GpuCtx, peer: Peer, p2p: bool | None, direct: dict[str, int], switch: int) -> tuple[tuple, int]:
+def _pair(gpu: GpuCtx, peer: Peer, p2p: bool | None, direct: dict[str, int],
+          switch: int) -> tuple[tuple[str, ...], int]:
     """(label values after the GPU's own, NVLink links) of one pair. Without a P2P answer the links
     decide: straight to the peer, or into NVSwitches (assumed to reach it)."""
     level = gpu.get(_nvml("nvmlDeviceGetTopologyCommonAncestor"), peer.handle, expected=PEER_GONE)
@@ -158,6 +160,8 @@ class Topology(Family):
         self._read: dict[str, int] | None = None  # ... in the last complete pass (None: none yet)
 
     def probe(self, gpu: GpuCtx) -> None:
+        """Reads the GPU's peers, each pair's NVLink P2P status, path and NVLink link count, its NVLink
+        domain, NUMA node (nvmlDeviceGetNumaNodeId; -1 reads as none) and CPU affinity (only where served)."""
         st = self.state(gpu)
         st.peers = _peers(gpu)
         st.p2p = {p.uuid: _p2p(gpu, p) for p in st.peers}
@@ -171,6 +175,9 @@ class Topology(Family):
         st.cpus = cpu_list(mask) if mask is not None else None
 
     def collect(self, gpu: GpuCtx) -> None:
+        """Probes again when the NVLink link states moved and a pair's P2P answer changed, or when the last
+        pass read GPUs at other indexes than the probe found; then emits the pair series for peers not lost, and
+        the GPU's domain, NUMA node and CPU affinity."""
         st = self.state(gpu)
         links = tuple(v for (fid, _), v in gpu.fields.items() if fid == N.NVML_FI_DEV_NVLINK_GET_STATE)
         moved, st.links = links != st.links, links
@@ -191,7 +198,7 @@ class Topology(Family):
         if st.cpus:
             gpu.emit(c.CPU_AFFINITY, 1, st.cpus)
 
-    def node_samples(self, known: dict[str, int]) -> list:
+    def node_samples(self, known: dict[str, int]) -> list[Sample]:
         """No samples: the end of a pass, when the GPUs it read become the ones pairs are served for."""
         self._read, self._reading = self._reading, {}
         return []

@@ -19,7 +19,8 @@ MICRO = 1_000_000  # NVML reports session latencies in microseconds
 
 def _encoder_stats(gpu: GpuCtx) -> tuple[int, int, int] | None:
     """(sessions, average FPS, average latency in µs) of the encoder, or None."""
-    return gpu.get(N.nvmlDeviceGetEncoderStats)
+    stats: tuple[int, int, int] | None = gpu.get(N.nvmlDeviceGetEncoderStats)
+    return stats
 
 
 def _fbc_stats(gpu: GpuCtx) -> tuple[int, int, int] | None:
@@ -35,15 +36,22 @@ SESSIONS = ((_encoder_stats, (c.ENCODER_SESSIONS, c.ENCODER_FPS, c.ENCODER_LATEN
 
 @dataclass
 class UtilizationState:
+    """Per-GPU video readings: the last encoder and decoder percent read and the last session stats
+    (sessions, FPS, latency in µs) per session kind."""
     video: dict[c.Metric, int | None] = field(default_factory=dict)  # last encoder/decoder percent read (None: failed)
-    sessions: dict[c.Metric, tuple | None] = field(default_factory=dict)  # last session stats, by sessions metric
+    # last session stats, by sessions metric
+    sessions: dict[c.Metric, tuple[int, int, int] | None] = field(default_factory=dict)
 
 
 @register("utilization")
 class Utilization(Family):
+    """GPU and memory-controller utilization every pass (nvmlDeviceGetUtilizationRates, percent, exported as
+    ratios 0-1); encoder and decoder utilization and session stats where served, read every pass while busy."""
     State = UtilizationState
 
     def collect(self, gpu: GpuCtx) -> None:
+        """Emits c.UTILIZATION and c.MEMORY_UTILIZATION, the video engines' utilization (re-read on slow
+        samples only while idle) and the encoder and frame-buffer-capture session stats (latency in seconds)."""
         util = gpu.get(N.nvmlDeviceGetUtilizationRates)
         if util is not None:
             gpu.emit(c.UTILIZATION, util.gpu, scale=0.01)

@@ -28,7 +28,8 @@ NO_ID = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId of an event that names n
 RESTARTED = "restarted"  # XID_WATCHER_ERRORS code of a restart by supervision
 
 
-def _addr(handle) -> int | None:
+def _addr(handle: Any) -> int | None:
+    """The address a pynvml device handle points at: two handles of one GPU compare equal by it."""
     return ctypes.cast(handle, ctypes.c_void_p).value
 
 
@@ -118,6 +119,7 @@ class XidWatcher:
     # ---- public surface --------------------------------------------------------------------------
 
     def start(self) -> "XidWatcher":
+        """Starts the event thread once (a second call does nothing) and returns self."""
         with self._thread_lock:
             if not self._started:
                 self._started = True
@@ -368,7 +370,7 @@ class XidWatcher:
             self._warning("cannot find the MIG device of an XID", code_name(e), uuid=uuid)
             return ""
 
-    def _record(self, event) -> None:
+    def _record(self, event: Any) -> None:
         try:
             uuid = self.session.call(N.nvmlDeviceGetUUID, event.device)
         except (N.NVMLError, UnicodeDecodeError):
@@ -404,7 +406,8 @@ class Xid(Family):
     @classmethod
     def build(cls, needs: Needs) -> "Xid | None":
         """None without a watcher: the family is then left out."""
-        return cls(needs.watcher, mig=needs.built.get("mig")) if needs.watcher is not None else None
+        mig = needs.built.get("mig")
+        return cls(needs.watcher, mig=mig if isinstance(mig, Mig) else None) if needs.watcher is not None else None
 
     def mig_uuid(self, uuid: str, gi: str, ci: str) -> str:
         """The MIG UUID label of an XID of GPU `uuid` naming instances gi/ci (mig_uuid_of), from the
@@ -412,9 +415,12 @@ class Xid(Family):
         return mig_uuid_of(self.mig.listed(uuid) if self.mig is not None else [], gi, ci)
 
     def collect(self, gpu: GpuCtx) -> None:
+        """Registers the GPU's handle with the watcher (its event set waits on every registered GPU); no NVML call."""
         self.watcher.register(gpu.uuid, gpu.handle)
 
     def node_samples(self, known: dict[str, int]) -> list[Sample]:
+        """c.XID_ERRORS and c.XID_LAST_SEEN (unix seconds) per GPU, XID and MIG instance ever seen, and the
+        watcher's health (c.XID_WATCHER_UP, c.XID_WATCHER_ERRORS by code). Restarts the thread first if it died."""
         self.watcher.supervise()
         out = []
         for uuid, xid, gi, ci, mig, count, seen in self.watcher.totals():

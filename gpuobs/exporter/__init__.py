@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
 
 from .. import __version__, catalog
 from ..collect import KernelLogWatcher, Sampler, Session, XidWatcher, build_families, default_families, needs_watcher
@@ -30,6 +31,9 @@ from ..collect.profile import Profile
 from .render import CONTENT_TYPES, FORMATS, Renderer, negotiate, self_health_body
 from .server import Exposition, HttpServer, Limits, WebConfig, make_app, raise_open_files_limit
 from .webconfig import TlsReloader
+
+if TYPE_CHECKING:  # imported where configured: the kubelet client loads grpc
+    from ..attribution import PodResourcesWatcher, SlurmJobMap
 
 log = logging.getLogger("gpuobs.exporter")
 
@@ -145,7 +149,7 @@ class Exporter:
         self.kernel_log = _kernel_log_watcher(config)
         families = build_families(config.families, watcher=self.watcher, kernel_log=self.kernel_log,
                                   process_cap=config.process_cap)
-        self.attribution = []
+        self.attribution: list[PodResourcesWatcher | SlurmJobMap] = []
         if config.kubelet_socket:
             from ..attribution import PodResourcesWatcher
 
@@ -180,7 +184,7 @@ class Exporter:
                                  fresh=self.fresh)
 
     def _on_snapshot(self, snap: Snapshot) -> None:
-        health = ()
+        health: tuple[Sample, ...] = ()
         if self.attribution:  # the sources' health, as of this pass, with the exporter's own
             health = tuple(Sample(catalog.ATTRIBUTION_UP, (source.name,), float(source.up))
                            for source in self.attribution)
@@ -260,6 +264,9 @@ class Exporter:
         return True, "ok"
 
     def start(self) -> "Exporter":
+        """Starts the XID and kernel-log watchers, the attribution refreshers, the sampler, the HTTP server
+        (which answers "initializing" self-health until the first pass) and the OTLP push; logs the address
+        served and returns self (the port was bound when the exporter was made)."""
         if self.watcher:
             self.watcher.start()
         if self.kernel_log:
@@ -286,7 +293,7 @@ class Exporter:
         caller should then exit without waiting on anything NVML holds (the threads are daemons).
         """
         timeout = self.config.stop_timeout if timeout is None else timeout
-        steps = [("http", self.http.stop)]
+        steps: list[tuple[str, Callable[[], object]]] = [("http", self.http.stop)]
         if self.otlp:
             steps.append(("otlp", self.otlp.stop))
         steps += [(f"attribution:{source.name}", source.stop) for source in self.attribution]

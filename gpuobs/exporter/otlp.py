@@ -12,30 +12,30 @@ self-health-only /metrics body has it."""
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Callable
+from typing import Callable, Iterable
 
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+from opentelemetry.sdk.metrics.export import MetricExporter, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 
 from .. import __version__
 from .. import catalog as c
-from ..collect.base import Snapshot
+from ..collect.base import Sample, Snapshot
 from .render import SELF_FAMILIES, UNKNOWN_WHEN_STALE
 
 UNITS = {"bytes": "By", "watts": "W", "joules": "J", "celsius": "Cel", "hertz": "Hz", "seconds": "s", "ratio": "1"}
 
 
-def _exporter(endpoint: str):
+def _exporter(endpoint: str) -> MetricExporter:
     """OTLP metric exporter: HTTP/protobuf for http(s)://…/v1/metrics URLs, else gRPC."""
     if endpoint.rstrip("/").endswith("/v1/metrics"):
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpExporter
 
-        return OTLPMetricExporter(endpoint=endpoint)
-    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+        return HttpExporter(endpoint=endpoint)
+    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcExporter
 
-    return OTLPMetricExporter(endpoint=endpoint, insecure=endpoint.startswith("http://"))
+    return GrpcExporter(endpoint=endpoint, insecure=endpoint.startswith("http://"))
 
 
 class OtlpPush:
@@ -46,7 +46,7 @@ class OtlpPush:
         """fresh(snapshot): whether its values may still be sent (None: always)."""
         self._latest = latest
         self._fresh = fresh or (lambda _snap: True)
-        self._grouped: tuple[Snapshot | None, dict[c.Metric, list]] = (None, {})
+        self._grouped: tuple[Snapshot | None, dict[c.Metric, list[Sample]]] = (None, {})
         reader = PeriodicExportingMetricReader(_exporter(endpoint), export_interval_millis=interval * 1000)
         self.provider = MeterProvider(metric_readers=[reader],
                                       resource=Resource.create({"service.name": "gpuobs-exporter"}))
@@ -56,8 +56,8 @@ class OtlpPush:
             make(metric.exposed_name if metric.kind == "info" else metric.name,
                  callbacks=[self._callback(metric)], unit=UNITS.get(metric.unit, "1"), description=metric.help)
 
-    def _callback(self, metric: c.Metric):
-        def observe(_options: CallbackOptions):
+    def _callback(self, metric: c.Metric) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def observe(_options: CallbackOptions) -> list[Observation]:
             snap = self._latest()
             stale = snap is None or not self._fresh(snap)
             if metric is c.SNAPSHOT_STALE:  # as /metrics: 1 before the first pass too
@@ -67,7 +67,7 @@ class OtlpPush:
             return [Observation(s.value, dict(zip(metric.labels, s.labels))) for s in self._samples(snap, metric)]
         return observe
 
-    def _samples(self, snap: Snapshot, metric: c.Metric) -> list:
+    def _samples(self, snap: Snapshot, metric: c.Metric) -> list[Sample]:
         """The snapshot's samples of one metric; the snapshot is grouped by metric on the first call of an
         export (the SDK runs an export's callbacks one after another on its reader thread)."""
         grouped_snap, groups = self._grouped

@@ -18,12 +18,12 @@ import socket
 import threading
 from collections import defaultdict
 from itertools import chain
-from typing import Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, generate_latest, openmetrics
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.metrics_core import Metric as PromMetric
-from prometheus_client.utils import floatToGoString
+from prometheus_client.utils import floatToGoString as _float_to_go_string
 
 from .. import catalog as c
 from ..collect.base import Sample, Snapshot
@@ -39,7 +39,13 @@ ATTRIBUTION_LABELS = {
     "gpuobs": {"pod": "k8s_pod", "namespace": "k8s_namespace", "container": "k8s_container", "hpc_job": "hpc_job"},
     "dcgm": {"pod": "pod", "namespace": "namespace", "container": "container", "hpc_job": "hpc_job"},
 }
-Extra = Callable[[Sample], "tuple[tuple[str, str], ...] | None"]  # (label, value) pairs to add to a sample
+Pairs = tuple[tuple[str, str], ...]  # sorted (label, value) pairs
+Extra = Callable[[Sample], "Pairs | None"]  # (label, value) pairs to add to a sample
+Entry = list[Any]  # a series' kept line: [line, its value, length of the prefix in it] (_entry)
+Route = tuple[str, str, Entry]  # (prefix, DCGM field, _entry()) of a series a sample feeds
+# (GPU samples by metric, self-health samples by metric, GPU samples in order, metrics with a -0.0 value)
+Split = tuple[dict[c.Metric, list[Sample]], dict[c.Metric, list[Sample]], list[Sample], frozenset[c.Metric]]
+floatToGoString: Callable[[float], str] = _float_to_go_string  # prometheus_client leaves it unannotated
 
 
 class _Collect:
@@ -48,7 +54,8 @@ class _Collect:
     def __init__(self, families: list[PromMetric]):
         self._families = families
 
-    def collect(self):
+    def collect(self) -> Iterator[PromMetric]:
+        """The families, as prometheus_client's registry asks every collector."""
         return iter(self._families)
 
 
@@ -60,7 +67,8 @@ def _to_text(families: Iterable[PromMetric], fmt: str = "text") -> bytes:
     return ENCODERS[fmt](registry)
 
 
-ENCODERS = {"text": generate_latest, "openmetrics": openmetrics.exposition.generate_latest}
+ENCODERS: dict[str, Callable[[CollectorRegistry], bytes]] = {
+    "text": generate_latest, "openmetrics": openmetrics.exposition.generate_latest}
 EOF_LINE = "# EOF\n"
 
 
@@ -172,7 +180,7 @@ def dcgm_families(samples: Iterable[Sample], hostname: str, extra: Extra | None 
     samples = list(samples)
     ident = DcgmIdentity(samples, hostname)
     fams: dict[str, PromMetric] = {}
-    seen: set[tuple] = set()
+    seen: set[tuple[str, Pairs]] = set()
     for field, help_text, s, labels, value in chain(_field_series(samples, ident),
                                                      _xid_series(samples, ident, xid_watched)):
         if extra and (more := extra(s)):
@@ -277,7 +285,8 @@ class _Text:
         self.fmt = fmt
         self._headers: dict[tuple[str, str, str], str] = {}
 
-    def _one(self, name: str, help_text: str, kind: str, sample: tuple | None = None) -> str:
+    def _one(self, name: str, help_text: str, kind: str,
+             sample: tuple[str, dict[str, str], float] | None = None) -> str:
         fam = PromMetric(name, help_text, kind)
         if sample:
             fam.add_sample(*sample)
@@ -303,18 +312,19 @@ class _Text:
         return line[:-len("0.0")]
 
 
-def _entry(prefix: str, value: float) -> list:
+def _entry(prefix: str, value: float) -> Entry:
     """A series' kept line: [line, its value, length of the prefix in it] (see _line)."""
     return [f"{prefix}{floatToGoString(value)}\n", value, len(prefix)]
 
 
-def _line(entry: list, value: float) -> str:
+def _line(entry: Entry, value: float) -> str:
     """A series' line for `value`, from its _entry(), updated in place so that an unchanged value
     costs no formatting (0.0 and -0.0 compare equal but are written apart). The prefix is kept only
     inside the line: at 64 GPUs a second copy of every series' labels would be megabytes."""
     if entry[1] != value or (value == 0 and math.copysign(1.0, value) != math.copysign(1.0, entry[1])):
         entry[0], entry[1] = f"{entry[0][:entry[2]]}{floatToGoString(value)}\n", value
-    return entry[0]
+    line: str = entry[0]
+    return line
 
 
 class _NativeText:
@@ -324,11 +334,11 @@ class _NativeText:
 
     def __init__(self, text: _Text):
         self.text = text
-        self._families: dict[c.Metric, tuple[tuple, str]] = {}  # metric -> ((samples, extras, -0.0), text)
-        self._series: dict[c.Metric, dict] = {}  # metric -> series key -> _entry()
+        self._families: dict[c.Metric, tuple[tuple[Any, ...], str]] = {}  # metric -> ((samples, extras, -0.0), text)
+        self._series: dict[c.Metric, dict[Any, Entry]] = {}  # metric -> series key -> _entry()
 
     def render(self, by_metric: dict[c.Metric, list[Sample]], extra: Extra | None,
-               negative_zero: frozenset = frozenset()) -> str:
+               negative_zero: frozenset[c.Metric] = frozenset()) -> str:
         """The text of every metric's samples; extra: attribution; negative_zero: metrics with a
         -0.0 value, whose text is never reused (-0.0 equals 0.0 but is written "-0.0")."""
         previous, self._families = self._families, {}
@@ -348,7 +358,7 @@ class _NativeText:
             del self._series[gone]
         return "".join(parts)
 
-    def _family(self, metric: c.Metric, group: tuple[Sample, ...], extras: tuple | None) -> str:
+    def _family(self, metric: c.Metric, group: tuple[Sample, ...], extras: tuple[Pairs | None, ...] | None) -> str:
         exposed = metric.exposed_name
         old = self._series.get(metric, {})
         new = self._series[metric] = {}  # only the series of this render: churn does not pile up
@@ -380,20 +390,21 @@ class _DcgmText:
 
     def __init__(self, text: _Text, hostname: str):
         self.text, self.hostname = text, hostname
-        self._identity: tuple | None = None
+        self._identity: tuple[Sample, ...] | None = None
         self._ident: DcgmIdentity | None = None
-        self._series: dict[tuple, list] = {}  # (metric, labels, extra) -> [(prefix, field, _entry())]
-        self._xids: dict[tuple, str] = {}  # labels -> prefix of an XID series
+        self._series: dict[tuple[Any, ...], list[Route]] = {}  # (metric, labels, extra) -> [(prefix, field, _entry())]
+        self._xids: dict[Pairs, str] = {}  # labels -> prefix of an XID series
 
     def render(self, samples: list[Sample], info: list[Sample], xids: list[Sample], extra: Extra | None,
                watched: bool) -> str:
         """samples: the GPU samples in snapshot order; info: its gpuobs_gpu_info and gpuobs_mig_info
         samples; xids: its gpuobs_gpu_xid_last_seen_timestamp_seconds samples."""
         identity = tuple(info)
-        if identity != self._identity:
-            self._identity, self._ident, self._series, self._xids = identity, DcgmIdentity(info, self.hostname), {}, {}
         ident = self._ident
-        old, new = self._series, {}
+        if identity != self._identity or ident is None:
+            ident = DcgmIdentity(info, self.hostname)
+            self._identity, self._ident, self._series, self._xids = identity, ident, {}, {}
+        old, new = self._series, dict[tuple[Any, ...], list[Route]]()
         fams: dict[str, list[str]] = {}
         seen: set[str] = set()  # DCGM has no compute-instance label: the first of a GPU instance's devices wins
         for s in samples:
@@ -418,8 +429,8 @@ class _DcgmText:
         self._series = new
         for field, help_text, s, labels, value in _xid_series(xids, ident, watched):
             labels.update((extra(s) if extra else None) or ())
-            key = tuple(labels.items())
-            prefix = self._xids.get(key) or self._xids.setdefault(key, self.text.prefix(field, labels))
+            xid_key = tuple(labels.items())
+            prefix = self._xids.get(xid_key) or self._xids.setdefault(xid_key, self.text.prefix(field, labels))
             if prefix in seen:
                 continue
             seen.add(prefix)
@@ -428,9 +439,9 @@ class _DcgmText:
             fams[field].append(f"{prefix}{floatToGoString(value)}\n")
         return "".join("".join(fams[field]) for field in sorted(fams))
 
-    def _routes(self, s: Sample, more: tuple | None, ident: DcgmIdentity, value: float) -> list:
+    def _routes(self, s: Sample, more: Pairs | None, ident: DcgmIdentity, value: float) -> list[Route]:
         """[(prefix, field, _entry())] of the DCGM series a sample feeds (its field and aliases)."""
-        out = []
+        out: list[Route] = []
         for name, _, _, labels, _ in _field_series([s], ident):
             labels.update(more or ())
             prefix = self.text.prefix(name, labels)
@@ -438,14 +449,14 @@ class _DcgmText:
         return out
 
 
-def _split(samples: Iterable[Sample], in_order: bool) -> tuple[dict, dict, list[Sample], frozenset]:
+def _split(samples: Iterable[Sample], in_order: bool) -> Split:
     """(GPU samples by metric, self-health samples by metric, GPU samples in order (only when
     in_order: dcgm naming needs them, and the list costs an append per sample), metrics with a
     -0.0 value)."""
     gpu: dict[c.Metric, list[Sample]] = defaultdict(list)
     own: dict[c.Metric, list[Sample]] = defaultdict(list)
     ordered: list[Sample] = []
-    negative_zero = set()
+    negative_zero: set[c.Metric] = set()
     for s in samples:
         if s.metric.family in SELF_FAMILIES:
             own[s.metric].append(s)
@@ -468,7 +479,7 @@ class Renderer:
     stale GPU value is served as fresh) is written by prometheus_client itself: it is rarely served.
     Thread-safe: bodies are made under one lock."""
 
-    def __init__(self, naming: str = "gpuobs", hostname: str | None = None, attribution: Sequence = ()):
+    def __init__(self, naming: str = "gpuobs", hostname: str | None = None, attribution: Sequence[Any] = ()):
         if naming not in NAMINGS:
             raise ValueError(f"naming must be one of {NAMINGS}, got {naming!r}")
         self.naming = naming
@@ -476,8 +487,9 @@ class Renderer:
         self.hostname = hostname or socket.gethostname()
         self.snapshot: Snapshot | None = None
         self._lock = threading.RLock()
-        self._bodies: tuple[Snapshot | None, dict] = (None, {})  # (the published snapshot, key -> body)
-        self._split: tuple[Snapshot | None, tuple | None] = (None, None)
+        # (the published snapshot, key -> body)
+        self._bodies: tuple[Snapshot | None, dict[tuple[str, bool, bool], bytes]] = (None, {})
+        self._split: tuple[Snapshot | None, Split | None] = (None, None)
         self._asked: set[tuple[str, bool, bool]] = set()  # bodies asked for since the last render
         self._texts = {fmt: _Text(fmt) for fmt in FORMATS}
         self._gpu = {fmt: _NativeText(self._texts[fmt]) for fmt in FORMATS}
@@ -488,7 +500,7 @@ class Renderer:
         """Take a new snapshot (called on the sampling thread, once per snapshot): make the fresh
         bodies asked for since the last one, then publish it."""
         asked, self._asked = self._asked, set()
-        bodies: dict = {}
+        bodies: dict[tuple[str, bool, bool], bytes] = {}
         with self._lock:
             for fmt, gz, stale in asked:
                 if not stale:
@@ -510,7 +522,8 @@ class Renderer:
             snap, bodies = self._bodies
             return self._build(snap, bodies, fmt, gz, stale)
 
-    def _build(self, snap: Snapshot | None, bodies: dict, fmt: str, gz: bool, stale: bool) -> bytes:
+    def _build(self, snap: Snapshot | None, bodies: dict[tuple[str, bool, bool], bytes], fmt: str, gz: bool,
+               stale: bool) -> bytes:
         """The body of `snap` for (fmt, gz, stale), made into `bodies` unless there (under the lock)."""
         key = (fmt, gz, stale)
         got = bodies.get(key)
@@ -535,9 +548,11 @@ class Renderer:
         return self.body("text", stale=True)
 
     def _fresh_body(self, snap: Snapshot, fmt: str) -> str:
-        if self._split[0] is not snap:
-            self._split = (snap, _split(snap.samples, in_order=self.naming == "dcgm"))
-        gpu, own, ordered, negative_zero = self._split[1]
+        split = self._split[1]
+        if self._split[0] is not snap or split is None:
+            split = _split(snap.samples, in_order=self.naming == "dcgm")
+            self._split = (snap, split)
+        gpu, own, ordered, negative_zero = split
         extra = self._attributor(gpu.get(c.MIG_INFO, ()))
         if self.naming == "dcgm":
             watched = c.XID_WATCHER_UP in own
@@ -547,7 +562,8 @@ class Renderer:
             body = self._gpu[fmt].render(gpu, extra, negative_zero)
         text = self._texts[fmt]
         flag = text.header(c.SNAPSHOT_STALE.name, c.SNAPSHOT_STALE.help, "gauge") + f"{c.SNAPSHOT_STALE.name} 0.0\n"
-        return body + self._own[fmt].render(own, None, negative_zero) + flag + (EOF_LINE if fmt == "openmetrics" else "")
+        own_text = self._own[fmt].render(own, None, negative_zero)
+        return body + own_text + flag + (EOF_LINE if fmt == "openmetrics" else "")
 
     def _stale_body(self, snap: Snapshot, fmt: str) -> str:
         own = [s for s in snap.samples if s.metric.family in SELF_FAMILIES and s.metric not in UNKNOWN_WHEN_STALE]
@@ -562,10 +578,10 @@ class Renderer:
             return None
         n_mig = len(c.MIG_LABELS)
         mig_uuids = {tuple(s.labels[:n_mig]): s.labels[n_mig] for s in mig_info}
-        cache: dict[tuple, tuple | None] = {}
+        cache: dict[tuple[str, ...], Pairs | None] = {}
         shape: dict[c.Metric, tuple[int, int | None, int]] = {}  # metric -> _attribution_shape()
 
-        def extra(s: Sample) -> tuple | None:
+        def extra(s: Sample) -> Pairs | None:
             got = shape.get(s.metric)
             if got is None:
                 got = shape[s.metric] = _attribution_shape(s.metric)
@@ -586,7 +602,7 @@ class Renderer:
 
         return extra
 
-    def _lookup(self, gpu: str, uuid: str, migs: tuple[str, ...], gpu_instance: str | None) -> tuple | None:
+    def _lookup(self, gpu: str, uuid: str, migs: tuple[str, ...], gpu_instance: str | None) -> Pairs | None:
         """The attribution labels (sorted (label, value) pairs, None: none) of a device: each source
         is asked for the MIG UUIDs `migs` in turn, else for the parent GPU's UUID."""
         names = ATTRIBUTION_LABELS[self.naming]

@@ -35,9 +35,10 @@ import ssl
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, cast
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
 
 from .webconfig import BasicAuth, WebConfig, WebConfigError
 
@@ -214,16 +215,17 @@ class _Conn(asyncio.Protocol):
 
     def __init__(self, server: "HttpServer"):
         self.server = server
-        self.inner = None
-        self.client = None      # the address counted against the per-client cap, once admitted
-        self.transport = None
-        self._timer = None
-        self._early: list = []  # data that arrived after the TLS handshake, before `inner`
+        self.inner: RequestHandler | None = None
+        self.client: str | None = None  # the address counted against the per-client cap, once admitted
+        self.transport: asyncio.Transport | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._early: list[bytes] = []  # data that arrived after the TLS handshake, before `inner`
 
-    def connection_made(self, transport) -> None:
-        self.transport = transport
+    def connection_made(self, base: asyncio.BaseTransport) -> None:
+        # a stream server's connections are Transports; asyncio.Protocol declares the base class
+        self.transport = transport = cast(asyncio.Transport, base)
         peer = transport.get_extra_info("peername")
-        client = peer[0] if peer else "?"
+        client = str(peer[0]) if peer else "?"
         reason = self.server._admit(client)
         if reason:
             self.server._count(reason)
@@ -231,15 +233,16 @@ class _Conn(asyncio.Protocol):
             return
         self.client = client
         self.arm(self.server.limits.header_timeout)
-        if self.server.tls is None:
+        tls = self.server.tls
+        if tls is None:
             self._start(transport)
         else:
-            self.server._tasks.add(asyncio.get_running_loop().create_task(self._handshake(transport)))
+            self.server._tasks.add(asyncio.get_running_loop().create_task(self._handshake(transport, tls)))
 
-    async def _handshake(self, transport) -> None:
+    async def _handshake(self, transport: asyncio.Transport, tls: Callable[[], ssl.SSLContext]) -> None:
         loop = asyncio.get_running_loop()
         try:
-            tls_transport = await loop.start_tls(transport, self, self.server.tls(), server_side=True,
+            tls_transport = await loop.start_tls(transport, self, tls(), server_side=True,
                                                  ssl_handshake_timeout=self.server.limits.header_timeout)
         except (OSError, ssl.SSLError, asyncio.TimeoutError, ConnectionError, RuntimeError):
             transport.abort()  # plain HTTP, a bad client certificate, a silent client
@@ -249,13 +252,13 @@ class _Conn(asyncio.Protocol):
         if tls_transport is not None and not tls_transport.is_closing():
             self._start(tls_transport)
 
-    def _start(self, transport) -> None:
+    def _start(self, transport: asyncio.Transport) -> None:
         self.transport = transport
-        self.inner = self.server._aio()
-        self.server._conns[self.inner] = self
-        self.inner.connection_made(transport)
+        self.inner = inner = self.server._aio()
+        self.server._conns[inner] = self
+        inner.connection_made(transport)
         for data in self._early:
-            self.inner.data_received(data)
+            inner.data_received(data)
         self._early.clear()
 
     def arm(self, seconds: float) -> None:
@@ -275,8 +278,10 @@ class _Conn(asyncio.Protocol):
         elif self.client is not None:
             self._early.append(data)
 
-    def eof_received(self):
-        return self.inner.eof_received() if self.inner else None
+    def eof_received(self) -> bool | None:
+        if self.inner:
+            self.inner.eof_received()
+        return None  # the transport closes itself, as aiohttp's handler answers
 
     def pause_writing(self) -> None:
         if self.inner:
@@ -286,7 +291,7 @@ class _Conn(asyncio.Protocol):
         if self.inner:
             self.inner.resume_writing()
 
-    def connection_lost(self, exc) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
         if self._timer:
             self._timer.cancel()
         if self.client is not None:
@@ -295,6 +300,12 @@ class _Conn(asyncio.Protocol):
         if self.inner:
             self.server._conns.pop(self.inner, None)
             self.inner.connection_lost(exc)
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    """Sets the future's result unless it is done already (the stop was asked twice)."""
+    if not future.done():
+        future.set_result(None)
 
 
 def host_port(addr: str, port: int) -> str:
@@ -352,11 +363,11 @@ class HttpServer:
         self.refused = collections.Counter({reason: 0 for reason in REFUSE_REASONS})
         self._open = 0
         self._per_client: collections.Counter[str] = collections.Counter()
-        self._conns: dict = {}   # aiohttp request handler -> _Conn
-        self._tasks: set = set()  # TLS handshakes in progress
+        self._conns: dict[RequestHandler, _Conn] = {}   # aiohttp request handler -> _Conn
+        self._tasks: set[asyncio.Task[None]] = set()  # TLS handshakes in progress
         self._backing_off = False
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._stopping: asyncio.Future | None = None
+        self._stopping: asyncio.Future[None] | None = None
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gpuobs-http", daemon=True)
 
@@ -395,7 +406,7 @@ class HttpServer:
             conn.arm(self.limits.keepalive_timeout)
         return resp
 
-    def _on_loop_error(self, loop, context: dict) -> None:
+    def _on_loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         exc = context.get("exception")
         if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
             # asyncio has taken the socket off the loop for a second: a back-off, not a spin. Its
@@ -455,7 +466,7 @@ class HttpServer:
         loop, stopping = self._loop, self._stopping
         if loop is not None and stopping is not None and self._thread.is_alive():
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                loop.call_soon_threadsafe(lambda: stopping.done() or stopping.set_result(None))
+                loop.call_soon_threadsafe(_resolve, stopping)
             self._thread.join(timeout)
         self.sock.close()
         self.app.close()

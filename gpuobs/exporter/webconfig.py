@@ -21,6 +21,7 @@ import ssl
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import bcrypt
 import yaml
@@ -44,7 +45,7 @@ TOP_KEYS = {"tls_server_config", "basic_auth_users"}
 TLS_KEYS = {"cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version", "max_version"}
 
 
-def _mapping(value, where: str) -> dict:
+def _mapping(value: object, where: str) -> dict[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, dict):
@@ -52,7 +53,7 @@ def _mapping(value, where: str) -> dict:
     return value
 
 
-def _known(doc: dict, allowed: set[str], where: str) -> None:
+def _known(doc: dict[str, Any], allowed: set[str], where: str) -> None:
     # A misspelt key must not quietly turn TLS or auth off: refuse what is not understood.
     unknown = set(doc) - allowed
     if unknown:
@@ -86,8 +87,8 @@ class WebConfig:
         _known(tls, TLS_KEYS, "tls_server_config")
         users = _mapping(doc.get("basic_auth_users"), "basic_auth_users")
 
-        def rel(p) -> Path | None:
-            return None if not p else Path(p) if Path(str(p)).is_absolute() else path.parent / p
+        def rel(p: object) -> Path | None:
+            return None if not p else Path(str(p)) if Path(str(p)).is_absolute() else path.parent / str(p)
 
         cfg = cls(cert_file=rel(tls.get("cert_file")), key_file=rel(tls.get("key_file")),
                   client_ca_file=rel(tls.get("client_ca_file")),
@@ -189,7 +190,10 @@ class BasicAuth:
         verdict = self.quick(header)
         if verdict is not None:
             return verdict
-        user, password = _credentials(header)
+        creds = _credentials(header)
+        if creds is None:  # quick() answered False for it: not reached
+            return False
+        user, password = creds
         hashed = self.users.get(user)
         try:
             ok = bcrypt.checkpw(password, hashed or self._dummy) and hashed is not None
@@ -203,9 +207,10 @@ class BasicAuth:
         return ok
 
 
-def _signature(paths) -> tuple:
-    """What changes when a file is replaced or rewritten: inode, size and mtime of each path."""
-    out = []
+def _signature(paths: list[Path]) -> tuple[tuple[int, int, int] | None, ...]:
+    """What changes when a file is replaced or rewritten: inode, size and mtime of each path (None for
+    one that cannot be read)."""
+    out: list[tuple[int, int, int] | None] = []
     for p in paths:
         try:
             st = os.stat(p)
@@ -225,14 +230,17 @@ class TlsReloader:
         self.config = config
         self._files = [p for p in (config.cert_file, config.key_file, config.client_ca_file) if p]
         self._seen = _signature(self._files)
-        self._ctx = config.ssl_context()  # raises WebConfigError at start: a bad file is fatal then
+        ctx = config.ssl_context()  # raises WebConfigError at start: a bad file is fatal then
+        if ctx is None:
+            raise WebConfigError("no cert_file: no TLS context to reload")
+        self._ctx = ctx
 
     def __call__(self) -> ssl.SSLContext:
         now = _signature(self._files)
         if now != self._seen:
             self._seen = now
             try:
-                self._ctx = self.config.ssl_context()
+                self._ctx = self.config.ssl_context() or self._ctx
                 log.info("TLS certificate reloaded", extra={"cert_file": str(self.config.cert_file)})
             except WebConfigError as e:
                 log.warning("TLS files changed but do not load; serving the previous ones",

@@ -86,7 +86,7 @@ def watch(model: Any, timer: DdpCommTimer) -> bool:
     active = getattr(DDP, "_get_active_ddp_module", None)  # set by DDP around its forward (torch >= 2.1)
     if active is None or not hasattr(model, "register_forward_pre_hook"):
         return False
-    handle = None
+    handle: Any = None  # torch's RemovableHandle, set below before the first forward
 
     def first_forward(module: Any, args: Any) -> None:
         handle.remove()  # once: a model that is not under DDP at its first forward never will be

@@ -90,6 +90,8 @@ class ExemplarCollector:
         self.inner.add_metrics_data(metrics_data)
 
     def describe(self) -> list:
+        """No families: prometheus_client calls it when the collector is registered, before the reader
+        is on a MeterProvider, so it must not collect."""
         # registering must not collect (the reader is not on a MeterProvider yet): no names to check
         return []
 
@@ -108,11 +110,12 @@ def with_exemplars(samples: list, found: dict[frozenset, list[tuple]]) -> list:
     `le` order as families list them) with each series' exemplars put on their buckets."""
     from prometheus_client.samples import Exemplar
 
-    out, previous = [], {}
+    out: list[Any] = []
+    previous: dict[frozenset, float] = {}  # series -> upper bound of its last bucket
     for sample in samples:
         le = sample.labels.get("le") if sample.name.endswith("_bucket") else None
         series = _series_key(sample.labels) if le is not None else None
-        if series not in found:
+        if le is None or series is None or series not in found:
             out.append(sample)
             continue
         upper, lower = float(le), previous.get(series, -math.inf)

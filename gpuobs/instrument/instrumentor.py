@@ -18,7 +18,8 @@ import inspect
 import logging
 from typing import Any, Collection
 
-from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
+# mypy 2.4 does not see the class this typed module defines (attr-defined): a checker gap
+from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
 
 from . import telemetry
 
@@ -34,6 +35,7 @@ class GpuobsInstrumentor(BaseInstrumentor):
     configure() does not take are ignored."""
 
     def instrumentation_dependencies(self) -> Collection[str]:
+        """No package requirements (the OTel instrumentor API asks): gpuobs instruments its own APIs."""
         return ()  # instruments gpuobs's own TrainingRun/request APIs: no third-party library required
 
     def _instrument(self, **kwargs: Any) -> telemetry.Telemetry:

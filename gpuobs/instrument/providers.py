@@ -20,10 +20,11 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from opentelemetry import metrics as otel_metrics
 from opentelemetry import trace as otel_trace
+from opentelemetry.sdk.metrics.export import MetricExporter
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
 from .. import catalog as c
@@ -237,28 +238,30 @@ def _otlp(settings: Settings) -> tuple[Any, Any]:
     """(span exporter, periodic metric reader) for the OTLP endpoint over http/protobuf or grpc."""
     from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 
-    span_exporter, metric_exporter = _otlp_exporters(settings.endpoint, settings.protocol,
+    if not settings.endpoint:
+        raise ValueError("no OTLP endpoint: build() asks for exporters only with one")
+    span_exporter, metric_exporter = _otlp_exporters(settings.endpoint, settings.protocol or "http/protobuf",
                                                      settings.export_timeout_s)
     return span_exporter, PeriodicExportingMetricReader(
         metric_exporter, export_interval_millis=settings.export_interval_s * 1000,
         export_timeout_millis=settings.export_timeout_s * 1000)
 
 
-def _otlp_exporters(endpoint: str, protocol: str, timeout_s: float):
+def _otlp_exporters(endpoint: str, protocol: str, timeout_s: float) -> tuple[SpanExporter, MetricExporter]:
     """(span exporter, metric exporter) for an OTLP endpoint over http/protobuf (default) or grpc."""
     if protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcMetrics
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpans
 
         insecure = not endpoint.startswith("https://")
-        return (OTLPSpanExporter(endpoint=endpoint, insecure=insecure, timeout=timeout_s),
-                OTLPMetricExporter(endpoint=endpoint, insecure=insecure, timeout=timeout_s))
-    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        return (GrpcSpans(endpoint=endpoint, insecure=insecure, timeout=timeout_s),
+                GrpcMetrics(endpoint=endpoint, insecure=insecure, timeout=timeout_s))
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpMetrics
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpans
 
     base = endpoint.rstrip("/")
-    return (OTLPSpanExporter(endpoint=f"{base}/v1/traces", timeout=timeout_s),
-            OTLPMetricExporter(endpoint=f"{base}/v1/metrics", timeout=timeout_s))
+    return (HttpSpans(endpoint=f"{base}/v1/traces", timeout=timeout_s),
+            HttpMetrics(endpoint=f"{base}/v1/metrics", timeout=timeout_s))
 
 
 def _serve_prometheus(settings: Settings, readers: list) -> tuple[Any, Any]:
@@ -276,7 +279,7 @@ def _serve_prometheus(settings: Settings, readers: list) -> tuple[Any, Any]:
     from prometheus_client import start_http_server
 
     try:
-        http_server, _ = start_http_server(port, addr=addr)
+        http_server, _ = start_http_server(port, addr=addr or "0.0.0.0")
     except OSError as e:
         log.warning("cannot serve metrics for Prometheus", extra={"port": port, "addr": addr, "error": str(e)})
         return None, None
@@ -370,8 +373,9 @@ class _TakenCounter(SpanExporter):
 
     def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
         # the batch processor passes its time left where the exporter's shutdown takes it (grpc does)
-        if "timeout_millis" in inspect.signature(self.exporter.shutdown).parameters:
-            self.exporter.shutdown(timeout_millis=timeout_millis)
+        shutdown: Callable[..., None] = self.exporter.shutdown  # SpanExporter declares no arguments
+        if "timeout_millis" in inspect.signature(shutdown).parameters:
+            shutdown(timeout_millis=timeout_millis)
         else:
             self.exporter.shutdown()
 
@@ -409,6 +413,8 @@ class CountingBatchSpanProcessor(BatchSpanProcessor):
         os.register_at_fork(after_in_child=after_fork_in_child)
 
     def on_end(self, span) -> None:
+        """Counts a sampled span into the queue (or as dropped when the queue is at its bound, as the SDK
+        then drops it) and hands it to the batch processor."""
         if span.context is not None and span.context.trace_flags.sampled:  # what the SDK queues
             with self._lock:
                 if self.queued >= self.queue_bound:

@@ -59,6 +59,7 @@ class Window:
         self.values_: collections.deque = collections.deque(maxlen=max_samples)
 
     def add(self, value: float) -> None:
+        """Adds one observation (the metric's unit), stamped with monotonic now; past max_samples the oldest goes."""
         # value first: a collector copying between the two appends sees at most one time without a
         # value, never a value stamped with the previous observation's time
         self.values_.append(value)
@@ -94,13 +95,14 @@ class WindowedQuantiles:
         return found
 
     def add(self, value: float, attrs: dict) -> None:
+        """Adds one observation to the window of this attribute set (made on first use)."""
         self.window(attrs).add(value)
 
     def quantiles(self) -> list[tuple[dict, float, float]]:
         """(attributes, q, value) for every attribute set with observations in its window; a set
         whose window is empty has no points (no stale quantile is reported as current). Updates
         each window's slow threshold on the way."""
-        out = []
+        out: list[tuple[dict, float, float]] = []
         now = time.monotonic()
         for key, window in list(self.windows.items()):
             values = sorted(window.values(now))

@@ -24,9 +24,11 @@ class Cell:
         self.value: float | None = None
 
     def add(self, amount: float) -> None:
+        """Adds `amount` (the metric's unit) to the value; the first add sets it."""
         self.value = amount if self.value is None else self.value + amount  # ints stay ints (step counts)
 
     def set(self, value: float) -> None:
+        """Sets the value (a gauge's latest reading, in the metric's unit)."""
         self.value = value
 
 
@@ -38,15 +40,22 @@ class Recorder:
     A call the metric's kind does not take raises TypeError."""
 
     def add(self, value: float, attrs: dict) -> None:
+        """Adds `value` to the counter or up-down counter series of `attrs`. Raises TypeError here: a kind
+        that takes it overrides this."""
         raise TypeError(f"{type(self).__name__} does not take add()")
 
     def set(self, value: float, attrs: dict) -> None:
+        """Sets the gauge series of `attrs` to `value`. Raises TypeError here: a kind that takes it overrides this."""
         raise TypeError(f"{type(self).__name__} does not take set()")
 
     def record(self, value: float, attrs: dict) -> None:
+        """Records one observation of `value` in the histogram series of `attrs`. Raises TypeError here:
+        a kind that takes it overrides this."""
         raise TypeError(f"{type(self).__name__} does not take record()")
 
     def cell(self, attrs: dict) -> Any:
+        """An object with add(value) and set(value) bound to `attrs`, kept by the caller to record without a
+        lookup per call. Raises TypeError here: a kind that takes it overrides this."""
         raise TypeError(f"{type(self).__name__} does not take cell()")
 
 
@@ -68,9 +77,11 @@ class LocalValues(Recorder):
         return found
 
     def add(self, value: float, attrs: dict) -> None:
+        """Adds `value` to the Cell of `attrs` (made on first use); no OTel call."""
         self.cell(attrs).add(value)
 
     def set(self, value: float, attrs: dict) -> None:
+        """Sets the Cell of `attrs` to `value` (made on first use); no OTel call."""
         self.cell(attrs).set(value)
 
 
@@ -78,12 +89,15 @@ class NoValues(Recorder):
     """LocalValues of disabled telemetry: keeps nothing (its cells are never read)."""
 
     def cell(self, attrs: dict) -> Cell:
+        """A new Cell that nobody reads (telemetry off): the caller's updates cost what they would when on."""
         return Cell()
 
     def add(self, value: float, attrs: dict) -> None:
+        """Does nothing: telemetry is off."""
         pass
 
     def set(self, value: float, attrs: dict) -> None:
+        """Does nothing: telemetry is off."""
         pass
 
 
@@ -117,4 +131,5 @@ class SyncRecorder(Recorder):
                 setattr(self, name, method)
 
     def cell(self, attrs: dict) -> _BoundCell:
+        """A cell whose add() and set() call the instrument with a copy of `attrs` (one SDK call each)."""
         return _BoundCell(self, dict(attrs))

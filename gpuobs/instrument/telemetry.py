@@ -148,20 +148,23 @@ class Telemetry:
     def _create(self, m: c.Metric) -> Any:
         """The OTel instrument of a catalog metric, on this telemetry's meter."""
         meter, kw = self.meter, {"unit": m.otel_unit, "description": m.help}
+        name = m.otel_name
+        if name is None:
+            raise ValueError(f"{m.name} is not an OpenTelemetry instrument (no otel_name)")
         if m.name in _QUANTILE_OF:
-            return meter.create_observable_gauge(m.otel_name, callbacks=[self._quantile_observer(
+            return meter.create_observable_gauge(name, callbacks=[self._quantile_observer(
                 _QUANTILE_OF[m.name])], **kw)
         if m.name in DROPS:
-            return meter.create_observable_counter(m.otel_name, callbacks=[self._drops_observer(m)], **kw)
+            return meter.create_observable_counter(name, callbacks=[self._drops_observer(m)], **kw)
         if m is c.LOG_PATTERN_MATCHES:
-            return meter.create_observable_counter(m.otel_name, callbacks=[self._patterns_observer], **kw)
+            return meter.create_observable_counter(name, callbacks=[self._patterns_observer], **kw)
         if m.name in HELD:
             make = meter.create_observable_counter if m.kind == "counter" else meter.create_observable_gauge
-            return make(m.otel_name, callbacks=[self._held_observer(m)], **kw)
+            return make(name, callbacks=[self._held_observer(m)], **kw)
         if m is c.ACTIVE_REQUESTS:
-            return meter.create_up_down_counter(m.otel_name, **kw)
+            return meter.create_up_down_counter(name, **kw)
         make = {"histogram": meter.create_histogram, "counter": meter.create_counter}.get(m.kind, meter.create_gauge)
-        return make(m.otel_name, **kw)
+        return make(name, **kw)
 
     def _held_observer(self, metric: c.Metric):
         def observe(_options):
@@ -243,7 +246,9 @@ def configure(service_name: str | None = None, endpoint: str | None = None, prot
     if not settings.enabled:
         _current = Telemetry(run_env)
         return _current
-    tel = Telemetry(run_env, build(settings, run_env), settings.quantile_window_s, settings.exemplar_min_s)
+    # resolved() set both; the defaults only make the types total
+    window = settings.quantile_window_s if settings.quantile_window_s is not None else DEFAULT_WINDOW_S
+    tel = Telemetry(run_env, build(settings, run_env), window, settings.exemplar_min_s or 0.0)
     if set_global:
         install_global(tel.tracer_provider, tel.meter_provider)
     _current = tel

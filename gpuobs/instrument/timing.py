@@ -12,12 +12,15 @@ class WallTimer:
     """perf_counter timing; stop() returns seconds at once."""
 
     def start(self) -> float:
+        """The token of a start: perf_counter() now, in seconds."""
         return time.perf_counter()
 
     def stop(self, token: float, payload: Any = None) -> float:
+        """Seconds since the start of `token` (host wall clock; the payload is not kept)."""
         return time.perf_counter() - token
 
     def poll(self) -> Iterator[tuple[Any, float]]:
+        """Nothing: every stop() answered at once."""
         return iter(())
 
 
@@ -36,11 +39,14 @@ class CudaEventTimer:
         self.pending: collections.deque = collections.deque(maxlen=max_pending)  # oldest dropped if never resolved
 
     def start(self) -> Any:
+        """A new event recorded on the current stream now: the token stop() takes."""
         event = self.event_factory()
         event.record()
         return event
 
     def stop(self, token: Any, payload: Any = None) -> float | None:
+        """Records an end event. With sync, waits for it and returns the seconds between the events; else
+        keeps (start, end, payload) for poll() and returns None (at most max_pending kept: the oldest go)."""
         end = self.event_factory()
         end.record()
         if self.sync:
@@ -50,6 +56,8 @@ class CudaEventTimer:
         return None
 
     def poll(self) -> Iterator[tuple[Any, float]]:
+        """(payload, seconds) of each kept pair whose end event has completed, oldest first, stopping at
+        the first that has not: never waits on the GPU."""
         while self.pending and self.pending[0][1].query():
             start, end, payload = self.pending.popleft()
             yield payload, start.elapsed_time(end) / 1000.0

@@ -63,8 +63,19 @@ class _Step:
     """One step (a context manager; re-used objects would save little and cost clarity)."""
     __slots__ = ("run", "samples", "tokens", "flops", "span", "token", "timer_token", "wait", "wait_start_ns", "ckpt",
                  "inner_wait", "nested", "t0", "coll")
+    # set by TrainingRun._begin and _end (slots: declared here, assigned there)
+    span: Any  # the train.step span, None when the step is nested or the tracer is off
+    token: Any  # its contextvars token from otel_context.attach (None with no span)
+    timer_token: Any  # the GPU timer's start token (None: timed on the host)
+    wait: float  # seconds waited for this step's batch before it began
+    wait_start_ns: int | None  # wall clock (ns) the wait began; None: no wait seen
+    ckpt: float  # seconds of checkpoints inside the step
+    inner_wait: float  # seconds of data waits inside the step
+    nested: bool  # a step inside a step: records nothing
+    t0: float  # perf_counter() at the step's start
+    coll: float  # seconds of collectives inside the step
 
-    def __init__(self, run: "TrainingRun", samples, tokens, flops):
+    def __init__(self, run: "TrainingRun", samples: float | None, tokens: float | None, flops: float | None):
         self.run, self.samples, self.tokens, self.flops = run, samples, tokens, flops
 
     def __enter__(self) -> "_Step":
@@ -456,6 +467,7 @@ class _Data:
         return next(self._current)
 
     def __len__(self) -> int:
+        # a Sized iterable (a DataLoader) has a length; any other raises TypeError, as len() of it would
         return len(self._iterable)  # type: ignore[arg-type]
 
 

@@ -60,6 +60,7 @@ def configure(level: str | int = "info", fluentd: str | None = None, tag: str = 
         handler: logging.Handler = FluentdHandler(host, port, tag=tag, env=env, **fluentd_options)
     else:
         handler = json_handler(stream, env)
+    # marks the handlers configure() installed (replaced on the next call); not a Handler attribute
     handler._gpuobs = True  # type: ignore[attr-defined]
     root = logging.getLogger()
     # Replace earlier gpuobs handlers and plain console handlers (they would print every record

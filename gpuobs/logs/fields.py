@@ -31,6 +31,8 @@ class ContextFilter(logging.Filter):
         self.fields = {k: v for k, v in env.log_fields().items() if v is not None}
 
     def filter(self, record: logging.LogRecord) -> bool:
+        """Adds the active span's trace_id (32 hex digits) and span_id (16) and the run's fields to the
+        record where the caller's `extra` did not set them; keeps every record (True)."""
         d = record.__dict__
         if "trace_id" not in d:
             ctx = trace.get_current_span().get_span_context()
@@ -54,9 +56,12 @@ class RecordFormatter(JsonFormatter):
                                         "process": "pid"})
 
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        """The record's creation time in RFC 3339, UTC, with milliseconds (`datefmt` is ignored)."""
         return rfc3339(record.created)
 
     def to_dict(self, record: logging.LogRecord) -> dict[str, Any]:
+        """The record's fields as the JSON object has them, unserialised: a dict message's keys merged in,
+        the exception and stack as text."""
         message_dict: dict[str, Any] = {}
         if isinstance(record.msg, dict):
             message_dict = record.msg.copy()
@@ -65,7 +70,8 @@ class RecordFormatter(JsonFormatter):
             record.message = record.getMessage()
         record.asctime = self.formatTime(record)
         if record.exc_info and not record.exc_text:
-            record.exc_text = self.formatException(record.exc_info)
+            text = self.formatException(record.exc_info)  # python-json-logger may give the lines as a list
+            record.exc_text = text if isinstance(text, str) else "\n".join(text)
         if record.exc_text and not message_dict.get("exc_info"):
             message_dict["exc_info"] = record.exc_text
         if record.stack_info and not message_dict.get("stack_info"):
@@ -75,4 +81,5 @@ class RecordFormatter(JsonFormatter):
         return self.process_log_record(data)
 
     def format(self, record: logging.LogRecord) -> str:
+        """The record as one line of JSON (the fields of to_dict())."""
         return self.serialize_log_record(self.to_dict(record))

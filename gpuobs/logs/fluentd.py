@@ -61,7 +61,7 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import msgpack
 from fluent.sender import EventTime
@@ -101,15 +101,16 @@ def parse_address(address: str) -> tuple[str, int]:
     return address, DEFAULT_PORT
 
 
-def address_from_env(env: dict[str, str] | None = None) -> str | None:
-    """GPUOBS_FLUENTD ('host:port'), else FLUENTD_HOST with FLUENTD_PORT (default 24224)."""
-    env = os.environ if env is None else env
-    if env.get("GPUOBS_FLUENTD"):
-        return env["GPUOBS_FLUENTD"]
-    if env.get("FLUENTD_HOST"):
-        host = env["FLUENTD_HOST"]
-        return f"[{host}]:{env.get('FLUENTD_PORT') or DEFAULT_PORT}" if ":" in host else \
-            f"{host}:{env.get('FLUENTD_PORT') or DEFAULT_PORT}"
+def address_from_env(env: Mapping[str, str] | None = None) -> str | None:
+    """GPUOBS_FLUENTD ('host:port'), else FLUENTD_HOST with FLUENTD_PORT (default 24224), from `env`
+    (default: the process environment)."""
+    values = os.environ if env is None else env
+    if values.get("GPUOBS_FLUENTD"):
+        return values["GPUOBS_FLUENTD"]
+    if values.get("FLUENTD_HOST"):
+        host = values["FLUENTD_HOST"]
+        port = values.get("FLUENTD_PORT") or DEFAULT_PORT
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     return None
 
 
@@ -177,9 +178,9 @@ class _Sender:
             self._unpacker.feed(data)
             for reply in self._unpacker:
                 ack = reply.get("ack") if isinstance(reply, dict) else None
-                chunk = waiting.pop(ack, None) if isinstance(ack, str) else None
-                if chunk is not None:
-                    on_ack(chunk)
+                acked = waiting.pop(ack, None) if isinstance(ack, str) else None
+                if acked is not None:
+                    on_ack(acked)
 
     def _connection(self, until: float) -> socket.socket:
         sock = self.socket
@@ -449,6 +450,9 @@ class FluentdHandler(logging.Handler):
 
     @classmethod
     def from_address(cls, address: str, **kwargs: Any) -> "FluentdHandler":
+        """A handler for an address as parse_address() reads it ('host:port', 'host', '[v6]:port' or
+        'unix:///path'), with the constructor's other arguments. Raises ValueError for a port that is
+        not a number."""
         host, port = parse_address(address)
         return cls(host, port, **kwargs)
 
@@ -466,6 +470,7 @@ class FluentdHandler(logging.Handler):
 
     @property
     def queued(self) -> int:
+        """Records waiting in this process's queue to be sent (0 in a forked child before its first record)."""
         pipe = self._pipe
         return pipe.queue.qsize() if pipe is not None and self._pid == os.getpid() else 0
 
@@ -508,6 +513,8 @@ class FluentdHandler(logging.Handler):
         return self._pipe
 
     def emit(self, record: logging.LogRecord) -> None:
+        """Queues the record, packed on the caller's thread, for the sender thread; never blocks and never
+        raises: a full queue or a packing error is counted as dropped."""
         try:
             seq = next(self._seq)
             pipe = self._pipe
@@ -541,7 +548,8 @@ class FluentdHandler(logging.Handler):
                     not (isinstance(v, int) and abs(v) >= 2**63) else repr(v) for k, v in data.items()}
             return msgpack.packb((event_time, data))
 
-    def flush(self, timeout: float | None = None) -> bool:
+    # logging.Handler.flush returns None; logging ignores the answer, callers that call flush() read it
+    def flush(self, timeout: float | None = None) -> bool:  # type: ignore[override]
         """Wait (at most timeout, default close_timeout) until the records logged before the call
         are acknowledged by Fluentd or given up. True only if they all were acknowledged and no
         record was dropped since the previous flush() (full queue included); False when records
@@ -637,4 +645,5 @@ class DroppedRecordsCollector:
         yield CounterMetricFamily(c.LOGS_DROPPED.name, c.LOGS_DROPPED.help, value=records_dropped_total())
 
     def describe(self):
+        """No families: registering the collector must not read anything."""
         return []

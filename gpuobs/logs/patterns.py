@@ -61,6 +61,9 @@ class PatternFilter(logging.Filter):
     (the pattern name); lets every record through. Never raises."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        """Counts the record under the first log pattern it matches (gpuobs.logpatterns) and names the pattern
+        on the record; a record another gpuobs filter counted is not counted again. Keeps every record (True), and
+        never raises into the logging call."""
         try:
             if FIELD in record.__dict__:  # counted by another gpuobs handler's filter already
                 return True

@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Any, Callable
 
-import pynvml
+import pynvml as pynvml  # re-exported: gpuobs.sim reads the field ids through it, backfilled
 
 log = logging.getLogger("gpuobs.nvml")
 
@@ -77,7 +77,7 @@ BACKFILLED = _backfill()
 DRIVER_LEVEL = {pynvml.NVML_ERROR_UNINITIALIZED, pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
                 pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH, pynvml.NVML_ERROR_UNKNOWN,
                 pynvml.NVML_ERROR_LIBRARY_NOT_FOUND}
-CODE_NAMES = {v: k.removeprefix("NVML_ERROR_") for k, v in vars(pynvml).items()
+CODE_NAMES: dict[int, str] = {v: k.removeprefix("NVML_ERROR_") for k, v in vars(pynvml).items()
               if k.startswith("NVML_ERROR_") and isinstance(v, int)}
 # Codes that are answers about a capability, not errors: the GPU, the driver, the binding or our
 # privileges do not give this value. Remembered per device and call, re-probed now and then.
@@ -107,7 +107,8 @@ def named(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
 def code_name(err: BaseException) -> str:
     """A short name for an error: the NVML code name (e.g. NOT_SUPPORTED) or the exception type."""
     if isinstance(err, pynvml.NVMLError):
-        return CODE_NAMES.get(err.value, str(err.value))
+        value: int = err.value  # pynvml is untyped: NVMLError.value is the nvmlReturn_t code
+        return CODE_NAMES.get(value) or str(value)
     return type(err).__name__
 
 

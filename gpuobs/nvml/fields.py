@@ -13,6 +13,8 @@ from __future__ import annotations
 import ctypes
 import operator
 import struct
+from collections.abc import Callable
+from typing import Any
 
 import pynvml as N
 
@@ -64,12 +66,19 @@ class FieldValues:
             for entry, (field_id, scope) in zip(self._array, ids):
                 entry.fieldId, entry.scopeId = field_id, scope
             raw = memoryview(self._array).cast("B")
-            self._views = {fmt: raw.cast(fmt) for fmt in "IiQqdH"}
+            # one literal per cast: typeshed types each format's view by its item type
+            self._views: dict[str, memoryview[Any]] = {
+                "I": raw.cast("I"), "i": raw.cast("i"), "Q": raw.cast("Q"), "q": raw.cast("q"),
+                "d": raw.cast("d"), "H": raw.cast("H")}
             self._types: list[int] | None = None  # value types of the last read, and how to decode them:
             self._columns: list[tuple[str, int, int]] = []  # the distinct (view, offset, stride) they need
-            self._gather = None  # picks each entry's value out of the columns laid end to end
+            # picks each entry's value out of the columns laid end to end
+            self._gather: Callable[[list[Any]], tuple[Any, ...]] | None = None
 
-    def read(self, handle) -> tuple[list[int], list[float | None] | tuple[float | None, ...]]:
+    def read(self, handle: Any) -> tuple[list[int], list[float | None] | tuple[float | None, ...]]:
+        """(return codes, values) of every field, in `ids` order, for the device `handle` (pynvml's
+        device pointer). A value is an int or float as NVML typed it, None where its return code is
+        not NVML_SUCCESS; raises pynvml.NVMLError when the call as a whole fails."""
         if not self.fast:
             return self._read_public(handle)
         fn = N._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues")  # pynvml caches the lookup
@@ -80,7 +89,8 @@ class FieldValues:
             self._plan(types)
         views = self._views
         columns = [views[fmt][offset::stride].tolist() for fmt, offset, stride in self._columns]
-        values = columns[0] if self._gather is None else self._gather([v for col in columns for v in col])
+        values: list[Any] | tuple[Any, ...] = (
+            columns[0] if self._gather is None else self._gather([v for col in columns for v in col]))
         if any(rets):  # NVML_SUCCESS is 0: a value that did not come back is None, not what the array held
             values = [v if r == N.NVML_SUCCESS else None for r, v in zip(rets, values)]
         return rets, values
@@ -95,7 +105,7 @@ class FieldValues:
         self._gather = None if len(self._columns) == 1 else \
             operator.itemgetter(*(where[pick] + i for i, pick in enumerate(picks)))
 
-    def _read_public(self, handle) -> tuple[list[int], list[float | None]]:
+    def _read_public(self, handle: Any) -> tuple[list[int], list[float | None]]:
         """The same through pynvml's public call, decoded by the structure's own attributes."""
         values = N.nvmlDeviceGetFieldValues(handle, list(self.ids))
         return ([v.nvmlReturn for v in values],

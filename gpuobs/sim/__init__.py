@@ -73,8 +73,12 @@ class Simulator:
             self.hidden = builder.driver_symbols(self.driver)
         except ValueError as e:
             raise scenario.ScenarioError(f"driver: {e}") from None
-        self._tmp = None if directory else tempfile.TemporaryDirectory(prefix="gpuobs-sim-")
-        folder = Path(directory or self._tmp.name)
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        if directory:
+            folder = Path(directory)
+        else:
+            self._tmp = tempfile.TemporaryDirectory(prefix="gpuobs-sim-")
+            folder = Path(self._tmp.name)
         folder.mkdir(parents=True, exist_ok=True)
         self.library = build()
         self.child_library = build(hide=self.hidden) if self.hidden else self.library
@@ -88,7 +92,7 @@ class Simulator:
     @classmethod
     def from_file(cls, path: str | os.PathLike, **kw) -> "Simulator":
         """A simulator seeded from a scenario YAML file."""
-        return cls(scenario.load(path), base=Path(path).resolve().parent, **kw)
+        return cls(scenario.load(Path(path)), base=Path(path).resolve().parent, **kw)
 
     @property
     def state_path(self) -> Path:

@@ -26,11 +26,12 @@ from __future__ import annotations
 import contextlib
 import ctypes
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import pynvml
 
 
-def _string_functions() -> dict[str, object]:
+def _string_functions() -> dict[str, Any]:
     """pynvml's functions wrapped by its str<->bytes converter (convertStrBytes), by name."""
     probe = getattr(pynvml, "convertStrBytes", None)
     if probe is None:  # a binding that predates the conversion: nothing to undo
@@ -50,14 +51,15 @@ def bytes_strings() -> Iterator[None]:
     try:
         for name, fn in saved.items():
             setattr(pynvml, name, fn.__wrapped__)  # the undecorated function: bytes in, bytes out
-        if had_getattr:
-            base.__getattribute__ = ctypes.Structure.__getattribute__  # char fields read as bytes
+        # a method of pynvml's class patched on purpose (mypy refuses assigning to a method: setattr)
+        if had_getattr:  # char fields read as bytes
+            setattr(base, "__getattribute__", ctypes.Structure.__getattribute__)  # noqa: B010
         yield
     finally:
         for name, fn in saved.items():
             setattr(pynvml, name, fn)
         if had_getattr:
-            base.__getattribute__ = old_getattr
+            setattr(base, "__getattribute__", old_getattr)  # noqa: B010
 
 
 @contextlib.contextmanager

@@ -210,7 +210,7 @@ def c_header(func_names: list[str], field_ids: dict[str, int] | None = None) -> 
                % ", ".join(str(k) for k in GPM_METRICS))
     for struct in (Val, Str, Link, Mig, Proc, Gpu, Fault, Event, State):
         out.append("typedef struct {")
-        out.extend(_c_decl(n, t) for n, t in struct._fields_)
+        out.extend(_c_decl(f[0], f[1]) for f in struct._fields_)  # (name, type): no bit fields here
         out.append(f"}} sim_{struct.__name__.lower()}_t;")
         out.append(f"_Static_assert(sizeof(sim_{struct.__name__.lower()}_t) == "
                    f"{C.sizeof(struct)}, \"{struct.__name__} layout differs from Python\");")

@@ -225,7 +225,7 @@ def _codec_ecc_fabric(g: Gpu, p: dict) -> None:
 
 
 def _nvlink(g: Gpu, p: dict, slot: int) -> None:
-    nv = p.get("nvlink")
+    nv = p.get("nvlink") or {}
     mig_on = (p.get("mig") or {}).get("mode") == 1
     g.link_count = 0 if not nv or mig_on else min(int(nv["links"]), layout.MAX_LINKS)
     for i in range(g.link_count):
@@ -411,7 +411,7 @@ def mig_layout(gpu_profile: dict, names: list[str]) -> dict:
 
 # Simulator-only keys a capture cannot show, by architecture. "gpm": the GPU has GPM (Hopper and
 # newer); its metric values are derived from the capture by _capture_gpm.
-ARCH_EXTRAS = {
+ARCH_EXTRAS: dict[str, dict[str, Any]] = {
     "Hopper": {"compute_capability": [9, 0], "gpm": {}},
     "Blackwell": {"compute_capability": [10, 0], "gpm": {}},
     "Ada Lovelace": {"compute_capability": [8, 9]},

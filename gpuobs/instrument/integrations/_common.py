@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..telemetry import Telemetry
@@ -27,6 +27,7 @@ def batch_size(batch: Any, _depth: int = 0) -> int | None:
             return None
     if _depth > 3:
         return None
+    items: Iterable[Any]
     if isinstance(batch, Mapping):
         items = batch.values()
     elif isinstance(batch, (list, tuple)):

@@ -92,6 +92,8 @@ class GpuobsTrainerCallback(TrainerCallback):
     # ---- hooks --------------------------------------------------------------------------------
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Creates the run (over the Telemetry current now), watches the model's DDP collectives and
+        starts timing the first batch's data wait."""
         run = self.run  # created now, over the Telemetry current at the start of training
         model = kwargs.get("model")
         if model is not None:
@@ -99,9 +101,12 @@ class GpuobsTrainerCallback(TrainerCallback):
         self._set_mark()
 
     def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Restarts the data-wait clock: the epoch's first batch is fetched from here."""
         self._set_mark()
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Records the data wait since the last hook (the Trainer fetched the step's batches meanwhile)
+        and opens the step, and its first micro-step under gradient accumulation; a step left open is closed first."""
         self._close_all()  # a step whose on_step_end never came
         start_perf, start_ns = self._mark  # since then the Trainer fetched this step's batches
         self.run.add_data_wait(time.perf_counter() - start_perf, start_ns)
@@ -113,21 +118,26 @@ class GpuobsTrainerCallback(TrainerCallback):
             self._open_micro()
 
     def on_substep_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Closes the micro-step that ended and opens the next (gradient accumulation)."""
         self._close_micro()
         if self._step is not None:
             self._micro_batches += 1
             self._open_micro()
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Closes the last micro-step and opens an "optimizer" phase span when tracing."""
         self._close_micro()
         if self._step is not None and self.run.tracing:
             self._phase = self.run.phase("optimizer")
             self._phase.__enter__()
 
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Closes the "optimizer" phase span."""
         self._close_phase()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Sets the step's samples (per micro-step, given or the per-device batch size, times micro-steps)
+        and tokens (the Trainer's num_input_tokens_seen since the step began, per rank) and closes the step."""
         step = self._step
         if step is not None:
             per_micro = self.samples_per_micro_step or _batch_size(args)
@@ -139,6 +149,7 @@ class GpuobsTrainerCallback(TrainerCallback):
         self._set_mark()
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
+        """Reports the logged loss, learning rate and grad norm (those that are numbers) to the run."""
         if logs:
             values = {key: logs[name] for name, key in _LOGGED if isinstance(logs.get(name), (int, float))}
             if values:
@@ -146,13 +157,17 @@ class GpuobsTrainerCallback(TrainerCallback):
         self._set_mark()
 
     def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Restarts the data-wait clock: evaluation time is not the next batch's wait."""
         self._set_mark()
 
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Closes whatever step, micro-step or phase is open and restarts the data-wait clock."""
         self._close_all()
         self._set_mark()
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Records a checkpoint lasting from the last hook to now (the Trainer calls no hook before a save),
+        named by the global step and the checkpoint-<step> path under output_dir."""
         start_perf, start_ns = self._mark
         step = getattr(state, "global_step", "")
         path = os.path.join(str(getattr(args, "output_dir", "") or ""), f"checkpoint-{step}")
@@ -161,6 +176,7 @@ class GpuobsTrainerCallback(TrainerCallback):
         self._set_mark()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Closes what is open and the run (its final report)."""
         self._close_all()
         self.run.close()
 

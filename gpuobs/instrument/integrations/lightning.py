@@ -286,6 +286,7 @@ class GpuobsCallback(_GpuobsHooks, _Callback):
 
     @property
     def state_key(self) -> str:
+        """The key of this callback's state in a Lightning checkpoint: one per trainer, whatever its arguments."""
         return "GpuobsCallback"
 
 
