@@ -19,6 +19,7 @@ from .base import (
     Windows,
     _by,
 )
+from .errors import new_first
 from .power import CLUSTER_SM_ACTIVE
 
 # ------------------------------------------------- weekly review: MIG right-sizing and fleet reliability
@@ -98,8 +99,7 @@ def _hours(step: Record) -> Callable[[WeeklyWindows], str]:
 
 def _counted(step: Record, t: WeeklyWindows, matchers: str = "") -> str:
     # a series born within the window (a GPU's first XID) counts with its value: increase() misses it
-    w, sel = t.weekly_window, f"{step.name}{matchers}"
-    return f"increase({sel}[{w}]) or ({sel} unless {sel} offset {w})"
+    return new_first(f"{step.name}{matchers}", t.weekly_window)
 
 
 GPU_MEMORY_STEP = _step("max", c.MEMORY_USED)
