@@ -81,12 +81,12 @@ def _priced(by: tuple[str, ...], condition: Callable[[Windows], str] | None = No
 
 
 def _usage(by: tuple[str, ...]) -> tuple[Record, ...]:
-    """GPUs allocated, used and wasted, and the cost per hour of the allocated and wasted ones, by `by`."""
+    """GPUs allocated, used and wasted, and the cost per hour of the wasted ones, by `by` (the cost of
+    the allocated ones had no reader: tests/test_record_readers.py)."""
     return (Record(by, "gpuobs_gpus_allocated", "count", lambda t: f"count by ({_by(by)}) ({_holdings(by)})"),
             Record(by, "gpuobs_gpus_used", "sum", lambda t: f"sum by ({_by(by)}) ({_allocated(by)})"),
             Record(by, "gpuobs_gpus_wasted", "count",
                    lambda t: f"count by ({_by(by)}) ({_allocated(by, _wasted(t))}) or {_none(by)}"),
-            Record(by, "gpuobs_gpus_allocated_cost_per_hour", "sum", _priced(by)),
             Record(by, "gpuobs_gpus_wasted_cost_per_hour", "sum",
                    lambda t: f"{_priced(by, _wasted)(t)} or {_none(by)}"))
 
@@ -125,12 +125,11 @@ def _weekly(now: Record, hours_of: str) -> tuple[Record, Record]:
     return step, Record(now.by, hours_of, "sum", _hours(step))
 
 
-(NAMESPACE_GPUS_ALLOCATED, NAMESPACE_GPUS_USED, NAMESPACE_GPUS_WASTED, NAMESPACE_ALLOCATED_COST,
+(NAMESPACE_GPUS_ALLOCATED, NAMESPACE_GPUS_USED, NAMESPACE_GPUS_WASTED,
  NAMESPACE_WASTED_COST) = _usage(NAMESPACE)
-(JOB_GPUS_ALLOCATED, JOB_GPUS_USED, JOB_GPUS_WASTED, JOB_ALLOCATED_COST, JOB_WASTED_COST) = _usage(HPC_JOB)
-(TEAM_GPUS_ALLOCATED, TEAM_GPUS_USED, TEAM_GPUS_WASTED, TEAM_ALLOCATED_COST, TEAM_WASTED_COST) = (
-    _by_team(r) for r in (NAMESPACE_GPUS_ALLOCATED, NAMESPACE_GPUS_USED, NAMESPACE_GPUS_WASTED,
-                          NAMESPACE_ALLOCATED_COST, NAMESPACE_WASTED_COST))
+(JOB_GPUS_ALLOCATED, JOB_GPUS_USED, JOB_GPUS_WASTED, JOB_WASTED_COST) = _usage(HPC_JOB)
+(TEAM_GPUS_ALLOCATED, TEAM_GPUS_USED, TEAM_GPUS_WASTED, TEAM_WASTED_COST) = (
+    _by_team(r) for r in (NAMESPACE_GPUS_ALLOCATED, NAMESPACE_GPUS_USED, NAMESPACE_GPUS_WASTED, NAMESPACE_WASTED_COST))
 HOURS_OF = {"gpuobs_gpus_allocated": "gpuobs_gpu_hours_allocated", "gpuobs_gpus_used": "gpuobs_gpu_hours_used",
             "gpuobs_gpus_wasted": "gpuobs_gpu_hours_wasted",
             "gpuobs_gpus_wasted_cost_per_hour": "gpuobs_gpus_wasted_cost"}

@@ -12,6 +12,5 @@ from .base import (
 
 # ----------------------------------------------------------------------------------------- inference
 MODEL_REQUEST_P99 = windowed_quantile(MODEL, c.REQUEST_DURATION, 99)
-MODEL_TTFT_P99 = windowed_quantile(MODEL, c.TIME_TO_FIRST_TOKEN, 99)
 MODEL_REQUESTS = Record(MODEL, "gen_ai_server_requests", "rate",
                         lambda t: _sum_rate(MODEL, f"{c.REQUEST_DURATION.name}_count", t))

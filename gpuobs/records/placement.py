@@ -41,9 +41,6 @@ def _numa_nodes(by: tuple[str, ...]) -> str:
 NODE_NVLINK_DOMAIN_MAX = Record(NODE, "gpuobs_gpu_nvlink_domain_gpus", "max",
                                 lambda t: f'max by ({_by(NODE)}) (count_values by ({_by(NODE)}) ("domain", '
                                           f'{c.NVLINK_DOMAIN.name}))')
-POD_GPUS_HELD = Record(POD, "gpuobs_gpus_held", "count", lambda t: _held(POD))
 POD_NVLINK_DOMAINS = Record(POD, "gpuobs_gpu_nvlink_domains", "count", lambda t: _nvlink_domains(POD))
 POD_NUMA_NODES = Record(POD, "gpuobs_gpu_numa_nodes", "count", lambda t: _numa_nodes(POD))
-JOB_GPUS_HELD = Record(HPC_JOB, "gpuobs_gpus_held", "count", lambda t: _held(HPC_JOB))
 JOB_NVLINK_DOMAINS = Record(HPC_JOB, "gpuobs_gpu_nvlink_domains", "max", lambda t: _nvlink_domains(HPC_JOB))
-JOB_NUMA_NODES = Record(HPC_JOB, "gpuobs_gpu_numa_nodes", "count", lambda t: _numa_nodes(HPC_JOB))

@@ -13,7 +13,6 @@ from .base import (
 NODE_UTILIZATION = aggregate("avg", NODE, c.UTILIZATION)
 CLUSTER_UTILIZATION = aggregate("avg", CLUSTER, c.UTILIZATION)
 CLUSTER_SM_ACTIVE = aggregate("avg", CLUSTER, c.GPM_METRICS[2])  # 2: NVML_GPM_METRIC_SM_UTIL
-NODE_POWER = aggregate("sum", NODE, c.POWER_USAGE)
 CLUSTER_POWER = aggregate("sum", CLUSTER, c.POWER_USAGE)
 CLUSTER_POWER_LIMIT = aggregate("sum", CLUSTER, c.POWER_LIMIT)
 CLUSTER_THROTTLED = aggregate("sum", ("cluster", "reason"), c.CLOCK_EVENT_ACTIVE, '{reason!="gpu_idle"}')

@@ -9,7 +9,6 @@ from .base import (
     Record,
     Windows,
     _sum_rate,
-    aggregate,
     rate_of,
     windowed_quantile,
 )
@@ -29,11 +28,9 @@ def _straggler(t: Windows) -> str:
 # (gpuobs.instrument.quantiles): histogram_quantile over coarse buckets missed a 1.8x regression
 # and doubled on an 8 % one. One series per rank: max by only drops scrape labels.
 RANK_STEP_P50 = windowed_quantile(RANK, c.STEP_DURATION, 50)
-RANK_STEP_P99 = windowed_quantile(RANK, c.STEP_DURATION, 99)
 JOB_STEP_P50 = Record(JOB, RANK_STEP_P50, RANK_STEP_P50.operation,  # the median of the ranks' medians
                       lambda t: f"quantile by (job_id) (0.5, {RANK_STEP_P50.name})")
 JOB_TOKENS = rate_of(JOB, c.TOKENS_TRAINED)
-JOB_SAMPLES = rate_of(JOB, c.SAMPLES_TRAINED)
 # Straggler: in a synchronous job every rank's step takes as long as the slowest rank's, so compare
 # what differs, the compute time per step (step less data and collective waits)...
 COMPUTE_PER_STEP = Record(RANK, c.COMPUTE, "per_step",
@@ -43,8 +40,6 @@ STRAGGLER_RATIO = Record(RANK, COMPUTE_PER_STEP, "ratio_to_others", _straggler)
 # Shares of wall time from counters over the window, not the last step's ratio
 DATA_WAIT_RATIO = Record(RANK, "gpuobs_training_data_wait", "ratio",
                          lambda t: _sum_rate(RANK, c.BADPUT.exposed_name, t, '{cause="data_wait"}'))
-JOB_DATA_WAIT_RATIO = aggregate("avg", JOB, DATA_WAIT_RATIO)
-GOODPUT_RATIO = Record(RANK, c.GOODPUT, "ratio", lambda t: _sum_rate(RANK, c.GOODPUT.exposed_name, t))
 MFU_RATIO = Record(RANK, "gpuobs_training_mfu", "ratio",
                    lambda t: f"{_sum_rate(RANK, c.FLOPS.exposed_name, t)} / "
                              f"max by (job_id, rank) ({c.PEAK_FLOPS.name})")
