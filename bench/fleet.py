@@ -1057,17 +1057,16 @@ def check_usage(prom: str, h: History) -> dict:
 
 
 def report_check(h: History, workdir: Path) -> dict:
-    """`gpuobs report` (its CLI) over the whole history with a settings file naming the teams and the
-    rules' own prices: its per-team rows against the simulation's truth, summed over clusters."""
+    """`gpuobs report` (its CLI) over the whole history, teams from the history's kube_namespace_labels
+    and prices the rules' own, as the recording rules take them: its per-team rows against the
+    simulation's truth, summed over clusters."""
     from gpuobs import report
 
-    settings = workdir / "report-settings.yaml"
-    settings.write_text(yaml.safe_dump({"teams": {ns: t for ns, t in workload.NAMESPACES.items() if t}}))
     out = workdir / "report.html"
     h.serve(h.lookback)
     t0 = time.monotonic()
     run = subprocess.run([sys.executable, "-m", "gpuobs.cli", "report", "--prometheus", h.url, "--from", str(h.start),
-                          "--to", str(h.end), "--step", str(h.scrape), "--cost-file", str(settings), "--out", str(out)],
+                          "--to", str(h.end), "--step", str(h.scrape), "--out", str(out)],
                          capture_output=True, text=True, timeout=900, cwd=ROOT)
     res: dict = {"seconds": time.monotonic() - t0, "exit": run.returncode}
     if run.returncode != 0:

@@ -3,13 +3,18 @@
 The report is a list of sections (SECTIONS). Each is a small function `section(client, window, settings)
 -> Section` that queries Prometheus' HTTP API through a `Prometheus` client and returns escaped HTML,
 with its plots embedded as base64 PNG data URIs (matplotlib, Agg), so the file needs nothing else to
-open. Sections that read recording rules not every version defines look them up by Python name in
-`gpuobs.records.NAMES` (RECORDS below) and say "no data" when the rule or its series is absent.
+open. Fleet numbers are the recording rules' (gpuobs.records), never computed a second way: GPU-hours
+by team, namespace and Slurm job are the weekly GPU-hour records' expressions over the report's range
+(teams from kube-state-metrics' namespace label, as the rules take them); MIG candidates and failures
+are the weekly records' series. Sections that read records not every version defines look them up by
+Python name in `gpuobs.records.NAMES` (RECORDS below) and say "no data" when the rule or its series is
+absent.
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import html
 import importlib
 import io
@@ -30,20 +35,18 @@ from typing import Callable
 import yaml
 
 from . import catalog as c
-from . import records
-from .alerts.rules import DEFAULT
+from . import mig, records
+from .alerts.rules import DEFAULT, Thresholds
 
 # Python names in gpuobs.records.NAMES of the records the MIG and reliability sections read, when the
 # running version defines them (sections say "no data" otherwise). Change a name here if a rule is renamed.
 RECORDS = {
-    "mig": ("GPU_MIG_ADVICE",),
     "reliability": ("CLUSTER_FAILURE_RATE", "NODE_MTBF", "MODEL_MTBF"),
 }
 PLACEMENT_ALERT = "GpuPodPlacementWithoutNvlink"  # its ALERTS series name the pod placed without NVLink
 ALERT_LABELS_HIDDEN = frozenset({"__name__", "alertname", "alertstate"})  # same on every row of a table
 STEPS_S = (60, 300, 900, 3600)  # range-query steps: the finest one under MAX_POINTS points
 MAX_POINTS = 2500
-UNALLOCATED = "(unallocated)"  # the namespace row of GPUs no pod holds
 DURATION = re.compile(r"^(\d+)([smhdw])$")
 UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
@@ -102,15 +105,14 @@ def make_window(start: str | None, end: str | None, length: str, step: int | Non
 
 @dataclass(frozen=True)
 class Settings:
-    """What the report cannot read from Prometheus. namespace_label: the label attribution puts the
-    pod's namespace in (k8s_namespace; namespace in dcgm naming). teams: {namespace: team}, a
-    namespace missing is its own team. costs: {GPU model as gpuobs_gpu_info's `name`, or a regex
-    matching whole names as the recording rules' Thresholds.gpu_hour_costs do: cost per GPU-hour}, an
-    exact name first, then the first regex that matches, then default_cost (None: no cost shown).
-    idle_utilization: a GPU at or below this utilisation (ratio) is idle, the alert pack's threshold
-    by default. from_thresholds gives the recording rules' own pricing."""
-    namespace_label: str = "k8s_namespace"
-    teams: dict[str, str] = field(default_factory=dict)
+    """What the report cannot read from Prometheus, for GPU-hours computed from raw series when the
+    recording rules are not loaded (with them loaded, the rules' own Thresholds price and judge):
+    team_label: the kube_namespace_labels label naming a namespace's team, as Thresholds.team_label
+    (a namespace without it is its own team). costs: {GPU model as gpuobs_gpu_info's `name`, or a regex
+    matching whole names as Thresholds.gpu_hour_costs: cost per GPU-hour}, an exact name first, then
+    the first regex that matches, then default_cost (None: no cost shown). idle_utilization: a held
+    GPU at or below this utilisation (ratio) is wasted. from_thresholds gives the rules' own settings."""
+    team_label: str = DEFAULT.team_label
     costs: dict[str, float] = field(default_factory=dict)
     default_cost: float | None = None
     currency: str = DEFAULT.currency
@@ -118,14 +120,20 @@ class Settings:
 
     @classmethod
     def from_thresholds(cls, t=DEFAULT, **overrides) -> "Settings":
-        """The pricing and idle threshold of the allocation recording rules (gpuobs.records) under
-        thresholds t: the report's idle GPU-hours and cost then agree with the Fleet efficiency dashboard."""
+        """The pricing, idle threshold and team label of the allocation recording rules under
+        thresholds t: the report then agrees with the Fleet efficiency dashboard."""
         return cls(**{"costs": dict(t.gpu_hour_costs), "default_cost": t.gpu_hour_cost_default,
-                      "currency": t.currency, "idle_utilization": t.idle_utilization, **overrides})
+                      "currency": t.currency, "idle_utilization": t.idle_utilization, "team_label": t.team_label,
+                      **overrides})
 
-    def team(self, namespace: str) -> str:
-        """The team a namespace belongs to (itself unless mapped)."""
-        return self.teams.get(namespace, namespace)
+    def thresholds(self, t: Thresholds = DEFAULT) -> Thresholds:
+        """t with these settings: the windows of the records' expressions when the report evaluates
+        them itself. Each cost key is tried as an exact name first (escaped), then as a regex."""
+        exact = [(_promql_literal(k), v) for k, v in self.costs.items()]
+        regexes = [(k.replace("\\", "\\\\"), v) for k, v in self.costs.items() if _valid(k)]  # backslashes, for PromQL
+        return dataclasses.replace(t, team_label=self.team_label, idle_utilization=self.idle_utilization,
+                                   gpu_hour_costs=tuple(exact + regexes),
+                                   gpu_hour_cost_default=self.default_cost or 0.0)
 
     def cost(self, model: str) -> float | None:
         """Cost of one GPU-hour of this model, or None when no cost is known."""
@@ -139,6 +147,21 @@ class Settings:
         return bool(self.costs) or self.default_cost is not None
 
 
+def _promql_literal(name: str) -> str:
+    """A regex matching exactly `name`, written for a PromQL double-quoted string (whose own escapes
+    are Go's: a regex backslash is written twice, and `re.escape`'s `\\ ` is no escape there)."""
+    return re.sub(r"([.^$*+?()\[\]{}|\\])", r"\\\\\1", name)
+
+
+def _valid(pattern: str) -> bool:
+    """Whether a cost key is a valid regex (else it only matches its own name exactly)."""
+    try:
+        re.compile(pattern)
+    except re.error:
+        return False
+    return True
+
+
 def _fullmatch(pattern: str, text: str) -> bool:
     """Whether a cost key, read as a regex (PromQL's `=~` matches whole names), matches text."""
     try:
@@ -149,16 +172,20 @@ def _fullmatch(pattern: str, text: str) -> bool:
 
 def load_settings(path: str | Path | None, **overrides) -> Settings:
     """Settings from a YAML file (keys: cost_per_gpu_hour {model or "default": number}, currency,
-    teams {namespace: team}, namespace_label, idle_utilization), then overrides; ReportError if
-    the file is unreadable or a value has the wrong type. Without cost_per_gpu_hour (or without a
-    file) GPU-hours are priced as the recording rules price them (Thresholds.gpu_hour_costs); an
-    empty cost_per_gpu_hour turns pricing off."""
+    team_label, idle_utilization), then overrides; ReportError if the file is unreadable, a value has
+    the wrong type, or it maps namespaces to teams (`teams`: teams are kube-state-metrics' namespace
+    label, the recording rules' one source, so that the report and the dashboards agree). Without
+    cost_per_gpu_hour (or without a file) GPU-hours are priced as the recording rules price them
+    (Thresholds.gpu_hour_costs); an empty cost_per_gpu_hour turns pricing off."""
     data = {}
     if path is not None:
         try:
             data = yaml.safe_load(Path(path).read_text()) or {}
         except (OSError, yaml.YAMLError) as e:
             raise ReportError(f"cannot read the settings file {path}: {e}") from None
+    if isinstance(data, dict) and "teams" in data:
+        raise ReportError(f"{path}: `teams` is no longer read: a namespace's team is its kube_namespace_labels "
+                          f"label (team_label, default {DEFAULT.team_label}), as the recording rules take it")
     try:
         if "cost_per_gpu_hour" in data:
             costs = {str(k): float(v) for k, v in (data["cost_per_gpu_hour"] or {}).items()}
@@ -166,8 +193,7 @@ def load_settings(path: str | Path | None, **overrides) -> Settings:
         else:  # the recording rules' prices: the report then agrees with the Fleet efficiency dashboard
             rules = Settings.from_thresholds()
             kw = {"costs": rules.costs, "default_cost": rules.default_cost}
-        kw["teams"] = {str(k): str(v) for k, v in (data.get("teams") or {}).items()}
-        kw.update({k: data[k] for k in ("currency", "namespace_label") if k in data})
+        kw.update({k: str(data[k]) for k in ("currency", "team_label") if k in data})
         if "idle_utilization" in data:
             kw["idle_utilization"] = float(data["idle_utilization"])
     except (AttributeError, TypeError, ValueError) as e:
@@ -311,26 +337,71 @@ def money(x: float | None, settings: Settings) -> str:
 
 
 # ------------------------------------------------------------------------------ usage and waste
-def _gpus_with_model(settings: Settings, condition: str = "") -> str:
-    """Per GPU, its utilisation (ratio) with its model (gpuobs_gpu_info's `name`) as a label, when
-    known; condition filters the series (e.g. `<= 0.01`)."""
-    util = f"{c.UTILIZATION.name}{condition}"
-    by = records.GPU_BY
-    info = f"max by ({by}, name) ({c.GPU_INFO.exposed_name})"
-    return f"(({util}) * on ({by}) group_left (name) {info}) or (({util}) unless on ({by}) {info})"
+# Per level (its records' label): the weekly GPU-hour records of gpuobs.records.WEEKLY_USAGE, as
+# (step record, GPU-hours record) pairs of GPUs allocated, used, wasted and the wasted GPUs' cost
+LEVELS = {"team": "team", "namespace": "k8s_namespace", "Slurm job": "hpc_job"}
+USAGE_FIELDS = ("allocated", "used", "idle", "idle_cost")  # Usage's fields, in WEEKLY_USAGE's order
+WEEKLY_LEVEL = {"team": "team", "namespace": "namespace", "Slurm job": "job"}  # LEVELS -> WEEKLY_USAGE keys
+
+
+def hours_records(level: str) -> dict[str, records.Record]:
+    """{Usage field: the weekly GPU-hours (or money) record of that level} (gpuobs.records.WEEKLY_USAGE)."""
+    pairs = records.WEEKLY_USAGE[WEEKLY_LEVEL[level]]
+    return dict(zip(USAGE_FIELDS, pairs[1::2]))
+
+
+def inlined(record: records.Record, t: Thresholds) -> str:
+    """record's expression with every record it reads replaced by that record's own expression (in
+    parentheses), recursively: the same quantity from raw series, for a Prometheus without the rules.
+    Only for records that read records as instant vectors (the per-moment allocation records)."""
+    by_name = {r.name: r for r in records.RECORDS}
+    return records.TOKEN.sub(lambda m: f"({inlined(by_name[m[0]], t)})" if m[0] in by_name else m[0], record.expr(t))
+
+
+def record_hours(client: Prometheus, window: Window, settings: Settings, hours: records.Record) -> tuple[list, bool]:
+    """(instant-query result, from the rules?) of a GPU-hours record over the report's range.
+
+    The record's own expression with weekly_window set to the range, evaluated at its end: it sums the
+    record's step record (read by name, the recording rules' results), so over a range of
+    weekly_window ending at a weekly evaluation it is the record's value, and over any other range
+    the same definition. Fallback, when the step record has no series (a Prometheus without the rules
+    loaded): the per-moment record the step averages, evaluated from raw series (`inlined`) as a
+    subquery at the report's step, summed into hours. One fallback, not one per record level: a
+    Prometheus either has the rule groups or not, and the raw definition is the rules' own."""
+    rng = f"{int(window.end - window.start)}s"
+    t = dataclasses.replace(settings.thresholds(), weekly_window=rng)
+    result = client.instant(hours.expr(t), window.end)
+    if result:
+        return result, True
+    now = _step_of(hours).source  # the per-moment record its step record averages
+    assert isinstance(now, records.Record)
+    raw = f"sum_over_time(({inlined(now, t)})[{rng}:{window.step}s]) * {window.step} / 3600"
+    # half a step early: each evaluation then sits on a step's start and stands for that step, the
+    # range's first included and none past its end
+    return client.instant(raw, window.end - window.step / 2), False
+
+
+def _step_of(hours: records.Record) -> records.Record:
+    """The step record a weekly GPU-hours record sums (its pair in WEEKLY_USAGE)."""
+    for pairs in records.WEEKLY_USAGE.values():
+        for step, total in zip(pairs[0::2], pairs[1::2]):
+            if total is hours:
+                return step
+    raise KeyError(hours.name)
 
 
 @dataclass
 class Usage:
-    """GPU-hours of one namespace or team: allocated (held by a pod), used (utilisation-weighted),
-    idle (at or below the idle threshold) and the idle time's cost (None when no cost is known)."""
+    """GPU-hours of one team, namespace or Slurm job over the range: allocated (held by a pod or
+    job), used (utilisation-weighted), idle (held, at or below the idle threshold: the records'
+    "wasted") and the idle time's cost."""
     allocated: float = 0.0
     used: float = 0.0
     idle: float = 0.0
     idle_cost: float | None = None
 
     def add(self, other: "Usage") -> None:
-        """Add other's hours and cost to this one."""
+        """Add other's hours and cost to this one (bench.workload sums its truth with it)."""
         self.allocated += other.allocated
         self.used += other.used
         self.idle += other.idle
@@ -338,57 +409,34 @@ class Usage:
             self.idle_cost = (self.idle_cost or 0.0) + other.idle_cost
 
 
-def _hours_by(client: Prometheus, window: Window, promql: str, ns: str) -> dict[tuple[str, str], float]:
-    """{(namespace, model): sum of the query's values times step, in hours}, evaluated at the middle
-    of each step so that each evaluation stands for its own step of time."""
-    out: dict[tuple[str, str], float] = defaultdict(float)
-    for series in client.range(promql, window, offset=window.step / 2):
-        key = (series["metric"].get(ns, ""), series["metric"].get("name", ""))
-        out[key] += sum(v for _, v in _values(series)) * window.step / 3600
-    return out
+def usage(client: Prometheus, window: Window, settings: Settings, level: str) -> tuple[dict[str, Usage], bool]:
+    """({team, namespace or job: Usage}, from the rules?) over the window, from the level's weekly
+    records (clusters summed: the tables have no cluster column)."""
+    out: dict[str, Usage] = defaultdict(Usage)
+    from_rules = True
+    for name, record in hours_records(level).items():
+        result, ruled = record_hours(client, window, settings, record)
+        from_rules = from_rules and ruled
+        for series in result:
+            row = out[series["metric"].get(LEVELS[level], "")]
+            setattr(row, name, (getattr(row, name) or 0.0) + float(series["value"][1]))
+    return dict(out), from_rules
 
 
-def namespace_usage(client: Prometheus, window: Window, settings: Settings) -> dict[str, Usage]:
-    """{namespace or UNALLOCATED: Usage} over the window, from per-GPU utilisation with its namespace
-    label (attribution) and model (gpuobs_gpu_info), priced with settings' cost per GPU-hour per model."""
-    ns, by = settings.namespace_label, f"{settings.namespace_label}, name"
-    allocated = _hours_by(client, window, f"count by ({by}) ({_gpus_with_model(settings)})", ns)
-    used = _hours_by(client, window, f"sum by ({by}) ({_gpus_with_model(settings)})", ns)
-    idle_gpus = _gpus_with_model(settings, f" <= {settings.idle_utilization:g}")
-    idle = _hours_by(client, window, f"count by ({by}) ({idle_gpus})", ns)
-    usage: dict[str, Usage] = defaultdict(Usage)
-    for key in set(allocated) | set(used) | set(idle):
-        cost = settings.cost(key[1])
-        usage[key[0] or UNALLOCATED].add(Usage(allocated.get(key, 0.0), used.get(key, 0.0), idle.get(key, 0.0),
-                                               None if cost is None else cost * idle.get(key, 0.0)))
-    return dict(usage)
-
-
-def team_usage(usage: dict[str, Usage], settings: Settings) -> dict[str, Usage]:
-    """{team: Usage}, the namespaces' usage summed by settings.team (unallocated GPUs left out)."""
-    teams: dict[str, Usage] = defaultdict(Usage)
-    for namespace, u in usage.items():
-        if namespace != UNALLOCATED:
-            teams[settings.team(namespace)].add(u)
-    return dict(teams)
-
-
-def _usage_rows(usage: dict[str, Usage], settings: Settings, team_column: bool) -> list[tuple[str, list]]:
+def _usage_rows(usage: dict[str, Usage], settings: Settings) -> list[tuple[str, list]]:
     rows = []
     for name, u in sorted(usage.items(), key=lambda kv: -kv[1].idle):
-        cells = [name] + ([settings.team(name) if name != UNALLOCATED else ""] if team_column else [])
-        cells += [hours(u.allocated), hours(u.used), f"{100 * u.used / u.allocated:.1f}" if u.allocated else "n/a",
-                  hours(u.idle)] + ([money(u.idle_cost, settings)] if settings.priced else [])
+        cells = [name, hours(u.allocated), hours(u.used), f"{100 * u.used / u.allocated:.1f}" if u.allocated else "n/a",
+                 hours(u.idle)] + ([money(u.idle_cost, settings)] if settings.priced else [])
         rows.append((name, cells))
     return rows
 
 
-def _usage_table(usage: dict[str, Usage], settings: Settings, first: str, team_column: bool = False) -> str:
-    headers = [first] + (["team"] if team_column else []) + [
-        "GPU-hours allocated", "GPU-hours used (utilisation-weighted)", "mean utilisation %",
-        f"GPU-hours idle (utilisation <= {settings.idle_utilization:g})"]
+def _usage_table(usage: dict[str, Usage], settings: Settings, first: str) -> str:
+    headers = [first, "GPU-hours allocated", "GPU-hours used (utilisation-weighted)", "mean utilisation %",
+               "GPU-hours idle (held, utilisation at or under the idle threshold)"]
     headers += ["idle cost"] if settings.priced else []
-    return table(headers, _usage_rows(usage, settings, team_column), numeric_from=2 if team_column else 1)
+    return table(headers, _usage_rows(usage, settings))
 
 
 def _usage_plot(teams: dict[str, Usage]) -> str:
@@ -406,15 +454,22 @@ def _usage_plot(teams: dict[str, Usage]) -> str:
 
 
 def section_usage(client: Prometheus, window: Window, settings: Settings) -> Section:
-    """Utilisation and waste: GPU-hours allocated, used and idle, and the idle cost, by team and by
-    namespace, with a bar chart per team."""
-    usage = namespace_usage(client, window, settings)
-    if not usage:
-        return Section("usage", "Utilisation and waste by team", no_data(f"no {c.UTILIZATION.name} in this range"))
-    teams = team_usage(usage, settings)
-    parts = [_usage_plot(teams) if teams else no_data(f"no GPU carried a {settings.namespace_label} label"),
-             "<h3>By team</h3>", _usage_table(teams, settings, "team"),
-             "<h3>By namespace</h3>", _usage_table(usage, settings, "namespace", team_column=True)]
+    """Utilisation and waste: GPU-hours allocated, used and idle, and the idle cost, by team, by
+    namespace and by Slurm job (the weekly allocation records), with a bar chart per team."""
+    levels = {level: usage(client, window, settings, level) for level in LEVELS}
+    if not any(rows for rows, _ in levels.values()):
+        return Section("usage", "Utilisation and waste by team",
+                       no_data(f"no GPU held by a pod or Slurm job in this range ({c.GPU_UP.name} with "
+                               f"{', '.join(records.ATTRIBUTION)} labels)"))
+    ruled = all(r for rows, r in levels.values() if rows)
+    source = ("<p>From the recording rules (the weekly GPU-hour records over this range).</p>" if ruled else
+              "<p>Computed from raw series with the recording rules' definitions: the weekly allocation "
+              "records have no series in this range (are the rules loaded?).</p>")
+    teams = levels["team"][0]
+    parts = [source, _usage_plot(teams) if teams else no_data("no namespace held a GPU")]
+    for level, (rows, _) in levels.items():
+        if rows:
+            parts += [f"<h3>By {esc(level)}</h3>", _usage_table(rows, settings, level)]
     if not settings.priced:
         parts.append("<p>No cost per GPU-hour configured (--cost-file has an empty cost_per_gpu_hour): "
                      "idle time is not priced.</p>")
@@ -507,15 +562,60 @@ def record_table(client: Prometheus, window: Window, name: str) -> str:
     return f"<h3>{esc(record.name)}</h3>" + table(keys + ["value"], rows, numeric_from=len(keys))
 
 
+WHOLE_GPU = frozenset(p.name for m in mig.MODELS for p in m.profiles if p.compute_slices == mig.COMPUTE_SLICES)
+
+
+def mig_candidates(client: Prometheus, window: Window) -> tuple[list[dict], str]:
+    """(GPU_MIG_ADVICE's last series in the window whose profile is a real partition, the reason
+    when there is none). A GPU whose smallest fit is the whole-GPU profile (7g.80gb) is no candidate:
+    one instance of the whole GPU is the GPU. No advice series at all is told apart: the weekly
+    rules have peaks (GPU_MEMORY_PEAK) but no GPU fits a profile, or the rules have no data."""
+    span = f"{int(window.end - window.start)}s"
+    advice = records.GPU_MIG_ADVICE.name
+    result = client.instant(f"last_over_time({advice}[{span}])", window.end)
+    parts = [s for s in result if s["metric"].get("profile") not in WHOLE_GPU]
+    if parts:
+        return parts, ""
+    if result:
+        return [], (f"no GPU is a MIG candidate: the peaks of all {len(result)} GPUs with advice fit only the "
+                    f"whole-GPU profile ({', '.join(sorted({s['metric'].get('profile', '') for s in result}))})")
+    peaks = client.instant(f"count(last_over_time({records.GPU_MEMORY_PEAK.name}[{span}]))", window.end)
+    if peaks:
+        return [], (f"no GPU is a MIG candidate: {float(peaks[0]['value'][1]):.0f} GPUs have a week of peaks "
+                    f"({records.GPU_MEMORY_PEAK.name}) and none fits a MIG profile with headroom, is of a model "
+                    f"with MIG, or is out of MIG mode")
+    return [], (f"{advice} and {records.GPU_MEMORY_PEAK.name} have no series in this range: the weekly "
+                f"recording rules ({records.WEEKLY_GROUP}) are not loaded, or ran for less than a step")
+
+
 def section_mig(client: Prometheus, window: Window, settings: Settings) -> Section:
-    """MIG candidates: GPUs whose peak memory and SM activity would fit a MIG profile (RECORDS["mig"])."""
-    return Section("mig", "MIG candidates", "".join(record_table(client, window, n) for n in RECORDS["mig"]))
+    """MIG candidates: GPUs whose peak memory and SM activity would fit a MIG partition smaller than
+    the whole GPU (records.GPU_MIG_ADVICE), or why there is none."""
+    rows, why = mig_candidates(client, window)
+    if not rows:
+        return Section("mig", "MIG candidates", no_data(why))
+    keys = sorted({k for s in rows for k in s["metric"]} - {"__name__"})
+    table_rows = [("/".join(s["metric"].get(k, "") for k in keys), [s["metric"].get(k, "") for k in keys]
+                   + [f"{float(s['value'][1]):.4g}"]) for s in sorted(rows, key=lambda s: sorted(s["metric"].items()))]
+    return Section("mig", "MIG candidates",
+                   f"<p>The smallest MIG profile each GPU's week of peaks fits with headroom; value: its compute "
+                   f"slices of {mig.COMPUTE_SLICES}.</p>"
+                   + table(keys + ["compute slices"], table_rows, numeric_from=len(keys)))
 
 
 def section_reliability(client: Prometheus, window: Window, settings: Settings) -> Section:
     """Failures per 1,000 GPU-hours and MTBF (RECORDS["reliability"])."""
     return Section("reliability", "Failures and MTBF",
                    "".join(record_table(client, window, n) for n in RECORDS["reliability"]))
+
+
+def records_read() -> tuple[records.Record, ...]:
+    """Every record whose series the report reads, for backfills and the check that every record
+    has a reader: the GPU-hour records (and the step records their expressions sum), MIG advice and
+    the peaks that explain its absence, and the reliability records this version defines."""
+    usage = tuple(x for level in LEVELS for x in records.WEEKLY_USAGE[WEEKLY_LEVEL[level]])
+    named = tuple(records.NAMES[n] for names in RECORDS.values() for n in names if n in records.NAMES)
+    return usage + (records.GPU_MIG_ADVICE, records.GPU_MEMORY_PEAK) + named
 
 
 SectionFn = Callable[[Prometheus, Window, Settings], Section]

@@ -40,13 +40,13 @@ def test_records_are_named_level_metric_operation():
     assert len(names) == len(set(names)), "two records of the same name"
     assert all(RECORD.fullmatch(n) for n in names), names
     by_name = {r.name: r for r in records.RECORDS}
-    assert by_name["cluster_node:gpuobs_gpu_power_usage_watts:sum"] is records.NODE_POWER
+    assert by_name["cluster:gpuobs_gpu_power_usage_watts:sum"] is records.CLUSTER_POWER
     # a record read further keeps the metric part of what it reads, and its operation
     assert records.STRAGGLER_RATIO.name == "job_id_rank:gpuobs_training_compute_seconds:ratio_to_others"
     assert records.CLUSTER_GPUS_EXPECTED.name == "cluster:gpuobs_gpus_expected:sum"
-    assert records.JOB_DATA_WAIT_RATIO.name == "job_id:gpuobs_training_data_wait:ratio"
+    assert records.DATA_WAIT_RATIO.name == "job_id_rank:gpuobs_training_data_wait:ratio"
     assert records.MODEL_REQUEST_P99.name == "model:gen_ai_server_request_duration_seconds:p99"
-    assert records.GOODPUT_RATIO.name == "job_id_rank:gpuobs_training_goodput:ratio"  # seconds per second
+    assert records.CLUSTER_GOODPUT.name == "cluster:gpuobs_training_goodput:ratio"  # seconds per second
     for r in records.RECORDS:  # the metric part is the catalog metric's name, or a quantity of its own
         if isinstance(r.source, c.Metric) and r.metric != r.source.name:
             assert r.operation == "ratio" and r.source.unit == "seconds", r.name
@@ -220,7 +220,7 @@ def test_renaming_a_catalog_metric_renames_every_reference():
     before = generate()
     with renamed(RENAMES):
         after = generate()
-        assert records.NODE_POWER.name == "cluster_node:gpuobs_gpu_board_power_watts:sum"
+        assert records.CLUSTER_POWER.name == "cluster:gpuobs_gpu_board_power_watts:sum"
         assert records.STRAGGLER_RATIO.name == "job_id_rank:gpuobs_training_working_seconds:ratio_to_others"
     assert c.POWER_USAGE.name == "gpuobs_gpu_power_usage_watts"  # restored
     for name, new in old.items():

@@ -146,8 +146,7 @@ def promtool(tmp_path, series: list[dict], tests: list[dict]) -> None:
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-2000:]
 
 
-NOW = {"allocated": "GPUS_ALLOCATED", "used": "GPUS_USED", "wasted": "GPUS_WASTED",
-       "allocated_cost": "ALLOCATED_COST", "wasted_cost": "WASTED_COST"}
+NOW = {"allocated": "GPUS_ALLOCATED", "used": "GPUS_USED", "wasted": "GPUS_WASTED", "wasted_cost": "WASTED_COST"}
 WEEK = {"allocated": "GPU_HOURS_ALLOCATED", "used": "GPU_HOURS_USED", "wasted": "GPU_HOURS_WASTED",
         "wasted_cost": "WASTED_COST_WEEK"}
 

@@ -4,9 +4,9 @@ to failures and to checkpoint restarts, and the fleet's training goodput.
 
 A review window of input sampled every weekly_interval (the group's step, 5m), the default profile's
 rule group evaluated over it, with the window a day instead of a week (the rules take it as a
-parameter; promtool's cost grows with its square); each expected value is worked out here from the input, never read from the
-rules. Input series start one step late (`_` first), so that the answers hold whether the range
-selectors are closed at their start (Prometheus 2) or open (Prometheus 3).
+parameter; promtool's cost grows with its square); each expected value is worked out here from the
+input, never read from the rules. Input series start one step late (`_` first), so that the answers
+hold whether the range selectors are closed at their start (Prometheus 2) or open (Prometheus 3).
 """
 
 from __future__ import annotations
@@ -106,7 +106,8 @@ def fleet() -> list[dict]:
     for g in C1_GPUS:
         series += [s("gpuobs_gpu_up", g, week((1, STEPS))), s("gpuobs_gpu_info", {**g, "name": H100}, week((1, STEPS)))]
     series += [
-        s("gpuobs_gpu_xid_errors_total", {**C1_GPUS[0], "xid": "79"}, week((0, 20), (1, 70), (2, 70), (3, STEPS - 160))),
+        s("gpuobs_gpu_xid_errors_total", {**C1_GPUS[0], "xid": "79"},
+          week((0, 20), (1, 70), (2, 70), (3, STEPS - 160))),
         s("gpuobs_gpu_xid_errors_total", {**C1_GPUS[2], "xid": "13"}, week((0, 50), (1, STEPS - 50))),
         s("gpuobs_gpu_up", A, week((1, 100), (0, DOWN_STEPS), (1, STEPS - 100 - DOWN_STEPS))),
         s("gpuobs_gpu_info", {**A, "name": A100}, week((1, STEPS))),
@@ -187,3 +188,41 @@ def test_per_gpu_records_drop_every_label_attribution_adds():
 
     assert set(r.ATTRIBUTION) == set(ATTRIBUTION_LABELS["gpuobs"].values())
     assert f"without ({', '.join(r.ATTRIBUTION)})" in r.GPU_UP_STEP.expr(DEFAULT)
+
+
+# --------------------------------------------------------------------- a counter born at its first XID
+# The exporter creates a GPU's XID counter at its first XID, at 1: increase() of such a series is 0
+# from its second sample on (nothing rose within the range), so a count that let increase() win
+# (`increase(x[w]) or (x unless x offset w)`: `or` keeps the left operand's series) lost every GPU's
+# first XID. The new-series term comes first (records.new_first).
+BORN_AT = 100  # steps (weekly) or scrapes (30 s) without the series, then 1 until the end
+
+
+def test_a_weekly_xid_counter_born_at_1_counts_1(tmp_path):
+    g = gpu("c1", "n1", 0)
+    series = [s("gpuobs_gpu_up", g, week((1, STEPS))), s("gpuobs_gpu_info", {**g, "name": H100}, week((1, STEPS))),
+              s("gpuobs_gpu_xid_errors_total", {**g, "xid": "79"}, f"_x{BORN_AT} 1x{STEPS}")]
+    node = {"cluster": "c1", "node": "n1", "name": H100, "class": "xid_reboot"}
+    assert BORN_AT < STEPS - 2  # the series has several step samples of 1 by the window's end
+    promtool(tmp_path, series, [expect(r.NODE_MODEL_FAILURES, [(node, 1)], '{class="xid_reboot"}')])
+
+
+def test_the_cluster_xid_record_counts_a_counter_born_at_1(tmp_path):
+    """CLUSTER_XID_ERRORS over long_window (the 30 s recording group) on a counter born at 1 and
+    scraped ten more times: 1 XID."""
+    binary = require_tool("promtool")
+    groups = [g for g in rule_groups(T) if g["name"] == "gpuobs-recording"]
+    expr = f"{r.CLUSTER_XID_ERRORS.name}"
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump({"groups": subset(groups, [expr])}, sort_keys=False))
+    born = {**gpu("c1", "n1", 0), "xid": "79"}
+    at = f"{(BORN_AT + 10) * 30}s"  # 10 scrapes after its birth, well within long_window
+    assert duration_seconds(T.long_window) > (BORN_AT + 10) * 30 - BORN_AT * 30
+    doc = {"rule_files": ["rules.yml"], "evaluation_interval": T.eval_interval,
+           "tests": [{"interval": "30s",
+                      "input_series": [s("gpuobs_gpu_xid_errors_total", born, f"_x{BORN_AT} 1x20")],
+                      "promql_expr_test": [{"eval_time": at, "expr": expr, "exp_samples": [
+                          {"labels": f'{{__name__="{expr}", cluster="c1", xid="79"}}', "value": 1}]}]}]}
+    (tmp_path / "test.yml").write_text(yaml.safe_dump(doc, sort_keys=False, width=10 ** 6))
+    out = subprocess.run([binary, "test", "rules", "test.yml"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-2000:]

@@ -119,7 +119,6 @@ def test_pod_without_nvlink_fires_and_nvlink_pair_stays_quiet(make_sim, start, k
     query = prometheus([f"127.0.0.1:{run.exp.http.port}"], rule_files=(str(write_fast_rules(tmp_path)),))
     assert eventually(lambda: _alerts(query), {"split": "firing"}) == {"split": "firing"}
     for record, want in ((records.POD_NVLINK_DOMAINS, {"split": 2, "packed": 1, "single": 1}),
-                         (records.POD_GPUS_HELD, {"split": 2, "packed": 2, "single": 1}),
                          (records.POD_NUMA_NODES, {"split": 2, "packed": 1, "single": 1})):
         assert eventually(lambda record=record: per_pod(query, record), want) == want, record.name
 

@@ -1,0 +1,137 @@
+"""The record type, its naming and the helpers and windows every family's records are built with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol, Union
+
+from .. import catalog as c
+
+GPU_BY = "cluster, node, instance, gpu, uuid"  # one GPU, whatever labels the scrape adds
+# The labels attribution adds to every per-GPU series (gpuobs.exporter.render.ATTRIBUTION_LABELS,
+# native naming). A GPU's series change identity when the pod or job holding it changes, so a
+# per-GPU step record drops them: a GPU that changed hands within a step is still one GPU.
+ATTRIBUTION = ("k8s_namespace", "k8s_pod", "k8s_container", "hpc_job")
+# One GPU's series at one time: for comparing two series of a GPU (its temperature with its
+# threshold), which carry the same attribution labels. Matching on GPU_BY alone finds two series of a
+# GPU where a store keeps the old pod's series for its lookback after a pod change (VictoriaMetrics;
+# any backfilled history), and one-to-one matching then fails for the whole expression.
+SAME_SERIES = GPU_BY + ", " + ", ".join(ATTRIBUTION)
+
+LEVEL_NAMES = {"gen_ai_request_model": "model", "name": "model", "k8s_namespace": "namespace",
+               "k8s_pod": "pod"}  # levels named shorter than their label
+# the labels a record keeps: its level
+CLUSTER = ("cluster",)
+NODE = ("cluster", "node")
+GPU = ("uuid",)  # per GPU: every label of the series it reads, the GPU's UUID first
+JOB = ("job_id",)
+RANK = ("job_id", "rank")
+MODEL = ("gen_ai_request_model",)
+UNCORRECTED = '{error_type="uncorrected",counter_type="volatile"}'  # uncorrected ECC errors since the last reset
+CORRECTED = '{error_type="corrected",counter_type="volatile"}'  # corrected ECC errors since the last reset
+
+
+class Windows(Protocol):
+    """What a record's expression reads besides catalog names (gpuobs.alerts.Thresholds has it all):
+    durations are Prometheus duration strings, utilization a ratio 0-1, memory in bytes."""
+    rate_window: str
+    long_window: str
+    for_idle: str
+    idle_utilization: float
+    allocated_memory_bytes: float
+    trend_step: str  # the rate window of the per-GPU error-rate trends
+
+
+Source = Union[c.Metric, "Record", str]
+
+
+@dataclass(frozen=True, eq=False)  # a singleton like a catalog Metric: identity is equality
+class Record:
+    """One recording rule.
+
+    by: the labels its series keep, which name its level (`cluster_node`; gen_ai_request_model reads
+    `model`). source: what its name is about: a catalog metric (the record's metric part is its name),
+    the record it aggregates further (that record's metric part), or the full name of a quantity the
+    record defines. operation: the last part of the name (sum, rate, p99, ratio_to_others, ...).
+    build: its PromQL for a set of windows, reading catalog names when called.
+    """
+    by: tuple[str, ...]
+    source: Source
+    operation: str
+    build: Callable[[Windows], str]
+
+    @property
+    def level(self) -> str:
+        """The first part of the name: the labels kept, joined by `_`."""
+        return "_".join(LEVEL_NAMES.get(label, label) for label in self.by)
+
+    @property
+    def metric(self) -> str:
+        """The middle part of the name. A rate of a counter of seconds is a share of time, a ratio:
+        its unit cancels out and leaves the name."""
+        source = self.source
+        if isinstance(source, Record):
+            return source.metric
+        if isinstance(source, c.Metric):
+            if self.operation == "ratio" and source.unit == "seconds":
+                return source.name.removesuffix("_seconds")
+            return source.name
+        return source
+
+    @property
+    def name(self) -> str:
+        """`level:metric:operation`, computed from the catalog now."""
+        return f"{self.level}:{self.metric}:{self.operation}"
+
+    def expr(self, t: Windows) -> str:
+        """The rule's PromQL for windows t."""
+        return self.build(t)
+
+
+def _by(by: tuple[str, ...]) -> str:
+    return ", ".join(by)
+
+
+def _series(source: c.Metric | Record) -> str:
+    """The name a selector uses: a record's name, or a catalog metric's sample name."""
+    return source.name if isinstance(source, Record) else source.exposed_name
+
+
+def _sum_rate(by: tuple[str, ...], sample: str, t: Windows, matchers: str = "") -> str:
+    return f"sum by ({_by(by)}) (rate({sample}{matchers}[{t.rate_window}]))"
+
+
+def aggregate(op: str, by: tuple[str, ...], source: c.Metric | Record, matchers: str = "") -> Record:
+    """`op by (by) (source{matchers})` over a gauge, named after it and op; or over a record, named
+    after it and its operation: a sum of sums is a sum, an average of ratios a ratio."""
+    operation = source.operation if isinstance(source, Record) else op
+    return Record(by, source, operation, lambda t: f"{op} by ({_by(by)}) ({_series(source)}{matchers})")
+
+
+def rate_of(by: tuple[str, ...], counter: c.Metric) -> Record:
+    """A counter's per-second rate over rate_window, summed by `by`, named after it."""
+    return Record(by, counter, "rate", lambda t: _sum_rate(by, counter.exposed_name, t))
+
+
+def count_of(by: tuple[str, ...], quantity: str, condition: Callable[[Windows], str]) -> Record:
+    """The series for which condition holds, counted by `by`: a quantity of its own (e.g. lost GPUs)."""
+    return Record(by, quantity, "count", lambda t: f"count by ({_by(by)}) ({condition(t)})")
+
+
+def windowed_quantile(by: tuple[str, ...], duration: c.Metric, q: int) -> Record:
+    """The worst of a duration histogram's exact in-process quantile gauges (catalog.QUANTILES) by
+    `by`, named after the histogram: quantiles of different processes cannot be combined exactly."""
+    return Record(by, duration, f"p{q}",
+                  lambda t: f'max by ({_by(by)}) ({c.QUANTILES[duration].name}{{quantile="{q / 100:g}"}})')
+
+
+# -------------------------------------------------------------- conditions shared with the alert pack
+def pcie_below_max() -> str:
+    """Per GPU: its PCIe link runs below its maximum generation or width (1 series per such GPU)."""
+    return (f"{c.PCIE_GENERATION.name} < on ({SAME_SERIES}) {c.PCIE_MAX_GENERATION.name}"
+            f" or {c.PCIE_WIDTH.name} < on ({SAME_SERIES}) {c.PCIE_MAX_WIDTH.name}")
+
+
+def idle(t: Windows) -> str:
+    """Per GPU: no more than idle_utilization at any sample over for_idle."""
+    return f"max_over_time({c.UTILIZATION.name}[{t.for_idle}]) <= {t.idle_utilization:g}"
