@@ -508,6 +508,38 @@ def test_nothing_configured_is_disabled():
     assert tel.spans_dropped == 0
 
 
+def test_configure_logs_one_line_naming_where_telemetry_goes(caplog, monkeypatch):
+    from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+    def lines(**kw) -> list[str]:
+        caplog.clear()
+        with caplog.at_level("INFO", logger="gpuobs"):
+            instrument.configure(**kw).shutdown(timeout_s=0.5)
+        return [r.getMessage() for r in caplog.records if r.name.startswith("gpuobs") and r.levelname == "INFO"]
+
+    [line] = lines()
+    assert "off" in line and "nothing to export to" in line
+    [line] = lines(enabled=False, span_exporters=[InMemorySpanExporter()])
+    assert "off (enabled=False)" in line
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    [line] = lines(endpoint="http://127.0.0.1:9")
+    assert "OTEL_SDK_DISABLED" in line
+    monkeypatch.delenv("OTEL_SDK_DISABLED")
+    [line] = lines(endpoint="http://127.0.0.1:9", protocol="http/protobuf", span_exporters=[ConsoleSpanExporter()])
+    assert "OTLP http/protobuf to http://127.0.0.1:9" in line and "ConsoleSpanExporter" in line
+    with socket.socket() as taken:  # a port someone else holds: said, not claimed as served
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        [line] = lines(prometheus_port=port, prometheus_addr="127.0.0.1")
+    assert f"port {port} not served" in line and "Prometheus scrape" not in line
+    caplog.clear()
+    with caplog.at_level("INFO", logger="gpuobs"):
+        monkeypatch.setattr(telemetry, "_current", None)
+        instrument.current()  # the lazy default is not a configuration: no line
+    assert not [r for r in caplog.records if r.levelname == "INFO"]
+
+
 def test_disabled_steps_cost_little():
     tel = instrument.configure(enabled=False)
     run = instrument.TrainingRun(tel, timer=WallTimer())
