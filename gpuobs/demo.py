@@ -120,9 +120,12 @@ class OTLPReceiver:
     and .metrics (and passed to on_metrics); other paths answer 404.
 
     keep: the most requests of each kind kept (oldest dropped), None for all; the demo runs for
-    hours and keeps the last few thousand, tests keep everything."""
+    hours and keeps the last few thousand, tests keep everything. on_traces: called with each
+    trace request too (`gpuobs traces` prints them). host, port: where it listens (port 0: any free
+    one; .url says which)."""
 
-    def __init__(self, on_metrics=None, keep: int | None = None):
+    def __init__(self, on_metrics=None, keep: int | None = None, on_traces=None, host: str = "127.0.0.1",
+                 port: int = 0):
         from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
         from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
@@ -151,6 +154,8 @@ class OTLPReceiver:
                 sink.append(message)
                 if on_metrics is not None and sink is receiver.metrics:
                     on_metrics(message)
+                if on_traces is not None and sink is receiver.traces:
+                    on_traces(message)
                 reply = response_type().SerializeToString()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/x-protobuf")
@@ -161,8 +166,8 @@ class OTLPReceiver:
             def log_message(self, *args):
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.url = f"http://{host}:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def spans(self, trace_id: str) -> list:
@@ -174,6 +179,45 @@ class OTLPReceiver:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def span_lines(request) -> list[str]:
+    """One line per span of an OTLP ExportTraceServiceRequest, as `gpuobs traces` prints them:
+    service name, trace id (32 hex digits), span name indented under a parent, duration in ms,
+    status and attributes (key=value). Values come from the request as received."""
+    out = []
+    for rs in request.resource_spans:
+        service = next((a.value.string_value for a in rs.resource.attributes if a.key == "service.name"), "?")
+        for ss in rs.scope_spans:
+            for span in ss.spans:
+                name = f"  {span.name}" if span.parent_span_id else span.name
+                ms = (span.end_time_unix_nano - span.start_time_unix_nano) / 1e6
+                attrs = " ".join(f"{a.key}={_any_value(a.value)}" for a in span.attributes)
+                status = " ERROR" if span.status.code == 2 else ""
+                out.append(f"{service:12} {span.trace_id.hex()} {name:28} {ms:9.2f} ms{status}  {attrs}".rstrip())
+    return out
+
+
+def _any_value(value) -> str:
+    """An OTLP AnyValue as text (its set field; lists and maps as protobuf prints them)."""
+    field = value.WhichOneof("value")
+    return "" if field is None else str(getattr(value, field)).replace("\n", " ")
+
+
+def serve_traces(host: str = "127.0.0.1", port: int = 4318, out=None) -> OTLPReceiver:
+    """`gpuobs traces`: an OTLP/HTTP receiver on host:port (loopback and 4318, OTLP/HTTP's port, by
+    default) that prints each span it receives to out (default stdout) as span_lines() formats it,
+    and accepts metrics without printing them. Returns the running receiver (close() stops it);
+    raises OSError when the port is taken."""
+    out = out or sys.stdout
+    lock = threading.Lock()
+
+    def show(request) -> None:
+        lines = span_lines(request)
+        with lock:
+            out.write("".join(f"{line}\n" for line in lines))
+            out.flush()
+    return OTLPReceiver(keep=0, on_traces=show, host=host, port=port)
 
 
 def slowest_exemplar(prometheus: str, query: str, window_s: float) -> dict | None:
