@@ -246,29 +246,32 @@ GUARD = ("import os, signal\n"
          "os.killpg(0, signal.SIGKILL)\n")
 
 
-def _pdeathsig_setter():
-    """A preexec_fn that asks the kernel to SIGKILL the child when the demo dies (Linux prctl
-    PR_SET_PDEATHSIG; None elsewhere or without libc). libc is loaded here, in the parent: the
-    child runs only the call. The signal follows the *thread* that forked, so children are
-    started from the main thread only. A demo that died before the call leaves the child
-    orphaned already: it then exits at once."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
+def _child_setup(pgid: int, pdeathsig: bool):
+    """A preexec_fn putting the child in process group pgid (0: a new one it leads) and, with
+    pdeathsig on Linux, asking the kernel to SIGKILL it when the demo dies (prctl PR_SET_PDEATHSIG;
+    skipped elsewhere or without libc). Done here rather than with Popen(process_group=), which
+    needs Python 3.11. libc is loaded here, in the parent: the child runs only the calls. The signal
+    follows the *thread* that forked, so children are started from the main thread only. A demo that
+    died before the call leaves the child orphaned already: it then exits at once."""
+    prctl = None
+    if pdeathsig and sys.platform.startswith("linux"):
+        try:
+            prctl = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
+        except (OSError, AttributeError):
+            prctl = None
     parent = os.getpid()
 
     def preexec() -> None:
-        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:
-            os._exit(1)
+        os.setpgid(0, pgid)
+        if prctl is not None:
+            prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            if os.getppid() != parent:
+                os._exit(1)
     return preexec
 
 
 class Children:
-    """The processes the demo starts, in one process group it owns (the guard's, see GUARD), each
+    """The processes the demo starts, in one process group it owns (the guard's, see GUARD), each but the guard
     with the parent-death signal, stdin from /dev/null and MARKER_VAR=token in its environment.
     stop() ends them all: SIGTERM to the group, a wait, SIGKILL to what is left, then the guard
     sweeps the group once more."""
@@ -276,21 +279,22 @@ class Children:
     def __init__(self, token: str):
         self.token = token
         self.procs: list[subprocess.Popen] = []
-        self._preexec = _pdeathsig_setter()
         read_end, self._guard_pipe = os.pipe()
         os.set_inheritable(self._guard_pipe, False)
         # no parent-death signal for the guard: it must outlive the demo to sweep the group
-        self.guard = subprocess.Popen([sys.executable, "-c", GUARD], stdin=read_end, process_group=0,
-                                      env={**os.environ, MARKER_VAR: token})
+        self.guard = subprocess.Popen([sys.executable, "-c", GUARD], stdin=read_end,
+                                      env={**os.environ, MARKER_VAR: token},
+                                      preexec_fn=_child_setup(0, pdeathsig=False))
         os.close(read_end)
         self.pgid = self.guard.pid
+        self._preexec = _child_setup(self.pgid, pdeathsig=True)
 
     def spawn(self, cmd: list[str], log_path: Path, env: dict | None = None) -> subprocess.Popen:
         """Start cmd in the group, its output to log_path; env None inherits the demo's environment."""
         assert threading.current_thread() is threading.main_thread(), "PR_SET_PDEATHSIG follows the forking thread"
         with open(log_path, "w") as log:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    process_group=self.pgid, preexec_fn=self._preexec,
+                                    preexec_fn=self._preexec,
                                     env={**(os.environ if env is None else env), MARKER_VAR: self.token})
         self.procs.append(proc)
         return proc
