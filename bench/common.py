@@ -6,9 +6,10 @@ import os
 import platform
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
-from typing import Callable
+from typing import IO, Callable
 
 from gpuobs.ports import free_port  # noqa: F401  (the bench sections import it from here)
 
@@ -41,6 +42,42 @@ def pct(values, q: float) -> float:
     if not v:
         return float("nan")
     return v[min(len(v) - 1, max(0, round(q * (len(v) - 1))))]
+
+
+TRACKED_RESULTS = (ROOT / "bench" / "last_run.json", ROOT / "BENCHMARKS.md")  # committed: complete runs only
+
+
+def write_result(path: Path | str, content: str | Callable[[IO[str]], None]) -> Path:
+    """Write a results file (JSON numbers, a report, a section spliced into one) whole or not at
+    all: content (the text, or a function writing it to a file object) goes to a temp file in the
+    same directory, is flushed to disk, and only then replaces path (os.replace: atomic on POSIX).
+    Every bench write goes through here, so a run that crashes half-way, or a writer that raises,
+    leaves the old file as it was (the exception propagates; the temp file is removed). Returns path."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            if callable(content):
+                content(f)
+            else:
+                f.write(content)
+            f.flush()
+            os.fsync(f.fileno())
+        if path.exists():  # keep the file's mode (mkstemp makes 0600)
+            os.chmod(tmp, path.stat().st_mode & 0o777)
+        else:
+            os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def is_tracked_result(path: Path | str) -> bool:
+    """Whether path is one of the committed results files (TRACKED_RESULTS), which only a complete
+    run (every section, not --quick) or an explicit request may rewrite."""
+    return Path(path).resolve() in {p.resolve() for p in TRACKED_RESULTS}
 
 
 def cpu_model() -> str:

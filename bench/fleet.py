@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import workload  # noqa: E402
-from bench.common import Running, cpu_seconds, free_port, version  # noqa: E402
+from bench.common import Running, cpu_seconds, free_port, version, write_result  # noqa: E402
 from gpuobs import catalog as c  # noqa: E402
 from gpuobs import records as rec  # noqa: E402
 from gpuobs.alerts.rules import DEFAULT, _seconds  # noqa: E402
@@ -1471,7 +1471,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="gpuobs-fleet-") as tmp:
         res = fleet_bench(a.quick, Path(tmp), a.nodes, a.history_nodes)
     if a.json:
-        a.json.write_text(json.dumps(res, indent=1, default=str))
+        write_result(a.json, json.dumps(res, indent=1, default=str))
     print(fleet_report(res))
 
 

@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import fleet  # noqa: E402
-from bench.common import cpu_model, cpu_seconds, free_port, pct, version  # noqa: E402
+from bench.common import cpu_model, cpu_seconds, free_port, pct, version, write_result  # noqa: E402
 from bench.fleet import FAULTS, Procs, get, metrics, need, rss_bytes, scalar, total, wait_until  # noqa: E402
 
 DEPLOY = ROOT / "deploy" / "fleet"
@@ -549,6 +549,8 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, help="nodes of 8 GPUs (default 1250, quick 125)")
     ap.add_argument("--shards", type=int, default=2, help="Prometheus shards (default 2)")
     ap.add_argument("--no-save", action="store_true", help="print the section; leave bench/last_run.json and BENCHMARKS.md")
+    ap.add_argument("--save", action="store_true", help="with --quick or --nodes: replace the committed "
+                    "bench/last_run.json and BENCHMARKS.md anyway (a full run does by default)")
     a = ap.parse_args()
     nodes = a.nodes or (125 if a.quick else 1250)
     started = time.monotonic()
@@ -571,10 +573,14 @@ def main() -> None:
     saved = ROOT / "bench" / "last_run.json"
     run = json.loads(saved.read_text())
     print("\n".join(sharded_report(res, single_run(run.get("fleet", {})))))
-    if not a.no_save:
-        run.setdefault("fleet", {})["sharded"] = res
-        saved.write_text(json.dumps(run, indent=1, default=str))
-        (ROOT / "BENCHMARKS.md").write_text(write_report(run, run["cmd"]))
+    if a.no_save or ((a.quick or a.nodes) and not a.save):  # a smaller run never replaces the committed one
+        print("not saved: bench/last_run.json and BENCHMARKS.md left as they are" + ("" if a.no_save else
+              " (a --quick or --nodes run; --save replaces them)"))
+        return
+    run.setdefault("fleet", {})["sharded"] = res
+    report = write_report(run, run["cmd"])  # rendered before either write: a failure writes nothing
+    write_result(saved, json.dumps(run, indent=1, default=str))
+    write_result(ROOT / "BENCHMARKS.md", report)
 
 
 if __name__ == "__main__":

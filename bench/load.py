@@ -32,7 +32,7 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import Running, cpu_seconds, free_port, pct, rss_mib  # noqa: E402
+from bench.common import Running, cpu_seconds, free_port, pct, rss_mib, write_result  # noqa: E402
 
 SCRAPERS = 50  # concurrent scrapers (deliverable 3)
 CLIENT_PROCS = 10  # scrapers are spread over processes so one client GIL does not cap the load
@@ -981,11 +981,11 @@ def main() -> None:
         res = fault_load(args.duration, args.scrapers, args.fault_interval)
         res["standalone"] = True
         if args.json:
-            Path(args.json).write_text(json.dumps(res, indent=1))
+            write_result(args.json, json.dumps(res, indent=1))
         section = faults_section(res)
         if args.write_report:
             path = Path(args.write_report)
-            path.write_text(splice_faults(path.read_text(), section))
+            write_result(path, splice_faults(path.read_text(), section))
         print("\n".join(section))
         print(_fault_line(res))
         sys.exit(0 if res["errors"] == 0 and res["stale_as_fresh"] == 0 and res["phases_met"] else 1)
@@ -993,7 +993,7 @@ def main() -> None:
     if args.json:
         import json
 
-        Path(args.json).write_text(json.dumps(result, indent=1))
+        write_result(args.json, json.dumps(result, indent=1))
     print(load_report(result))
 
 

@@ -9,6 +9,9 @@
 Sections: exporter and tracing here, load in bench/load.py, fleet in bench/fleet.py.
 
 Every number in BENCHMARKS.md comes from the run that wrote it; ratios are taken within that run.
+Results are written whole or not at all (bench.common.write_result), and a partial run (--only,
+--quick) writes bench/last_run.json and BENCHMARKS.md only when named (--json, --output) or asked
+to (--save): `--quick --only tracing --output /tmp/x.md` writes /tmp/x.md alone.
 """
 
 from __future__ import annotations
@@ -29,7 +32,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import Running, cpu_model, cpu_seconds, free_port, pct, rss_mib, version  # noqa: E402
+from bench.common import (  # noqa: E402
+    Running,
+    cpu_model,
+    cpu_seconds,
+    free_port,
+    is_tracked_result,
+    pct,
+    rss_mib,
+    version,
+    write_result,
+)
 
 PAGE_INTERVAL = 1.0  # both exporters sample every second
 # What Prometheus 2.42 sends with every scrape: OpenMetrics first, and gzip
@@ -515,7 +528,7 @@ def header_section(run: dict, cmd: str) -> list[str]:
     quick = " **Quick mode**: fewer sizes, shorter periods, a smaller fleet." if run["quick"] else ""
     every = "Every number below"
     alone = [k for k in ("exporter", "load", "tracing", "fleet")
-             if (run.get("exporter_run") if k == "exporter" else run.get(k, {})).get("cmd")] if run else []
+             if ((run.get("exporter_run") if k == "exporter" else run.get(k)) or {}).get("cmd")] if run else []
     if alone:
         named = alone[0] if len(alone) == 1 else f"{', '.join(alone[:-1])} and {alone[-1]}"
         every = (f"Every number below, except the {named} section{'s' if len(alone) > 1 else ''}' "
@@ -890,65 +903,100 @@ def again(sections: list[str], quick: bool, output: Path) -> None:
         del result  # measured; what follows marks it
         meta.update(cmd=cmd, date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                     elapsed=time.monotonic() - begun, cpu=f"{cpu_model()}, {os.cpu_count()} logical cores")
-    saved_path.write_text(json.dumps(run, indent=1))
-    output.write_text(write_report(run, run["cmd"]))
+    report = write_report(run, run["cmd"])  # before either write: a report that fails to render writes nothing
+    write_result(saved_path, json.dumps(run, indent=1))
+    write_result(output, report)
     print(f"wrote {output} and {saved_path} in {time.monotonic() - started:.0f} s")
 
 
-def main() -> None:
-    import json
-
+def _arguments() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer sizes, shorter periods, a smaller fleet")
     ap.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)} "
                     "(a partial run writes a partial report)")
-    ap.add_argument("--output", default=str(ROOT / "BENCHMARKS.md"))
+    ap.add_argument("--output", help="the report (default BENCHMARKS.md; a partial or --quick run writes it "
+                    "only when given, or with --save)")
+    ap.add_argument("--json", help="the run's numbers (default bench/last_run.json; a partial or --quick run "
+                    "writes them only when given, or with --save)")
+    ap.add_argument("--save", action="store_true", help="let a partial or --quick run replace the committed "
+                    "bench/last_run.json and BENCHMARKS.md")
     ap.add_argument("--render", metavar="JSON", help="rewrite the report from a saved run (bench/last_run.json)")
     ap.add_argument("--again", metavar="SECTIONS", help="re-measure only these sections (comma-separated: "
                     "exporter, load, tracing), replace them in bench/last_run.json (the others keep their numbers) "
                     "and rewrite the report from that")
     ap.add_argument("--tracing-only", action="store_true", help="the same as --again tracing")
     args = ap.parse_args()
-    if args.tracing_only or args.again:
-        sections = ["tracing"] if args.tracing_only else [x.strip() for x in args.again.split(",") if x.strip()]
-        unknown = set(sections) - {"exporter", "load", "tracing"}
-        if unknown:
-            ap.error(f"--again takes exporter, load and tracing; not {', '.join(sorted(unknown))}")
-        again(sections, args.quick, Path(args.output))
-        return
-    if args.render:
-        saved = json.loads(Path(args.render).read_text())
-        Path(args.output).write_text(write_report(saved, saved["cmd"]))
-        print(f"wrote {args.output} from {args.render}")
-        return
-    only = [x.strip() for x in args.only.split(",") if x.strip()]
-    unknown = set(only) - set(SECTIONS)
-    if unknown:
-        ap.error(f"unknown section(s): {', '.join(sorted(unknown))}")
+    args.error = ap.error
+    return args
+
+
+def measure(only: list[str], quick: bool) -> dict:
+    """Run the sections named in only; the run's results (what bench/last_run.json holds)."""
     started = time.monotonic()
-    run: dict = {"quick": args.quick, "machine": machine_facts()}
+    run: dict = {"quick": quick, "machine": machine_facts()}
     if "exporter" in only:
-        run["rows"] = exporter_bench(args.quick)
+        run["rows"] = exporter_bench(quick)
     if "load" in only:
         from bench.load import load_bench
 
         print("[load] ...", flush=True)
-        run["load"] = load_bench(args.quick)
+        run["load"] = load_bench(quick)
     if "tracing" in only:
         print("[tracing] ...", flush=True)
-        run["tracing"] = tracing_bench(args.quick)
+        run["tracing"] = tracing_bench(quick)
     if "fleet" in only:
         from bench.fleet import fleet_bench
 
         print("[fleet] ...", flush=True)
         with tempfile.TemporaryDirectory(prefix="gpuobs-fleet-") as tmp:
-            run["fleet"] = fleet_bench(args.quick, Path(tmp))
+            run["fleet"] = fleet_bench(quick, Path(tmp))
     run["elapsed"] = time.monotonic() - started
-    run["cmd"] = ".venv/bin/python bench/run.py" + (" --quick" if args.quick else "") + \
+    run["cmd"] = ".venv/bin/python bench/run.py" + (" --quick" if quick else "") + \
         ("" if only == list(SECTIONS) else f" --only {','.join(only)}")
-    (ROOT / "bench" / "last_run.json").write_text(json.dumps(run, indent=1))
-    Path(args.output).write_text(write_report(run, run["cmd"]))
-    print(f"wrote {args.output} in {run['elapsed']:.0f} s")
+    return run
+
+
+def save(run: dict, complete: bool, args: argparse.Namespace) -> None:
+    """Write the run's numbers and report, each whole (write_result) and only once both rendered. The
+    committed files (bench/last_run.json, BENCHMARKS.md) are written by a complete run, or when named
+    (--output, --json) or asked for (--save); a partial one prints where it would have written."""
+    import json
+
+    report = write_report(run, run["cmd"])
+    for given, default, text in ((args.json, ROOT / "bench" / "last_run.json", json.dumps(run, indent=1)),
+                                 (args.output, ROOT / "BENCHMARKS.md", report)):
+        path = Path(given) if given else default
+        if is_tracked_result(path) and not (complete or args.save or given):
+            print(f"partial run: {path.relative_to(ROOT)} left as it is (name a file, or --save to replace it)")
+            continue
+        write_result(path, text)
+        print(f"wrote {path}")
+
+
+def main() -> None:
+    import json
+
+    args = _arguments()
+    if args.tracing_only or args.again:
+        sections = ["tracing"] if args.tracing_only else [x.strip() for x in args.again.split(",") if x.strip()]
+        unknown = set(sections) - {"exporter", "load", "tracing"}
+        if unknown:
+            args.error(f"--again takes exporter, load and tracing; not {', '.join(sorted(unknown))}")
+        again(sections, args.quick, Path(args.output or ROOT / "BENCHMARKS.md"))
+        return
+    if args.render:
+        saved = json.loads(Path(args.render).read_text())
+        output = args.output or ROOT / "BENCHMARKS.md"
+        write_result(output, write_report(saved, saved["cmd"]))
+        print(f"wrote {output} from {args.render}")
+        return
+    only = [x.strip() for x in args.only.split(",") if x.strip()]
+    unknown = set(only) - set(SECTIONS)
+    if unknown:
+        args.error(f"unknown section(s): {', '.join(sorted(unknown))}")
+    run = measure(only, args.quick)
+    save(run, complete=set(only) == set(SECTIONS) and not args.quick, args=args)
+    print(f"measured in {run['elapsed']:.0f} s")
 
 
 if __name__ == "__main__":

@@ -391,6 +391,33 @@ def demo(duration: float | None, keep_logs: bool) -> None:
     raise SystemExit(demo_mod.run(duration, keep_logs))
 
 
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback: only "
+              "this machine's processes can send).")
+@click.option("--port", type=click.IntRange(0, 65535), default=4318, show_default=True,
+              help="OTLP/HTTP port (0: any free port; the first line says which).")
+def traces(host: str, port: int) -> None:
+    """A local trace receiver: print every span sent over OTLP/HTTP (protobuf) until Ctrl-C.
+
+    In another terminal: OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318 python examples/train.py"""
+    import threading
+
+    from . import demo as demo_mod
+
+    try:
+        receiver = demo_mod.serve_traces(host, port)
+    except OSError as e:
+        raise click.ClickException(f"cannot listen on {host}:{port}: {e}") from None
+    click.echo(f"receiving OTLP/HTTP on {receiver.url}: set OTEL_EXPORTER_OTLP_ENDPOINT={receiver.url} "
+               "(Ctrl-C stops)", err=True)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        receiver.close()
+
+
 def _runbook_base(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """Reject a runbook base that is not an absolute http(s) URL before anything is written."""
     if value is not None:

@@ -11,8 +11,11 @@ from its exemplar to its trace, every fault is cleared and the alerts resolve.
 from __future__ import annotations
 
 import collections
+import ctypes
+import ctypes.util
 import gzip
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -37,6 +40,8 @@ GIB = 1024 ** 3
 NODE = {"gpus": [{"profile": "h100-sxm-80gb", "count": 4}]}
 EXPECTED = ("GpuHwThermalSlowdown", "GpuAllocatedIdle", "GpuXidRebootRequired", "GpuLost",
             "TrainingCollectiveTimeout", "GpuEccCorrectedRising")
+# alerts that stay while the demo runs: the dead man's switch, and rank 1's slowness (on purpose)
+STEADY = ("Watchdog", "TrainingStragglerRank")
 JAEGER = "http://localhost:16686"  # docker-compose.yml's Jaeger: where the printed trace link points
 STEP_BUCKETS = "gpuobs_training_step_duration_seconds_bucket"
 ECC_CLIMB_PER_S = 2.0  # GPU 3's corrected ECC errors a second during the incident (none before)
@@ -115,9 +120,12 @@ class OTLPReceiver:
     and .metrics (and passed to on_metrics); other paths answer 404.
 
     keep: the most requests of each kind kept (oldest dropped), None for all; the demo runs for
-    hours and keeps the last few thousand, tests keep everything."""
+    hours and keeps the last few thousand, tests keep everything. on_traces: called with each
+    trace request too (`gpuobs traces` prints them). host, port: where it listens (port 0: any free
+    one; .url says which)."""
 
-    def __init__(self, on_metrics=None, keep: int | None = None):
+    def __init__(self, on_metrics=None, keep: int | None = None, on_traces=None, host: str = "127.0.0.1",
+                 port: int = 0):
         from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
         from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
@@ -146,6 +154,8 @@ class OTLPReceiver:
                 sink.append(message)
                 if on_metrics is not None and sink is receiver.metrics:
                     on_metrics(message)
+                if on_traces is not None and sink is receiver.traces:
+                    on_traces(message)
                 reply = response_type().SerializeToString()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/x-protobuf")
@@ -156,8 +166,8 @@ class OTLPReceiver:
             def log_message(self, *args):
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.url = f"http://{host}:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def spans(self, trace_id: str) -> list:
@@ -169,6 +179,45 @@ class OTLPReceiver:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def span_lines(request) -> list[str]:
+    """One line per span of an OTLP ExportTraceServiceRequest, as `gpuobs traces` prints them:
+    service name, trace id (32 hex digits), span name indented under a parent, duration in ms,
+    status and attributes (key=value). Values come from the request as received."""
+    out = []
+    for rs in request.resource_spans:
+        service = next((a.value.string_value for a in rs.resource.attributes if a.key == "service.name"), "?")
+        for ss in rs.scope_spans:
+            for span in ss.spans:
+                name = f"  {span.name}" if span.parent_span_id else span.name
+                ms = (span.end_time_unix_nano - span.start_time_unix_nano) / 1e6
+                attrs = " ".join(f"{a.key}={_any_value(a.value)}" for a in span.attributes)
+                status = " ERROR" if span.status.code == 2 else ""
+                out.append(f"{service:12} {span.trace_id.hex()} {name:28} {ms:9.2f} ms{status}  {attrs}".rstrip())
+    return out
+
+
+def _any_value(value) -> str:
+    """An OTLP AnyValue as text (its set field; lists and maps as protobuf prints them)."""
+    field = value.WhichOneof("value")
+    return "" if field is None else str(getattr(value, field)).replace("\n", " ")
+
+
+def serve_traces(host: str = "127.0.0.1", port: int = 4318, out=None) -> OTLPReceiver:
+    """`gpuobs traces`: an OTLP/HTTP receiver on host:port (loopback and 4318, OTLP/HTTP's port, by
+    default) that prints each span it receives to out (default stdout) as span_lines() formats it,
+    and accepts metrics without printing them. Returns the running receiver (close() stops it);
+    raises OSError when the port is taken."""
+    out = out or sys.stdout
+    lock = threading.Lock()
+
+    def show(request) -> None:
+        lines = span_lines(request)
+        with lock:
+            out.write("".join(f"{line}\n" for line in lines))
+            out.flush()
+    return OTLPReceiver(keep=0, on_traces=show, host=host, port=port)
 
 
 def slowest_exemplar(prometheus: str, query: str, window_s: float) -> dict | None:
@@ -185,20 +234,157 @@ def slowest_exemplar(prometheus: str, query: str, window_s: float) -> dict | Non
     return max(found, key=lambda e: e["value"], default=None)
 
 
+MARKER_VAR = "GPUOBS_DEMO_RUN"  # in every child's environment: a unique token per run (tests find strays by it)
+PR_SET_PDEATHSIG = 1  # prctl(2)
+# The guard: the first child, leader of the process group every other child joins. It ignores the
+# stop signals and blocks reading a pipe whose only writer is the demo; end of file means the demo
+# is gone (killed hard, even with SIGKILL) or done stopping, and it then kills the whole group,
+# grandchildren included (a trainer behind a shell or a torchrun-like launcher), and itself.
+GUARD = ("import os, signal\n"
+         "for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP): signal.signal(s, signal.SIG_IGN)\n"
+         "while os.read(0, 1): pass\n"
+         "os.killpg(0, signal.SIGKILL)\n")
+
+
+def _child_setup(pgid: int, pdeathsig: bool):
+    """A preexec_fn putting the child in process group pgid (0: a new one it leads) and, with
+    pdeathsig on Linux, asking the kernel to SIGKILL it when the demo dies (prctl PR_SET_PDEATHSIG;
+    skipped elsewhere or without libc). Done here rather than with Popen(process_group=), which
+    needs Python 3.11. libc is loaded here, in the parent: the child runs only the calls. The signal
+    follows the *thread* that forked, so children are started from the main thread only. A demo that
+    died before the call leaves the child orphaned already: it then exits at once."""
+    prctl = None
+    if pdeathsig and sys.platform.startswith("linux"):
+        try:
+            prctl = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
+        except (OSError, AttributeError):
+            prctl = None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        os.setpgid(0, pgid)
+        if prctl is not None:
+            prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            if os.getppid() != parent:
+                os._exit(1)
+    return preexec
+
+
+class Children:
+    """The processes the demo starts, in one process group it owns (the guard's, see GUARD), each but the guard
+    with the parent-death signal, stdin from /dev/null and MARKER_VAR=token in its environment.
+    stop() ends them all: SIGTERM to the group, a wait, SIGKILL to what is left, then the guard
+    sweeps the group once more."""
+
+    def __init__(self, token: str):
+        self.token = token
+        self.procs: list[subprocess.Popen] = []
+        read_end, self._guard_pipe = os.pipe()
+        os.set_inheritable(self._guard_pipe, False)
+        # no parent-death signal for the guard: it must outlive the demo to sweep the group
+        self.guard = subprocess.Popen([sys.executable, "-c", GUARD], stdin=read_end,
+                                      env={**os.environ, MARKER_VAR: token},
+                                      preexec_fn=_child_setup(0, pdeathsig=False))
+        os.close(read_end)
+        self.pgid = self.guard.pid
+        self._preexec = _child_setup(self.pgid, pdeathsig=True)
+
+    def spawn(self, cmd: list[str], log_path: Path, env: dict | None = None) -> subprocess.Popen:
+        """Start cmd in the group, its output to log_path; env None inherits the demo's environment."""
+        assert threading.current_thread() is threading.main_thread(), "PR_SET_PDEATHSIG follows the forking thread"
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    preexec_fn=self._preexec,
+                                    env={**(os.environ if env is None else env), MARKER_VAR: self.token})
+        self.procs.append(proc)
+        return proc
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """Terminate every process of the group, wait up to grace_s for the ones started, kill what
+        is left, and let the guard sweep the group (grandchildren that ignored SIGTERM). Idempotent."""
+        if self._guard_pipe is None:
+            return
+        try:
+            os.killpg(self.pgid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + grace_s
+        for proc in self.procs:
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        os.close(self._guard_pipe)  # end of file: the guard kills the group and itself
+        self._guard_pipe = None
+        try:
+            self.guard.wait(5)
+        except subprocess.TimeoutExpired:
+            self.guard.kill()
+            self.guard.wait()
+
+
+def _get_json(url: str) -> dict | list | None:
+    """The JSON answer of a GET, None when the server does not answer or answers an error."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return json.load(r)
+    except (OSError, ValueError):
+        return None
+
+
+def _answers(url: str) -> bool:
+    """Whether a GET of url answers 2xx (the exporter's /readyz: a sampling pass completed)."""
+    try:
+        with urllib.request.urlopen(url, timeout=2):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+def _all_up(prometheus: str, n: int) -> bool:
+    """Whether Prometheus's /api/v1/targets lists n active targets, each scraped up."""
+    found = _get_json(f"{prometheus}/api/v1/targets?state=active")
+    active = (found or {}).get("data", {}).get("activeTargets", [])
+    return len(active) == n and all(t.get("health") == "up" for t in active)
+
+
+def _rule_groups(prometheus: str) -> int:
+    """How many rule groups Prometheus has loaded (/api/v1/rules); 0 when it does not answer."""
+    found = _get_json(f"{prometheus}/api/v1/rules")
+    return len((found or {}).get("data", {}).get("groups", []))
+
+
+def active_alerts(alertmanager: str) -> set[str] | None:
+    """The names of the alerts Alertmanager holds as not resolved, whether active, inhibited,
+    silenced or not yet processed (GET /api/v2/alerts: it leaves resolved alerts out); None when it
+    does not answer."""
+    params = urllib.parse.urlencode({"active": "true", "inhibited": "true", "silenced": "true",
+                                     "unprocessed": "true"})
+    found = _get_json(f"{alertmanager}/api/v2/alerts?{params}")
+    if not isinstance(found, list):
+        return None
+    return {a.get("labels", {}).get("alertname", "?") for a in found}
+
+
 class Demo:
     """Starts everything, plays the incident, and stops everything it started."""
 
     def __init__(self, workdir: Path):
         self.workdir = workdir
+        self.children: Children | None = None  # started with start()
         self.procs: list[subprocess.Popen] = []
         self.sim: Simulator | None = None
         self.on_call: OnCall | None = None
         self.tracing: OTLPReceiver | None = None
         self.prometheus = ""  # its base URL, once started
+        self.alertmanager = ""  # its base URL, once started
 
-    def _spawn(self, name: str, cmd: list[str], **kw) -> subprocess.Popen:
-        log = open(self.workdir / f"{name}.log", "w")
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, **kw)
+    def _spawn(self, name: str, cmd: list[str], env: dict | None = None) -> subprocess.Popen:
+        if self.children is None:
+            # the caller's token when it set one (tests find a run's processes by it), else a new one
+            self.children = Children(os.environ.get(MARKER_VAR) or f"{self.workdir.name}-{os.getpid()}")
+        proc = self.children.spawn(cmd, self.workdir / f"{name}.log", env)
         self.procs.append(proc)
         return proc
 
@@ -210,18 +396,48 @@ class Demo:
         return path
 
     def start(self) -> dict[str, str]:
+        """Start the simulator, exporter, trainers, Alertmanager and Prometheus; return their URLs by
+        name. Prometheus evaluates the alert rules only once it has scraped every target up (_arm):
+        rules evaluated before the first scrapes see an absent exporter, an exporter before its first
+        pass (NVML not up yet) or trainers not serving yet, and the fast profile's `for:` of seconds
+        would page for that."""
         prometheus, alertmanager = self._need("prometheus"), self._need("prometheus-alertmanager")
         ports = {name: free_port() for name in ("exporter", "prometheus", "alertmanager")}
         train_base = free_port_run(2)  # the two ranks serve on base + local rank
         self.on_call = OnCall()
         self.tracing = OTLPReceiver(keep=300)  # about the last 10 minutes of spans
+        self._start_node(ports["exporter"], train_base)
+        am_config = self.workdir / "alertmanager.yml"
+        urls = {name: f"{self.on_call.url}/{name}" for name in RECEIVERS}
+        am_config.write_text(yaml.safe_dump(alertmanager_config(urls, fast=True)))
+        self._spawn("alertmanager", [alertmanager, f"--config.file={am_config}",
+                                     f"--storage.path={self.workdir / 'am'}",
+                                     f"--web.listen-address=127.0.0.1:{ports['alertmanager']}",
+                                     "--cluster.listen-address="])
+        self.alertmanager = f"http://127.0.0.1:{ports['alertmanager']}"
+        targets = [f"127.0.0.1:{ports['exporter']}", f"127.0.0.1:{train_base}", f"127.0.0.1:{train_base + 1}"]
+        prom_config = self.workdir / "prometheus.yml"
+        self._write_prometheus_config(prom_config, targets, f"127.0.0.1:{ports['alertmanager']}", rules=None)
+        prom = self._spawn("prometheus", [prometheus, f"--config.file={prom_config}",
+                                          f"--storage.tsdb.path={self.workdir / 'tsdb'}",
+                                          f"--web.listen-address=127.0.0.1:{ports['prometheus']}",
+                                          "--rules.alert.resend-delay=1s", "--enable-feature=exemplar-storage"])
+        self.prometheus = f"http://127.0.0.1:{ports['prometheus']}"
+        self._arm(prom, prom_config, targets, f"127.0.0.1:{ports['alertmanager']}")
+        return {"Prometheus": f"{self.prometheus}/alerts", "Alertmanager": self.alertmanager,
+                "exporter": f"http://127.0.0.1:{ports['exporter']}/metrics",
+                "trainer (rank 0)": f"http://127.0.0.1:{train_base}/metrics",
+                "logs": f"{self.workdir} (removed on a clean exit; --keep-logs keeps it)"}
+
+    def _start_node(self, exporter_port: int, train_base: int) -> None:
+        """The simulated node (every GPU busy), its exporter, and the two trainer ranks."""
         self.sim = Simulator(NODE, directory=self.workdir / "node")
         for i in range(4):  # a busy node: every GPU computing and holding memory
             set_val(self.sim.state.gpu(i).util_gpu, 90)
             set_val(self.sim.state.gpu(i).mem_used, 40 * GIB)
         py = sys.executable
         self._spawn("exporter", [py, "-m", "gpuobs.cli", "exporter", "--listen-address", "127.0.0.1",
-                                 "--port", str(ports["exporter"]), "--interval", "1"], env=self.sim.env())
+                                 "--port", str(exporter_port), "--interval", "1"], env=self.sim.env())
         for rank in (0, 1):
             env = {"PATH": "/usr/bin:/bin", "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
                    "GPUOBS_JOB_ID": "demo-job", "GPUOBS_PROMETHEUS_PORT": str(train_base),
@@ -230,32 +446,29 @@ class Demo:
             self._spawn(f"trainer{rank}", [py, str(REPO / "examples" / "train.py"), "--steps", "1000000",
                                            "--compute-ms", str(20 + 25 * rank),
                                            "--fault-file", str(self._fault_file(rank))], env=env)
-        am_config = self.workdir / "alertmanager.yml"
-        urls = {name: f"{self.on_call.url}/{name}" for name in RECEIVERS}
-        am_config.write_text(yaml.safe_dump(alertmanager_config(urls, fast=True)))
-        self._spawn("alertmanager", [alertmanager, f"--config.file={am_config}",
-                                     f"--storage.path={self.workdir / 'am'}",
-                                     f"--web.listen-address=127.0.0.1:{ports['alertmanager']}",
-                                     "--cluster.listen-address="])
-        targets = [f"127.0.0.1:{ports['exporter']}", f"127.0.0.1:{train_base}", f"127.0.0.1:{train_base + 1}"]
-        prom_config = self.workdir / "prometheus.yml"
-        prom_config.write_text(yaml.safe_dump({
+
+    def _write_prometheus_config(self, path: Path, targets: list[str], alertmanager: str, rules: Path | None) -> None:
+        """Prometheus's configuration: 1 s scrapes of the exporter (job gpuobs) and the trainers (job
+        training), Alertmanager, and the rule file when given (None: no rules yet)."""
+        path.write_text(yaml.safe_dump({
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "external_labels": {"cluster": "demo"}},
-            "rule_files": [str(write_fast_rules(self.workdir))],  # built here: not committed
-            "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{ports['alertmanager']}"]}]}]},
-            "scrape_configs": [{"job_name": "gpuobs", "static_configs": [
-                {"targets": targets[:1], "labels": {"node": "demo-node"}}]},
-                {"job_name": "training", "static_configs": [{"targets": targets[1:], "labels": {"node": "demo-node"}}]}],
+            "rule_files": [str(rules)] if rules else [],
+            "alerting": {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]},
+            "scrape_configs": [{"job_name": job, "static_configs": [{"targets": some, "labels": {"node": "demo-node"}}]}
+                               for job, some in (("gpuobs", targets[:1]), ("training", targets[1:]))],
         }))
-        self._spawn("prometheus", [prometheus, f"--config.file={prom_config}", f"--storage.tsdb.path={self.workdir / 'tsdb'}",
-                                   f"--web.listen-address=127.0.0.1:{ports['prometheus']}",
-                                   "--rules.alert.resend-delay=1s", "--enable-feature=exemplar-storage"])
-        self.prometheus = f"http://127.0.0.1:{ports['prometheus']}"
-        return {"Prometheus": f"http://127.0.0.1:{ports['prometheus']}/alerts",
-                "Alertmanager": f"http://127.0.0.1:{ports['alertmanager']}",
-                "exporter": f"http://127.0.0.1:{ports['exporter']}/metrics",
-                "trainer (rank 0)": f"http://127.0.0.1:{train_base}/metrics",
-                "logs": f"{self.workdir} (removed on a clean exit; --keep-logs keeps it)"}
+
+    def _arm(self, prom: subprocess.Popen, config: Path, targets: list[str], alertmanager: str) -> None:
+        """Wait until Prometheus has scraped every target up and the exporter has completed a sampling
+        pass (its /readyz), then load the fast rules (built here, not committed) by SIGHUP, Prometheus's
+        reload, and wait until they are loaded. Raises DemoError when that takes over 90 s."""
+        exporter = f"http://{targets[0]}/readyz"
+        if not self._wait(lambda: _answers(exporter) and _all_up(self.prometheus, len(targets)), 90):
+            raise DemoError(f"the exporter or the trainers did not come up in 90 s (see {self.workdir})")
+        self._write_prometheus_config(config, targets, alertmanager, rules=write_fast_rules(self.workdir))
+        prom.send_signal(signal.SIGHUP)
+        if not self._wait(lambda: _rule_groups(self.prometheus) > 0, 30):
+            raise DemoError(f"Prometheus did not load the alert rules (see {self.workdir / 'prometheus.log'})")
 
     def _fault_file(self, rank: int) -> Path:
         """The file a trainer rank reads faults to play from (examples/train.py --fault-file)."""
@@ -288,10 +501,26 @@ class Demo:
         _say("all expected alerts fired" if fired else "not every expected alert fired in 150 s")
         self._follow_slowest_step()
         self._fix()
-        resolved = self._wait(lambda: all(on_call.status.get(n) == "resolved" for n in EXPECTED), 120)
-        _say("all incident alerts resolved (TrainingStragglerRank stays: rank 1 is slow on purpose)" if resolved
-             else "not every incident alert resolved in 120 s")
+        resolved = self._wait(self._all_resolved, 150)
+        if resolved:
+            _say("all incident alerts resolved, as Alertmanager and on-call see it "
+                 "(TrainingStragglerRank stays: rank 1 is slow on purpose)")
+        else:
+            _say(f"not every incident alert resolved in 150 s: Alertmanager still has "
+                 f"{sorted(active_alerts(self.alertmanager) or ['(no answer)'])}")
         return fired and resolved
+
+    def _all_resolved(self) -> bool:
+        """Whether the incident is over: Alertmanager has none of its alerts left (active_alerts;
+        STEADY ones aside), and on-call got a resolved notification for each alert it was paged or
+        ticketed for (alert and GPU), including every one of EXPECTED."""
+        active = active_alerts(self.alertmanager)
+        if active is None or active - set(STEADY):
+            return False
+        latest = self.on_call.firing()
+        seen = {name for name, _ in latest}
+        return set(EXPECTED) <= seen and all(status == "resolved" for (name, _), status in latest.items()
+                                             if name not in STEADY)
 
     def _break(self) -> None:
         st = self.sim.state
@@ -346,19 +575,9 @@ class Demo:
             _say("    (its spans have not reached the OTLP receiver yet)")
 
     def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                try:
-                    proc.send_signal(signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        deadline = time.monotonic() + 10
-        for proc in self.procs:
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        """Stop every process started (Children.stop) and the receivers and simulator."""
+        if self.children is not None:
+            self.children.stop()
         if self.on_call:
             self.on_call.server.shutdown()
         if self.tracing:
@@ -367,15 +586,33 @@ class Demo:
             self.sim.close()
 
 
+class Stopped(BaseException):
+    """Raised in the main thread by SIGTERM or SIGHUP (a closed terminal), as Ctrl-C raises
+    KeyboardInterrupt: the demo stops everything it started on its way out. BaseException, so no
+    `except Exception` on the way swallows it."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _raise_stopped(signum: int, _frame) -> None:
+    raise Stopped(signum)
+
+
 def run(duration: float | None = None, keep_logs: bool = False) -> int:
     """Run the demo. duration: exit once the incident is over and this many seconds have passed,
     instead of waiting for Ctrl-C. Returns 0 when the incident's alerts fired and resolved, 1 when
-    some did not, 2 when a component is missing or failed, 130 when Ctrl-C ends it before the
-    incident is over (the logs are kept unless that exit was clean)."""
+    some did not, 2 when a component is missing or failed, 130 when Ctrl-C (128 + the signal for
+    SIGTERM or SIGHUP) ends it before the incident is over (the logs are kept unless that exit was
+    clean). Every signal of STOP_SIGNALS stops every process it started; a demo killed hard takes
+    them with it (Children)."""
     workdir = Path(tempfile.mkdtemp(prefix="gpuobs-demo-"))
     demo = Demo(workdir)
-    interrupted = threading.Event()
-    previous = signal.signal(signal.SIGTERM, lambda *_: interrupted.set())
+    previous = {sig: signal.signal(sig, _raise_stopped) for sig in (signal.SIGTERM, signal.SIGHUP)}
     code = 0
     ok: bool | None = None  # the incident's outcome, once it is over
     started = time.monotonic()
@@ -388,18 +625,21 @@ def run(duration: float | None = None, keep_logs: bool = False) -> int:
         code = 0 if ok else 1
         if duration is None:
             _say("the stack keeps running: Ctrl-C stops everything")
-            interrupted.wait()
-        else:
-            interrupted.wait(max(0.0, duration - (time.monotonic() - started)))
-    except KeyboardInterrupt:
+        forever = threading.Event()
+        forever.wait(None if duration is None else max(0.0, duration - (time.monotonic() - started)))
+    except (KeyboardInterrupt, Stopped) as e:
         if ok is None:  # before the incident was over: not a run that showed anything
-            code = 130
+            code = 128 + getattr(e, "signum", signal.SIGINT)
     except DemoError as e:
         _say(f"error: {e}")
         code = 2
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig in STOP_SIGNALS:  # a second signal must not cut the stopping short
+            previous.setdefault(sig, signal.getsignal(sig))
+            signal.signal(sig, signal.SIG_IGN)
         demo.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         if not keep_logs and code == 0:
             shutil.rmtree(workdir, ignore_errors=True)
         _say("stopped")

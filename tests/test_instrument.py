@@ -508,6 +508,38 @@ def test_nothing_configured_is_disabled():
     assert tel.spans_dropped == 0
 
 
+def test_configure_logs_one_line_naming_where_telemetry_goes(caplog, monkeypatch):
+    from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+    def lines(**kw) -> list[str]:
+        caplog.clear()
+        with caplog.at_level("INFO", logger="gpuobs"):
+            instrument.configure(**kw).shutdown(timeout_s=0.5)
+        return [r.getMessage() for r in caplog.records if r.name.startswith("gpuobs") and r.levelname == "INFO"]
+
+    [line] = lines()
+    assert "off" in line and "nothing to export to" in line
+    [line] = lines(enabled=False, span_exporters=[InMemorySpanExporter()])
+    assert "off (enabled=False)" in line
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    [line] = lines(endpoint="http://127.0.0.1:9")
+    assert "OTEL_SDK_DISABLED" in line
+    monkeypatch.delenv("OTEL_SDK_DISABLED")
+    [line] = lines(endpoint="http://127.0.0.1:9", protocol="http/protobuf", span_exporters=[ConsoleSpanExporter()])
+    assert "OTLP http/protobuf to http://127.0.0.1:9" in line and "ConsoleSpanExporter" in line
+    with socket.socket() as taken:  # a port someone else holds: said, not claimed as served
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        [line] = lines(prometheus_port=port, prometheus_addr="127.0.0.1")
+    assert f"port {port} not served" in line and "Prometheus scrape" not in line
+    caplog.clear()
+    with caplog.at_level("INFO", logger="gpuobs"):
+        monkeypatch.setattr(telemetry, "_current", None)
+        instrument.current()  # the lazy default is not a configuration: no line
+    assert not [r for r in caplog.records if r.levelname == "INFO"]
+
+
 def test_disabled_steps_cost_little():
     tel = instrument.configure(enabled=False)
     run = instrument.TrainingRun(tel, timer=WallTimer())
@@ -1024,13 +1056,53 @@ def test_trace_step_passes_samples_tokens_and_the_step(mem):
     def fixed():
         pass
 
-    @run.trace_step
-    def from_batch(batch, step):
-        step.samples, step.tokens = len(batch), 10 * len(batch)
+    @run.trace_step(step_arg="gstep")
+    def from_batch(batch, gstep):
+        gstep.samples, gstep.tokens = len(batch), 10 * len(batch)
 
     fixed()
     from_batch([1, 2, 3])
     assert (mem.value(c.STEPS), mem.value(c.SAMPLES_TRAINED), mem.value(c.TOKENS_TRAINED)) == (2, 35, 4126)
+
+
+def test_trace_step_leaves_the_users_own_step_parameter_alone(mem):
+    run = instrument.TrainingRun(mem.tel, timer=WallTimer())
+    seen = []
+
+    with pytest.warns(DeprecationWarning):  # a `step` without default: the legacy injection, when left out
+        @run.trace_step
+        def train(batch, step):  # the user's own step counter, passed positionally
+            seen.append(step)
+
+    @instrument.trace_step
+    def by_keyword(batch, step=0):  # with a default: the user's own, even when left out
+        seen.append(step)
+
+    @run.trace_step(step_arg="gstep")
+    def both(batch, step, gstep):
+        seen.append((step, type(gstep).__name__))
+        gstep.samples = len(batch)
+
+    train([1], 7)
+    train([1], step=8)
+    by_keyword([1])
+    by_keyword([1], step=9)
+    both([1, 2], 10)
+    assert seen == [7, 8, 0, 9, (10, "_Step")]
+    instrument.default_run().flush()
+    assert mem.value(c.STEPS) == 5 and mem.value(c.SAMPLES_TRAINED) == 2
+
+
+def test_trace_step_legacy_step_parameter_and_bad_step_arg(mem):
+    run = instrument.TrainingRun(mem.tel, timer=WallTimer())
+    with pytest.warns(DeprecationWarning, match="step_arg"):
+        @run.trace_step
+        def legacy(batch, step):  # no default, left out by callers: it received the open step before
+            step.samples = len(batch)
+    legacy([1, 2, 3])
+    assert mem.value(c.SAMPLES_TRAINED) == 3
+    with pytest.raises(TypeError, match="nope"):
+        run.trace_step(lambda batch: None, step_arg="nope")
 
 
 def test_data_waits_inside_a_step_get_spans(mem):

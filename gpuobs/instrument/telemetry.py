@@ -245,6 +245,8 @@ def configure(service_name: str | None = None, endpoint: str | None = None, prot
         meter_provider=meter_provider).resolved(run_env)
     if not settings.enabled:
         _current = Telemetry(run_env)
+        log.info(f"gpuobs telemetry: {destinations(settings, _current, asked_off=enabled is False)}",
+                 extra={"rank": run_env.rank})
         return _current
     # resolved() set both; the defaults only make the types total
     window = settings.quantile_window_s if settings.quantile_window_s is not None else DEFAULT_WINDOW_S
@@ -252,16 +254,48 @@ def configure(service_name: str | None = None, endpoint: str | None = None, prot
     if set_global:
         install_global(tel.tracer_provider, tel.meter_provider)
     _current = tel
-    log.info("telemetry configured", extra={"endpoint": settings.endpoint, "protocol": settings.protocol,
-                                           "prometheus_port": settings.prometheus_port, "rank": run_env.rank})
+    log.info(f"gpuobs telemetry: {destinations(settings, tel)}",
+             extra={"endpoint": settings.endpoint, "protocol": settings.protocol,
+                    "prometheus_port": settings.prometheus_port, "rank": run_env.rank})
     return tel
+
+
+def destinations(settings: Settings, tel: Telemetry, asked_off: bool = False) -> str:
+    """Where telemetry goes, in words, for configure()'s one log line: `off (...why)`, or the OTLP
+    endpoint and protocol, the Prometheus scrape address (only if its server started), the given
+    span exporters and metric readers by class (a ConsoleSpanExporter reads `ConsoleSpanExporter`),
+    and given providers; `spans off` when spans=False. asked_off: configure(enabled=False) was called."""
+    if not tel.enabled:
+        if asked_off:
+            why = "enabled=False"
+        elif os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() in ("1", "true", "yes", "on"):
+            why = "OTEL_SDK_DISABLED is set"
+        else:
+            why = ("nothing to export to: no OTEL_EXPORTER_OTLP_ENDPOINT, GPUOBS_PROMETHEUS_PORT, "
+                   "exporter, reader or provider")
+        return f"off ({why})"
+    parts = []
+    if settings.endpoint:
+        parts.append(f"OTLP {settings.protocol} to {settings.endpoint}")
+    if tel.http_server is not None:
+        host, port = tel.http_server.server_address[:2]
+        parts.append(f"Prometheus scrape on http://{host}:{port}/metrics")
+    elif settings.prometheus_port is not None:
+        parts.append(f"no Prometheus endpoint (port {settings.prometheus_port} not served)")
+    parts += [f"span exporter {type(e).__name__}" for e in settings.span_exporters]
+    parts += [f"metric reader {type(r).__name__}" for r in settings.metric_readers]
+    if settings.tracer_provider is not None or settings.meter_provider is not None:
+        parts.append("the given OTel providers")
+    if not settings.spans:
+        parts.append("spans off")
+    return ", ".join(parts)
 
 
 def current() -> Telemetry:
     """The Telemetry set by the last configure(); a disabled one if configure was never called."""
     global _current
-    if _current is None:
-        _current = configure(enabled=False)
+    if _current is None:  # not configure(): its log line is for a configuration someone chose
+        _current = Telemetry(RunEnv.detect())
     return _current
 
 

@@ -29,6 +29,7 @@ import inspect
 import logging
 import math
 import time
+import warnings
 from contextlib import nullcontext
 from typing import Any, Callable, Iterable, Iterator
 
@@ -266,11 +267,14 @@ class TrainingRun:
         step may also be set inside it."""
         return _Step(self, samples, tokens, flops)
 
-    def trace_step(self, fn: Callable | None = None, *, samples: int | None = None, tokens: int | None = None) -> Any:
+    def trace_step(self, fn: Callable | None = None, *, samples: int | None = None, tokens: int | None = None,
+                   step_arg: str | None = None) -> Any:
         """Decorator: each call of fn is one step. `@run.trace_step(samples=32, tokens=4096)` gives
-        fixed counts; a function with a `step` parameter gets the step and may set step.samples and
-        step.tokens from its batch."""
-        return _trace_step(lambda: self, fn, samples, tokens)
+        fixed counts; `@run.trace_step(step_arg="gstep")` passes the open step to fn's parameter
+        `gstep` (it may set .samples and .tokens from its batch). fn's own parameters, `step`
+        included, are never touched unless step_arg names one (see _trace_step). Raises TypeError
+        when step_arg names no parameter of fn."""
+        return _trace_step(lambda: self, fn, samples, tokens, step_arg)
 
     def _begin(self, s: _Step) -> None:
         s.nested = self._in_step
@@ -504,24 +508,63 @@ def step(samples: int | None = None, tokens: int | None = None, flops: float | N
     return default_run().step(samples, tokens, flops)
 
 
-def trace_step(fn: Callable | None = None, *, samples: int | None = None, tokens: int | None = None) -> Any:
+def trace_step(fn: Callable | None = None, *, samples: int | None = None, tokens: int | None = None,
+               step_arg: str | None = None) -> Any:
     """Decorator: each call of fn is one step of the default run (see TrainingRun.trace_step)."""
-    return _trace_step(default_run, fn, samples, tokens)
+    return _trace_step(default_run, fn, samples, tokens, step_arg)
+
+
+LEGACY_STEP_ARG = "step"  # before step_arg, a parameter of this name received the open step
 
 
 def _trace_step(get_run: Callable[[], TrainingRun], fn: Callable | None, samples: int | None,
-                tokens: int | None) -> Any:
+                tokens: int | None, step_arg: str | None) -> Any:
+    """The decorator behind both trace_step()s. With step_arg, the open step is passed as that
+    keyword argument (TypeError at decoration when fn has no such parameter). Without it, nothing
+    is injected, except for backwards compatibility into a `step` parameter that has no default
+    and that the caller left out (the call would fail otherwise; a DeprecationWarning says to
+    write step_arg="step"): a `step` the caller passes, or one with a default, stays the user's."""
     def wrap(f: Callable) -> Callable:
-        takes_step = "step" in inspect.signature(f).parameters
+        name, is_given = _step_parameter(f, step_arg)
+        if name is None:
+            @functools.wraps(f)
+            def plain(*args, **kwargs):
+                with get_run().step(samples, tokens):
+                    return f(*args, **kwargs)
+            return plain
 
         @functools.wraps(f)
         def wrapper(*args, **kwargs):
             with get_run().step(samples, tokens) as s:
-                if takes_step:
-                    kwargs.setdefault("step", s)
+                if not is_given(args, kwargs):
+                    kwargs[name] = s
                 return f(*args, **kwargs)
         return wrapper
     return wrap if fn is None else wrap(fn)
+
+
+def _step_parameter(f: Callable, step_arg: str | None) -> tuple[str | None, Callable[[tuple, dict], bool]]:
+    """(the parameter of f that receives the open step, or None; a test of whether a call's own
+    (args, kwargs) already bind it). See _trace_step for which parameter that is."""
+    params = inspect.signature(f).parameters
+    name = step_arg if step_arg is not None else LEGACY_STEP_ARG
+    param = params.get(name)
+    if param is None or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD, param.POSITIONAL_ONLY):
+        if step_arg is not None:
+            raise TypeError(f"trace_step(step_arg={step_arg!r}): {f.__qualname__} has no keyword parameter "
+                            f"{step_arg!r}")
+        return None, lambda args, kwargs: True
+    if step_arg is None:
+        if param.default is not param.empty:  # the user's own `step` with a default: theirs
+            return None, lambda args, kwargs: True
+        warnings.warn(f"trace_step: {f.__qualname__}'s `step` parameter receives the open step only when the "
+                      f"caller leaves it out; write trace_step(step_arg=\"step\") to keep that",
+                      DeprecationWarning, stacklevel=4)
+    positional = list(params).index(name) if param.kind is param.POSITIONAL_OR_KEYWORD else None
+
+    def is_given(args: tuple, kwargs: dict) -> bool:
+        return name in kwargs or (positional is not None and len(args) > positional)
+    return name, is_given
 
 
 def data(iterable: Iterable) -> Iterator:
