@@ -27,9 +27,11 @@ import urllib.parse
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import yaml
 
+from . import catalog as c
 from .alerts.build import RECEIVERS, alertmanager_config, write_fast_rules
 from .ports import free_port, free_port_run
 from .sim import Simulator
@@ -43,7 +45,7 @@ EXPECTED = ("GpuHwThermalSlowdown", "GpuAllocatedIdle", "GpuXidRebootRequired", 
 # alerts that stay while the demo runs: the dead man's switch, and rank 1's slowness (on purpose)
 STEADY = ("Watchdog", "TrainingStragglerRank")
 JAEGER = "http://localhost:16686"  # docker-compose.yml's Jaeger: where the printed trace link points
-STEP_BUCKETS = "gpuobs_training_step_duration_seconds_bucket"
+STEP_BUCKETS = c.STEP_DURATION.prometheus_samples[0]  # the step-duration histogram's _bucket series
 ECC_CLIMB_PER_S = 2.0  # GPU 3's corrected ECC errors a second during the incident (none before)
 
 
@@ -81,6 +83,8 @@ class OnCall:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def notify(self, receiver: str, alert: dict) -> None:
+        """Record one alert of an Alertmanager webhook body (receiver: the webhook path, alert: its
+        `alerts[]` entry with labels, status and annotations) and, when echoing, print it on one line."""
         labels, status = alert.get("labels", {}), alert.get("status", "?")
         name = labels.get("alertname", "?")
         with self.lock:
@@ -132,10 +136,12 @@ class OTLPReceiver:
         self.traces: collections.deque = collections.deque(maxlen=keep)
         self.metrics: collections.deque = collections.deque(maxlen=keep)
         self.paths: collections.deque = collections.deque(maxlen=keep)
-        kinds = {"/v1/traces": (trace_service_pb2.ExportTraceServiceRequest,
-                                trace_service_pb2.ExportTraceServiceResponse, self.traces),
-                 "/v1/metrics": (metrics_service_pb2.ExportMetricsServiceRequest,
-                                 metrics_service_pb2.ExportMetricsServiceResponse, self.metrics)}
+        # path -> (request message, response message, where requests are kept)
+        kinds: dict[str, tuple[Any, Any, collections.deque]] = {
+            "/v1/traces": (trace_service_pb2.ExportTraceServiceRequest,
+                           trace_service_pb2.ExportTraceServiceResponse, self.traces),
+            "/v1/metrics": (metrics_service_pb2.ExportMetricsServiceRequest,
+                            metrics_service_pb2.ExportMetricsServiceResponse, self.metrics)}
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -177,6 +183,7 @@ class OTLPReceiver:
                 for ss in rs.scope_spans for span in ss.spans if span.trace_id == wanted]
 
     def close(self) -> None:
+        """Stop serving and release the port; what was received stays readable."""
         self.server.shutdown()
         self.server.server_close()
 
@@ -279,8 +286,9 @@ class Children:
     def __init__(self, token: str):
         self.token = token
         self.procs: list[subprocess.Popen] = []
-        read_end, self._guard_pipe = os.pipe()
-        os.set_inheritable(self._guard_pipe, False)
+        read_end, guard_pipe = os.pipe()
+        self._guard_pipe: int | None = guard_pipe  # None once stopped
+        os.set_inheritable(guard_pipe, False)
         # no parent-death signal for the guard: it must outlive the demo to sweep the group
         self.guard = subprocess.Popen([sys.executable, "-c", GUARD], stdin=read_end,
                                       env={**os.environ, MARKER_VAR: token},
@@ -345,14 +353,14 @@ def _answers(url: str) -> bool:
 def _all_up(prometheus: str, n: int) -> bool:
     """Whether Prometheus's /api/v1/targets lists n active targets, each scraped up."""
     found = _get_json(f"{prometheus}/api/v1/targets?state=active")
-    active = (found or {}).get("data", {}).get("activeTargets", [])
+    active = (found if isinstance(found, dict) else {}).get("data", {}).get("activeTargets", [])
     return len(active) == n and all(t.get("health") == "up" for t in active)
 
 
 def _rule_groups(prometheus: str) -> int:
     """How many rule groups Prometheus has loaded (/api/v1/rules); 0 when it does not answer."""
     found = _get_json(f"{prometheus}/api/v1/rules")
-    return len((found or {}).get("data", {}).get("groups", []))
+    return len((found if isinstance(found, dict) else {}).get("data", {}).get("groups", []))
 
 
 def active_alerts(alertmanager: str) -> set[str] | None:
@@ -438,6 +446,7 @@ class Demo:
         py = sys.executable
         self._spawn("exporter", [py, "-m", "gpuobs.cli", "exporter", "--listen-address", "127.0.0.1",
                                  "--port", str(exporter_port), "--interval", "1"], env=self.sim.env())
+        assert self.tracing is not None, "start() creates the receiver first"
         for rank in (0, 1):
             env = {"PATH": "/usr/bin:/bin", "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
                    "GPUOBS_JOB_ID": "demo-job", "GPUOBS_PROMETHEUS_PORT": str(train_base),
@@ -479,7 +488,8 @@ class Demo:
         while time.monotonic() < deadline:
             for proc in self.procs:
                 if proc.poll() is not None:
-                    raise DemoError(f"{proc.args[0]} exited early (code {proc.returncode}); see {self.workdir}")
+                    what = proc.args[0] if isinstance(proc.args, list) else proc.args  # the demo passes lists
+                    raise DemoError(f"{what!s} exited early (code {proc.returncode}); see {self.workdir}")
             if predicate():
                 return True
             time.sleep(0.5)
@@ -517,12 +527,14 @@ class Demo:
         active = active_alerts(self.alertmanager)
         if active is None or active - set(STEADY):
             return False
+        assert self.on_call is not None, "start() creates on-call first"
         latest = self.on_call.firing()
         seen = {name for name, _ in latest}
         return set(EXPECTED) <= seen and all(status == "resolved" for (name, _), status in latest.items()
                                              if name not in STEADY)
 
     def _break(self) -> None:
+        assert self.sim is not None, "start() creates the simulator first"
         st = self.sim.state
         _say("INCIDENT: GPU 0 overheats (HW thermal slowdown), GPU 2 sits idle while allocated, "
              "GPU 1 reports XID 79 and falls off the bus, rank 1 logs an NCCL watchdog timeout, "
@@ -540,6 +552,7 @@ class Demo:
         st.lose_gpu(1)
 
     def _fix(self) -> None:
+        assert self.sim is not None, "start() creates the simulator first"
         st = self.sim.state
         _say("FIX: GPU 0 cooled, GPU 1 back after a reset, GPU 2 busy again, GPU 3 drained and replaced "
              "(no new ECC errors), rank 1 restarted from its checkpoint (no new timeouts)")
@@ -563,6 +576,7 @@ class Demo:
             _say("no exemplar stored yet for the step-duration histogram")
             return
         trace_id = slowest["trace_id"]
+        assert self.tracing is not None, "start() creates the receiver first"
         # the step (the trace's root) first, then its children as they started
         spans = sorted(self.tracing.spans(trace_id), key=lambda span: (bool(span.parent_span_id),
                                                                          span.start_time_unix_nano))

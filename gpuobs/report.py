@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import yaml
 
@@ -177,7 +177,7 @@ def load_settings(path: str | Path | None, **overrides) -> Settings:
     label, the recording rules' one source, so that the report and the dashboards agree). Without
     cost_per_gpu_hour (or without a file) GPU-hours are priced as the recording rules price them
     (Thresholds.gpu_hour_costs); an empty cost_per_gpu_hour turns pricing off."""
-    data = {}
+    data: Any = {}  # the YAML document: checked below, field by field
     if path is not None:
         try:
             data = yaml.safe_load(Path(path).read_text()) or {}
@@ -189,7 +189,7 @@ def load_settings(path: str | Path | None, **overrides) -> Settings:
     try:
         if "cost_per_gpu_hour" in data:
             costs = {str(k): float(v) for k, v in (data["cost_per_gpu_hour"] or {}).items()}
-            kw = {"costs": costs, "default_cost": costs.pop("default", None)}
+            kw: dict[str, Any] = {"costs": costs, "default_cost": costs.pop("default", None)}
         else:  # the recording rules' prices: the report then agrees with the Fleet efficiency dashboard
             rules = Settings.from_thresholds()
             kw = {"costs": rules.costs, "default_cost": rules.default_cost}

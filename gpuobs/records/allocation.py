@@ -3,7 +3,7 @@ as GPU-hours over the weekly window; pending demand and Kueue quota."""
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from typing import Callable
 
 from .. import catalog as c
 from .base import (
@@ -39,13 +39,7 @@ TEAM = ("cluster", "team")
 CLUSTER_QUEUE = ("cluster", "cluster_queue")
 
 
-class CostWindows(Windows, Protocol):
-    """Settings of the allocation records (gpuobs.alerts.Thresholds has them): team_label the
-    kube_namespace_labels label naming a namespace's team; gpu_hour_costs (gpuobs_gpu_info `name`
-    regex, cost per GPU-hour) pairs, the first match wins, else gpu_hour_cost_default."""
-    team_label: str
-    gpu_hour_costs: tuple[tuple[str, float], ...]
-    gpu_hour_cost_default: float
+CostWindows = Windows  # the allocation records' settings: part of the one protocol (records.base.Windows)
 
 
 def gpu_hour_cost(t: CostWindows) -> str:

@@ -33,13 +33,61 @@ CORRECTED = '{error_type="corrected",counter_type="volatile"}'  # corrected ECC 
 
 class Windows(Protocol):
     """What a record's expression reads besides catalog names (gpuobs.alerts.Thresholds has it all):
-    durations are Prometheus duration strings, utilization a ratio 0-1, memory in bytes."""
-    rate_window: str
-    long_window: str
-    for_idle: str
-    idle_utilization: float
-    allocated_memory_bytes: float
-    trend_step: str  # the rate window of the per-GPU error-rate trends
+    durations are Prometheus duration strings, utilization a ratio 0-1, memory in bytes. Read-only
+    properties, so a frozen dataclass (Thresholds) satisfies it. One protocol for every record family
+    (the weekly and allocation records read theirs too), since every caller passes the one Thresholds."""
+
+    @property
+    def rate_window(self) -> str:
+        """Window of rate() over counters (a Prometheus duration)."""
+
+    @property
+    def long_window(self) -> str:
+        """Window of the slower averages and of presence checks (a Prometheus duration)."""
+
+    @property
+    def for_idle(self) -> str:
+        """How long a GPU stays below idle_utilization to count as idle (a Prometheus duration)."""
+
+    @property
+    def idle_utilization(self) -> float:
+        """Utilization (ratio 0-1) below which a GPU is idle."""
+
+    @property
+    def allocated_memory_bytes(self) -> float:
+        """Device memory (bytes) above which an idle-looking GPU is still in use."""
+
+    @property
+    def trend_step(self) -> str:
+        """The rate window of the per-GPU error-rate trends (a Prometheus duration)."""
+
+    @property
+    def weekly_window(self) -> str:
+        """The weekly group's review window (a Prometheus duration)."""
+
+    @property
+    def weekly_interval(self) -> str:
+        """The weekly group's evaluation interval, the step of its step records."""
+
+    @property
+    def mig_headroom(self) -> float:
+        """Ratio added to a GPU's peaks before they must fit a MIG profile (0.2 = 20 %)."""
+
+    @property
+    def eval_interval(self) -> str:
+        """Evaluation interval of the other groups, whose records the weekly group averages."""
+
+    @property
+    def team_label(self) -> str:
+        """The kube_namespace_labels label that names a namespace's team."""
+
+    @property
+    def gpu_hour_costs(self) -> tuple[tuple[str, float], ...]:
+        """(gpuobs_gpu_info `name` regex, cost per GPU-hour) pairs; the first match wins."""
+
+    @property
+    def gpu_hour_cost_default(self) -> float:
+        """Cost per GPU-hour of a GPU no regex of gpu_hour_costs matches."""
 
 
 Source = Union[c.Metric, "Record", str]

@@ -4,7 +4,7 @@ training goodput), from per-GPU step records."""
 from __future__ import annotations
 
 import re
-from typing import Callable, Protocol
+from typing import Callable
 
 from .. import catalog as c
 from .. import mig
@@ -38,14 +38,7 @@ XID_TIERS = {  # failure classes of XIDs, by the action they need (the XID alert
 NOT_HARDWARE = ("xid_application",)  # contained application errors: no GPU failure, out of MTBF
 
 
-class WeeklyWindows(Windows, Protocol):
-    """Windows of the weekly group (gpuobs.alerts.Thresholds has them): weekly_window the review
-    window, weekly_interval the group's evaluation interval (the step of its step records),
-    mig_headroom the ratio added to a GPU's peaks before they must fit a MIG profile (0.2 = 20 %)."""
-    weekly_window: str
-    weekly_interval: str
-    mig_headroom: float
-    eval_interval: str  # of the other recording groups, whose records the weekly group averages
+WeeklyWindows = Windows  # the weekly records' windows: part of the one protocol (records.base.Windows)
 
 
 DURATION = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
@@ -108,7 +101,9 @@ GPU_MEMORY_STEP = _step("max", c.MEMORY_USED)
 def _sm_step(t: WeeklyWindows) -> str:
     # SM activity (GPM, Hopper+); a GPU without any over long_window (an A100) gets the share of time a
     # kernel ran, never below it: a conservative stand-in (not for a GPM sample late for one step)
-    sm, step = CLUSTER_SM_ACTIVE.source.name, t.weekly_interval
+    source = CLUSTER_SM_ACTIVE.source
+    assert isinstance(source, c.Metric)  # an aggregate of the GPM metric itself
+    sm, step = source.name, t.weekly_interval
     return per_gpu("max", f"max_over_time({sm}[{step}]) or on ({GPU_BY}) (max_over_time({c.UTILIZATION.name}[{step}]) "
                           f"unless on ({GPU_BY}) present_over_time({sm}[{t.long_window}]))")
 
