@@ -39,7 +39,7 @@ def _tier_note(m: c.Metric) -> str:
 def metrics_markdown() -> str:
     """The metrics reference: one table per family, every catalog metric once."""
     out = ["# Metrics", "",
-           "Generated from `gpuobs/catalog.py` by `gpuobs generate`; a test fails when this file differs.",
+           "Generated from `gpuobs/catalog/` by `gpuobs generate`; a test fails when this file differs.",
            "", f"Every per-GPU series carries the identity labels `{', '.join(c.GPU_LABELS)}` (NVML index and UUID);",
            f"MIG series carry `{', '.join(c.MIG_LABELS)}`. Families marked opt-in are off by default;",
            "metrics marked detail are left out by the default profile (docs/cardinality.md).",
