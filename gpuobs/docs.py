@@ -260,6 +260,22 @@ def cardinality_markdown(measured: dict | None = None) -> str:
 
 
 DCGM_SOURCE = DOCS / "src" / "dcgm.md"  # hand-written prose of docs/dcgm.md, native names as placeholders
+SIMULATOR_SOURCE = DOCS / "src" / "simulator.md"  # docs/simulator.md, its table of fields not exported generated
+TEMPLATES = (DCGM_SOURCE, SIMULATOR_SOURCE)
+
+
+def not_exported_table() -> str:
+    """The Markdown table of the capture fields the simulator's importer does not export and why
+    (gpuobs.sim.smi_fields.NOT_EXPORTED: field path pattern -> reason), one row per reason, its
+    patterns in the order they are declared."""
+    from .sim.smi_fields import NOT_EXPORTED
+
+    by_reason: dict[str, list[str]] = {}
+    for pattern, reason in NOT_EXPORTED.items():
+        by_reason.setdefault(reason, []).append(pattern)
+    return "\n".join(["| fields | not exported, because |", "| --- | --- |",
+                      *(f"| {', '.join(f'`{p}`' for p in patterns)} | {reason} |"
+                        for reason, patterns in by_reason.items())])
 _PLACEHOLDER = re.compile(r"\{\{(?:c\.([A-Z][A-Z0-9_]*)(\.name)?|dcgm:(DCGM_FI_[A-Z0-9_]+))\}\}")
 
 
@@ -277,10 +293,13 @@ def from_template(text: str) -> str:
     """A hand-written page whose native metric names are placeholders, with the names filled in
     from the catalog, so that a rename in the catalog is followed: {{c.NAME}} (NAME a catalog
     Metric's Python name) becomes its exposed name (`_total`, `_info` added), {{c.NAME.name}} its
-    name, {{dcgm:FIELD}} the exposed name of the one whole-GPU metric served as that dcgm-exporter field. The
-    template's first line (a comment naming its output) is dropped. Raises ValueError for a
-    placeholder that names no metric or several."""
+    name, {{dcgm:FIELD}} the exposed name of the one whole-GPU metric served as that dcgm-exporter
+    field, {{sim:not_exported}} the table of not_exported_table(). The template's first line (a
+    comment naming its output) is dropped. Raises ValueError for a placeholder that names no metric
+    or several."""
     body = text.split("\n", 1)[1] if text.startswith("<!--") else text
+    if "{{sim:not_exported}}" in body:  # the table's reasons name metrics already filled in from the catalog
+        body = body.replace("{{sim:not_exported}}", not_exported_table())
     return _PLACEHOLDER.sub(_native, body)
 
 
@@ -290,4 +309,4 @@ def generated(root: Path = DOCS.parent) -> dict[Path, str]:
     own: run it in a process that has no other NVML state (as `gpuobs generate` is)."""
     docs = root / DOCS.name
     return {docs / METRICS_MD.name: metrics_markdown(), docs / CARDINALITY_MD.name: cardinality_markdown(),
-            docs / DCGM_SOURCE.name: from_template(DCGM_SOURCE.read_text())}
+            **{docs / src.name: from_template(src.read_text()) for src in TEMPLATES}}

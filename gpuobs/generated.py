@@ -7,8 +7,8 @@ them): they never import it.
 
 - alerts (gpuobs/alerts/build.py): alerts/ and docs/runbooks/
 - dashboards (gpuobs/dashboards/build.py): dashboards/ and dashboards/provisioning/
-- docs (gpuobs/docs.py): docs/metrics.md, docs/cardinality.md and docs/dcgm.md (from its source
-  docs/src/dcgm.md, native names filled in from the catalog)
+- docs (gpuobs/docs.py): docs/metrics.md, docs/cardinality.md, docs/dcgm.md and docs/simulator.md
+  (from their sources in docs/src/, native names and the simulator's fields not exported filled in)
 - rule-tiers (gpuobs/alerts/tiers.py): docs/rule-tiers.md, the rule pack's local and global tiers
 - fluent-bit (gpuobs/logs/fluentbit.py): deploy/fluent-bit/gpuobs-log-patterns.conf and
   gpuobs-node-inputs.conf, the log-pattern catalog as a Fluent Bit pipeline

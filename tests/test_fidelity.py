@@ -337,3 +337,18 @@ def test_hopper_profiling_under_load_follows_the_capture():
     assert got["gpuobs_gpu_graphics_active_ratio"] == pytest.approx(p["utilization_pct"]["gpu"] / 100)
     assert got["gpuobs_gpu_graphics_active_ratio"] > 0.5  # a 600 W load is not idle
     assert "gpuobs_gpu_sm_active_ratio" not in got  # nvidia-smi shows no SM activity: absent, not 0
+
+
+def test_the_docs_table_of_fields_not_exported_is_generated_from_the_table():
+    """docs/simulator.md's table is NOT_EXPORTED itself (gpuobs generate writes it), so a reason that
+    names a metric follows a rename; one more entry is one more row."""
+    from gpuobs import docs
+
+    table = docs.not_exported_table()
+    assert table in (REPO / "docs" / "simulator.md").read_text()
+    rows = table.splitlines()[2:]
+    assert len(rows) == len(set(fidelity.NOT_EXPORTED.values()))
+    extra = {**fidelity.NOT_EXPORTED, "Frobnication Level": "a made-up field"}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("gpuobs.sim.smi_fields.NOT_EXPORTED", extra)
+        assert docs.not_exported_table().splitlines()[-1] == "| `Frobnication Level` | a made-up field |"

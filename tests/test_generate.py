@@ -41,7 +41,8 @@ def test_generate_writes_each_generator_into_its_own_folders(tmp_path):
     folders = {Path(f).parent.as_posix() for f in files}
     assert folders == {"alerts", "dashboards", "dashboards/provisioning", "docs", "docs/runbooks", "deploy/fluent-bit"}
     assert {f for f in files if f.startswith("docs/") and "/runbooks/" not in f} == {
-        "docs/metrics.md", "docs/cardinality.md", "docs/rule-tiers.md", "docs/dcgm.md"}
+        "docs/metrics.md", "docs/cardinality.md", "docs/rule-tiers.md", "docs/dcgm.md",
+        "docs/simulator.md"}
     # pure transformations are built where they are used, not generated into the tree
     assert not {"alerts/gpuobs-fast.rules.yml", "exporters/kubernetes/dashboards.yaml"} & set(files)
     for f in files:  # the same bytes as the committed files
@@ -100,17 +101,18 @@ def test_generated_markdown_starts_by_naming_its_generator(name):
 
 
 def test_docs_that_repeat_native_names_take_them_from_the_catalog():
-    """docs/dcgm.md is written from docs/src/dcgm.md, whose native names are placeholders: a catalog
-    rename is followed by `gpuobs generate` (and `--check` sees a stale page)."""
+    """docs/dcgm.md and docs/simulator.md are written from docs/src/, whose native names are
+    placeholders: a catalog rename is followed by `gpuobs generate` (and `--check` sees a stale page)."""
     import re
 
     from gpuobs import catalog as c
     from gpuobs import docs
 
+    names = {n for m in c.ALL for n in (m.name, m.exposed_name)}
+    for template in docs.TEMPLATES:
+        typed = set(re.findall(r"(?<![\w:])gpuobs_[a-z0-9_]+", template.read_text())) & names
+        assert not typed, f"{template}: use {{{{c.NAME}}}} placeholders for {sorted(typed)}"
     source = docs.DCGM_SOURCE.read_text()
-    typed = set(re.findall(r"(?<![\w:])gpuobs_[a-z0-9_]+", source)) & {n for m in c.ALL
-                                                                        for n in (m.name, m.exposed_name)}
-    assert not typed, f"{docs.DCGM_SOURCE}: use {{{{c.NAME}}}} placeholders for {sorted(typed)}"
     assert source.count("{{") > 20 and "{{" not in docs.from_template(source)
     assert docs.from_template("x\n`{{c.ENERGY}}` {{c.ENERGY.name}} {{dcgm:DCGM_FI_DEV_GPU_TEMP}}") == \
         f"x\n`{c.ENERGY.exposed_name}` {c.ENERGY.name} {c.TEMPERATURE.exposed_name}"
