@@ -160,7 +160,8 @@ def wait_until(what: str, predicate, timeout: float, procs: Procs | None = None,
         except (OSError, RuntimeError, ValueError) as e:
             last = e
         time.sleep(every)
-    raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}" + (f" (last error: {last})" if last else ""))
+    raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}"
+                       + (f" (last error: {last})" if last else ""))
 
 
 def rss_bytes(pid: int) -> int:
@@ -345,7 +346,8 @@ class Node(Rows):
             lab = {"gpu": str(g), "uuid": uuids[g], "xid": "79"}
             if role == "xid":
                 if wanted(c.XID_ERRORS.exposed_name):
-                    rows.append((c.XID_ERRORS.name, c.XID_ERRORS.exposed_name, lab, g, _coef(1.0, step=1.0), None, None))
+                    rows.append((c.XID_ERRORS.name, c.XID_ERRORS.exposed_name, lab, g, _coef(1.0, step=1.0),
+                                 None, None))
                 if wanted(c.XID_LAST_SEEN.name):
                     rows.append((c.XID_LAST_SEEN.name, c.XID_LAST_SEEN.name, dict(lab), g, _coef(T0), None, None))
             elif injectable:   # an XID 79 inject() may start: absent (no span) until then
@@ -524,7 +526,8 @@ class ClusterState(Rows):
     def values(self, t: np.ndarray) -> np.ndarray:
         v = np.repeat(self.coef[:, 0][:, None], len(t), axis=1)
         for j, team in self.queue_of.items():
-            v[j] = sum(workload.held([h for h in nd.holds if workload.team_of(h.key("namespace")) == team], GPUS, t).sum(0)
+            v[j] = sum(workload.held([h for h in nd.holds if workload.team_of(h.key("namespace")) == team],
+                                     GPUS, t).sum(0)
                        for nd in self.nodes)
         return v
 
@@ -606,7 +609,8 @@ def live_bench(workdir: Path, template_path: Path, nodes: int, interval: int, wi
         am_cfg = workdir / "alertmanager.yml"
         am_cfg.write_text(yaml.safe_dump({"route": {"receiver": "null"}, "receivers": [{"name": "null"}]}))
         procs.start("alertmanager", [need("prometheus-alertmanager"), f"--config.file={am_cfg}",
-                                     f"--storage.path={workdir / 'am'}", f"--web.listen-address=127.0.0.1:{ports['am']}",
+                                     f"--storage.path={workdir / 'am'}",
+                                     f"--web.listen-address=127.0.0.1:{ports['am']}",
                                      "--cluster.listen-address="])
         groups = [{"targets": [f"node-{n:04d}" for n in range(nodes) if n % CLUSTERS == c],
                    "labels": {"cluster": f"cluster-{c}"}} for c in range(CLUSTERS)]
@@ -963,7 +967,8 @@ class History:
                                                             "rules": rules}]}, sort_keys=False))
                 rb = subprocess.run([need("promtool"), "tsdb", "create-blocks-from", "rules",
                                      f"--start={self.start + (every if slow else 0)}", f"--end={self.end}",
-                                     f"--url={self.url}", f"--output-dir={out}", f"--eval-interval={every}s", str(path)],
+                                     f"--url={self.url}", f"--output-dir={out}", f"--eval-interval={every}s",
+                                     str(path)],
                                     capture_output=True, text=True, timeout=900)
                 if rb.returncode != 0:
                     raise RuntimeError(f"promtool create-blocks-from rules (pass {level}) failed: {rb.stderr[-2000:]}")
@@ -979,7 +984,8 @@ class History:
         """Waits for Prometheus to merge the overlapping backfilled blocks (its first compaction, a
         minute after start), the state a Prometheus that recorded the rules itself would be in."""
         ranges = self.hours * 3600 // BLOCK_S
-        self.numbers["blocks_before_compaction"] = total(metrics(f"{self.url}/metrics"), "prometheus_tsdb_blocks_loaded")
+        self.numbers["blocks_before_compaction"] = total(metrics(f"{self.url}/metrics"),
+                                                         "prometheus_tsdb_blocks_loaded")
         t2 = time.monotonic()
         wait_until("Prometheus to merge the backfilled blocks",
                    lambda: total(metrics(f"{self.url}/metrics"), "prometheus_tsdb_blocks_loaded") <= ranges, 300,
@@ -1154,8 +1160,10 @@ def history_bench(workdir: Path, template: str, hnodes: int, step: int, scrape: 
             rows_without = [r for r in rows if not math.isnan(r["t_without"])]
             out[d] = {
                 "queries": len(rows), "rule_queries": len(rr),
-                "total_with": sum(r["t_with"] for r in rows), "total_without": sum(r["t_without"] for r in rows_without),
-                "max_with": max(r["t_with"] for r in rows), "max_without": max(r["t_without"] for r in rows_without),
+                "total_with": sum(r["t_with"] for r in rows),
+                "total_without": sum(r["t_without"] for r in rows_without),
+                "max_with": max(r["t_with"] for r in rows),
+                "max_without": max(r["t_without"] for r in rows_without),
                 "rule_total_with": sum(r["t_with"] for r in rr), "rule_total_without": sum(r["t_without"] for r in rr),
                 "slowest_with": max(rows, key=lambda r: r["t_with"])["panel"],
                 "slowest_without": max(rows_without, key=lambda r: r["t_without"])["panel"],
@@ -1237,8 +1245,9 @@ def fleet_report(result: dict) -> str:
     L.append(f"Run {'quick' if result.get('quick') else 'full'} in {fmt(result.get('elapsed_s'), 0)} s; "
              f"{v.get('prometheus', '?')}; {v.get('victoria-metrics', '?')} (vmalert from the same package).")
     L.append("")
-    L.append(f"Series come from the gpuobs exporter on one simulated 8 × H100 node ({result.get('template_series', 0):,} "
-             "series), copied per node with its own UUIDs, target labels (cluster, node, instance, job) and values "
+    L.append("Series come from the gpuobs exporter on one simulated 8 × H100 node "
+             f"({result.get('template_series', 0):,} series), copied per node with its own UUIDs, target labels "
+             "(cluster, node, instance, job) and values "
              "that move: a utilization wave per GPU that power, temperature and the activity ratios follow, "
              "counters that increase. Per GPU, about 3 % are idle, 2 % allocated but idle, 2 % throttling "
              "(power cap or HW thermal), 0.8 % report XID 79 and 0.2 % are lost. Five clusters.")
@@ -1249,8 +1258,9 @@ def fleet_report(result: dict) -> str:
     if "error" in live:
         L.append(f"**Failed** with {live['nodes']} nodes: `{live['error']}`")
     else:
-        L.append(f"Method: one process (standard-library WSGI server) serves `/metrics?node=N` for {live['nodes']:,} "
-                 f"nodes ({live['gpus']:,} GPUs), rendering each body at request time; one Prometheus scrapes every "
+        L.append("Method: one process (standard-library WSGI server) serves `/metrics?node=N` for "
+                 f"{live['nodes']:,} nodes ({live['gpus']:,} GPUs), rendering each body at request time; "
+                 "one Prometheus scrapes every "
                  f"node every {live['scrape_interval_s']} s, evaluates `alerts/gpuobs.rules.yml` and remote-writes "
                  "everything to one VictoriaMetrics, where vmalert evaluates the same rules every 30 s. All on "
                  f"this machine's two cores. After every target had been scraped once and one more cycle, the "
@@ -1263,26 +1273,34 @@ def fleet_report(result: dict) -> str:
             ("targets up", f"{live['targets_up']:,} / {live['nodes']:,}"),
             ("first scrape of every target done after (s)", fmt(live["first_cycle_s"], 0)),
             ("Prometheus active series (`prometheus_tsdb_head_series`)", f"{live['prom_head_series']:,.0f}"),
-            ("Prometheus ingest, samples/s (`prometheus_tsdb_head_samples_appended_total`)", fmt(live["prom_samples_per_s"], 0)),
+            ("Prometheus ingest, samples/s (`prometheus_tsdb_head_samples_appended_total`)",
+             fmt(live["prom_samples_per_s"], 0)),
             ("Prometheus RSS, GiB (`process_resident_memory_bytes`, end; peak VmRSS)",
              f"{fmt(live['prom_rss_gib'])}; {fmt(live['peak_rss_gib']['prometheus'])}"),
-            ("scrape duration, avg / max (s)", f"{fmt(live['scrape_duration_avg_s'], 3)} / {fmt(live['scrape_duration_max_s'], 3)}"),
-            ("Prometheus rule groups, last duration (s)", ", ".join(f"{g} {fmt(x, 2)}" for g, x in sorted(pr.items()))),
-            ("Prometheus rule failures / missed iterations", f"{live['prom_rule_failures']:.0f} / {live['prom_rule_missed']:.0f}"),
+            ("scrape duration, avg / max (s)",
+             f"{fmt(live['scrape_duration_avg_s'], 3)} / {fmt(live['scrape_duration_max_s'], 3)}"),
+            ("Prometheus rule groups, last duration (s)",
+             ", ".join(f"{g} {fmt(x, 2)}" for g, x in sorted(pr.items()))),
+            ("Prometheus rule failures / missed iterations",
+             f"{live['prom_rule_failures']:.0f} / {live['prom_rule_missed']:.0f}"),
             ("remote_write sent, samples/s (with the first cycle's backlog); failed; pending; lag (s)",
-             f"{fmt(live['rw_samples_per_s'], 0)}; {live['rw_failed']:.0f}; {live['rw_pending']:.0f}; {fmt(live['rw_lag_s'], 1)}"),
+             f"{fmt(live['rw_samples_per_s'], 0)}; {live['rw_failed']:.0f}; {live['rw_pending']:.0f}; "
+             f"{fmt(live['rw_lag_s'], 1)}"),
             ("VictoriaMetrics rows inserted/s (`vm_rows_inserted_total`)", fmt(live["vm_rows_per_s"], 0)),
             ("VictoriaMetrics series (`/api/v1/series/count`)", f"{live['vm_series']:,}"),
-            ("VictoriaMetrics RSS, GiB (end; peak)", f"{fmt(live['vm_rss_gib'])}; {fmt(live['peak_rss_gib']['victoria-metrics'])}"),
+            ("VictoriaMetrics RSS, GiB (end; peak)",
+             f"{fmt(live['vm_rss_gib'])}; {fmt(live['peak_rss_gib']['victoria-metrics'])}"),
             ("vmalert rules loaded; evaluation errors (recording / alerting)",
-             f"{live['vmalert_rules']}; {live['vmalert_recording_errors']:.0f} / {live['vmalert_alerting_errors']:.0f}"),
-            ("vmalert mean group evaluation (s)", ", ".join(f"{g} {fmt(x, 2)}" for g, x in sorted(live["vmalert_group_s"].items()))),
+             f"{live['vmalert_rules']}; {live['vmalert_recording_errors']:.0f} / "
+             f"{live['vmalert_alerting_errors']:.0f}"),
+            ("vmalert mean group evaluation (s)",
+             ", ".join(f"{g} {fmt(x, 2)}" for g, x in sorted(live["vmalert_group_s"].items()))),
             ("vmalert peak RSS, GiB", fmt(live["peak_rss_gib"]["vmalert"])),
             ("multi-target exporter peak RSS, GiB", fmt(live["peak_rss_gib"]["exporter"])),
             ("sum of the four peak RSS, GiB", fmt(sum(live["peak_rss_gib"].values()))),
             ("wall time of this part (s)", fmt(live.get("part_s"), 0)),
-            ("CPU cores used (Prometheus, VM, vmalert, exporter)", ", ".join(fmt(live["cpu_cores"][k]) for k in
-                                                                          ("prometheus", "victoria-metrics", "vmalert", "exporter"))),
+            ("CPU cores used (Prometheus, VM, vmalert, exporter)",
+             ", ".join(fmt(live["cpu_cores"][k]) for k in ("prometheus", "victoria-metrics", "vmalert", "exporter"))),
         ]
         L += [f"| {a} | {b} |" for a, b in rows]
         L.append("")
@@ -1290,7 +1308,8 @@ def fleet_report(result: dict) -> str:
             L.append(f"vmalert rule errors ({live['vmalert_rule_error_count']}): " +
                      "; ".join(f"`{e}`" for e in live["vmalert_rule_errors"]))
         else:
-            L.append(f"vmalert: every rule of every group evaluated without an error ({live['vmalert_rules']} rules).")
+            L.append("vmalert: every rule of every group evaluated without an error "
+                     f"({live['vmalert_rules']} rules).")
         slow = {g: x for g, x in pr.items() if x > RULE_INTERVAL_S}
         if slow or live["prom_rule_missed"]:
             L.append(f"Prometheus rule groups slower than their {RULE_INTERVAL_S:g} s interval on this machine: " +
@@ -1304,7 +1323,8 @@ def fleet_report(result: dict) -> str:
                  f"file without that key ({live['vmalert_dropped_keep_firing_for']} alerts carry it); everything "
                  "else is the committed file. Prometheus loads the committed file as is.")
     L.append("")
-    if result.get("sharded"):   # bench/fleet_sharded.py: deploy/fleet at the same scale, next to the numbers above
+    # bench/fleet_sharded.py: deploy/fleet at the same scale, next to the numbers above
+    if result.get("sharded"):
         from bench.fleet_sharded import sharded_report, single_run
 
         L += sharded_report(result["sharded"], single_run(result))
@@ -1315,31 +1335,38 @@ def fleet_report(result: dict) -> str:
         L.append(f"**Failed** with {h['nodes']} nodes: `{h['error']}`")
         return "\n".join(L) + "\n"
     L.append(f"Method: {h['nodes']:,} nodes ({h['gpus']:,} GPUs), every series the fleet dashboards "
-             f"({', '.join(FLEET_DASHBOARDS + EFFICIENCY_DASHBOARDS)}) and the recording rules read ({h['series_per_node']:,} of the "
+             f"({', '.join(FLEET_DASHBOARDS + EFFICIENCY_DASHBOARDS)}) and the recording rules read "
+             f"({h['series_per_node']:,} of the "
              f"template's {h['template_series']:,} series per node, {h['series']:,} in all, plus `up` and "
              f"`scrape_duration_seconds`), one sample every {h['scrape_s']} s for {HISTORY_HOURS} h: "
-             f"{h['samples']:,} samples, {fmt(h['text_gib'])} GiB of OpenMetrics text written in {fmt(h['generate_s'], 0)} s, "
+             f"{h['samples']:,} samples, {fmt(h['text_gib'])} GiB of OpenMetrics text written in "
+             f"{fmt(h['generate_s'], 0)} s, "
              f"turned into blocks by `promtool tsdb create-blocks-from openmetrics` ({fmt(h['backfill_s'], 0)} s "
              f"including the writing). The recording rules were backfilled over the same range with `promtool tsdb "
              f"create-blocks-from rules`, each group at its own interval, in {h.get('rule_passes', '?')} passes "
-             f"({fmt(h['rules_backfill_s'], 0)} s; a rule comes in the pass after every record it reads, since promtool "
-             "cannot read what it is writing), Prometheus restarted on all of it. Each dashboard query then ran over the 6 h as Grafana "
+             f"({fmt(h['rules_backfill_s'], 0)} s; a rule comes in the pass after every record it reads, "
+             "since promtool "
+             "cannot read what it is writing), Prometheus restarted on all of it. Each dashboard query then ran "
+             "over the 6 h as Grafana "
              f"sends it with every variable at All (`.*`): `query_range` with a {h['step_s']} s step "
              f"(Grafana's own for a 6 h panel would be coarser), `$__rate_interval` = {4 * h['scrape_s']} s, "
              "table panels as instant queries (`$__range` = 6h). \"Without\" is the same query with each recorded "
              "name replaced by its expression. One warm-up pass, then the median of "
              f"{h['runs']} timed passes, wall time at the client.")
     L.append("")
-    L.append("| dashboard | queries (reading rules) | total with (s) | total without (s) | max with (s) | max without (s) | without / with (all) | without / with (rule queries) |")
+    L.append("| dashboard | queries (reading rules) | total with (s) | total without (s) | max with (s) "
+             "| max without (s) | without / with (all) | without / with (rule queries) |")
     L.append("|---|---:|---:|---:|---:|---:|---:|---:|")
     for d, x in h["dashboards"].items():
         ratio = x["total_without"] / x["total_with"] if x["total_with"] else float("nan")
         rr = x["rule_total_without"] / x["rule_total_with"] if x["rule_total_with"] else float("nan")
-        L.append(f"| {d} | {x['queries']} ({x['rule_queries']}) | {fmt(x['total_with'], 3)} | {fmt(x['total_without'], 3)} "
+        L.append(f"| {d} | {x['queries']} ({x['rule_queries']}) | {fmt(x['total_with'], 3)} "
+                 f"| {fmt(x['total_without'], 3)} "
                  f"| {fmt(x['max_with'], 3)} | {fmt(x['max_without'], 3)} | {fmt(ratio, 1)}× | {fmt(rr, 1)}× |")
     L.append("")
     L.append(f"Prometheus RSS after the queries: {fmt(h['prom_rss_gib'])} GiB; wall time of this part: "
-             f"{fmt(h.get('part_s'), 0)} s, of which {fmt(h['compaction_wait_s'], 0)} s waiting for Prometheus to merge "
+             f"{fmt(h.get('part_s'), 0)} s, of which {fmt(h['compaction_wait_s'], 0)} s waiting for Prometheus "
+             "to merge "
              f"the {h['blocks_before_compaction']:.0f} backfilled blocks into {h['blocks']:.0f} (its first compaction "
              "runs a minute after start; the queries are timed on the merged blocks).")
     L.append("")
@@ -1351,42 +1378,55 @@ def fleet_report(result: dict) -> str:
         rr = x["rule_total_without"] / x["rule_total_with"] if x["rule_total_with"] else float("nan")
         L.append(f"- {d}: ≤ 1 s per query with the rules (the slowest query, not the total): "
                  + (f"**met** (slowest {fmt(x['max_with'], 3)} s, {x['slowest_with']})" if ok1 else
-                    f"**missed** by {fmt(x['max_with'] - 1.0, 3)} s (slowest {fmt(x['max_with'], 3)} s, {x['slowest_with']})")
+                    f"**missed** by {fmt(x['max_with'] - 1.0, 3)} s "
+                    f"(slowest {fmt(x['max_with'], 3)} s, {x['slowest_with']})")
                  + "; ≥ 10× faster with than without over the whole dashboard: "
-                 + (f"**met** ({fmt(ratio, 1)}×)" if ratio >= 10 else f"**missed** ({fmt(ratio, 1)}×, {fmt(10 / ratio, 1)}× short)")
+                 + (f"**met** ({fmt(ratio, 1)}×)" if ratio >= 10
+                    else f"**missed** ({fmt(ratio, 1)}×, {fmt(10 / ratio, 1)}× short)")
                  + f"; over the {x['rule_queries']} queries that read recording rules {fmt(rr, 1)}× "
                  + ("(met)" if rr >= 10 else "(missed)")
-                 + (f", the slowest of them {fmt(max(r['t_with'] for r in x['rows'] if r['uses_rules']), 3)} s with the rules."
+                 + (f", the slowest of them {fmt(max(r['t_with'] for r in x['rows'] if r['uses_rules']), 3)} s "
+                    "with the rules."
                     if x["rule_queries"] else "."))
     L.append("")
-    L.append("A query that reads no recording rule is the same text with and without, so any difference between its two "
-             "times is noise (other work on the machine, the page cache).")
+    L.append("A query that reads no recording rule is the same text with and without, so any difference "
+             "between its two times is noise (other work on the machine, the page cache).")
     L.append("")
     for d, x in ((d, x) for d, x in h["dashboards"].items() if d in FLEET_DASHBOARDS):
         rows = sorted(x["rows"], key=lambda r: -r["t_with"])
         raw_with = sum(r["t_with"] for r in x["rows"] if not r["uses_rules"])
         nvlink = any("NVLink" in r["panel"] for r in rows[:3] if not r["uses_rules"])
         L.append(f"Why, {d}: {x['queries'] - x['rule_queries']} of its {x['queries']} queries read no recording rule"
-                 + (" (raw per-GPU and per-link series, NVLink above all: 18 links and 3 error types per GPU)" if nvlink else "")
+                 + (" (raw per-GPU and per-link series, NVLink above all: 18 links and 3 error types per GPU)"
+                    if nvlink else "")
                  + ", "
-                 f"so they cost the same with and without; they take {fmt(raw_with, 3)} s of the {fmt(x['total_with'], 3)} s "
-                 f"({fmt(100 * raw_with / x['total_with'], 0) if x['total_with'] else 'n/a'} %) with the rules. Slowest with the rules:")
+                 f"so they cost the same with and without; they take {fmt(raw_with, 3)} s of the "
+                 f"{fmt(x['total_with'], 3)} s "
+                 f"({fmt(100 * raw_with / x['total_with'], 0) if x['total_with'] else 'n/a'} %) with the rules. "
+                 "Slowest with the rules:")
         L.append("")
         L.append("| panel | reads a rule | kind | with (s) | without (s) |")
         L.append("|---|---|---|---:|---:|")
         for r in rows[:6]:
-            L.append(f"| {r['panel']} | {'yes' if r['uses_rules'] else 'no'} | {'instant' if r['instant'] else 'range'} "
+            L.append(f"| {r['panel']} | {'yes' if r['uses_rules'] else 'no'} "
+                     f"| {'instant' if r['instant'] else 'range'} "
                      f"| {fmt(r['t_with'], 3)} | {fmt(r['t_without'], 3)} |")
         L.append("")
     scale = 1250 / h["nodes"]
     if scale > 1:
-        L.append(f"Scale: the history holds {h['nodes']:,} of the 1,250 nodes. Writing it took {fmt(h['text_gib'] / h['nodes'] * 1024, 0)} MiB "
-                 f"of text per node and about {fmt(h['backfill_s'] / h['nodes'], 2)} s per node on this machine, so 1,250 nodes would need "
-                 f"about {fmt(h['text_gib'] * scale, 0)} GiB and {fmt(h['backfill_s'] * scale / 60, 0)} minutes (projected from this run, "
+        L.append(f"Scale: the history holds {h['nodes']:,} of the 1,250 nodes. Writing it took "
+                 f"{fmt(h['text_gib'] / h['nodes'] * 1024, 0)} MiB "
+                 f"of text per node and about {fmt(h['backfill_s'] / h['nodes'], 2)} s per node on this machine, "
+                 "so 1,250 nodes would need "
+                 f"about {fmt(h['text_gib'] * scale, 0)} GiB and {fmt(h['backfill_s'] * scale / 60, 0)} minutes "
+                 "(projected from this run, "
                  "not measured): beyond this benchmark's time and disk. The recording-rule series do not grow with the "
-                 "number of nodes except `cluster_node:*` (one per node) and `uuid:gpuobs_gpu_allocated:bool` (one per GPU); "
-                 f"queries over raw per-GPU series grow about linearly with it, so at 1,250 nodes expect the \"without\" "
-                 f"times and the rule-less panels to be roughly {fmt(scale, 0)}× the times above (an estimate, not a measurement).")
+                 "number of nodes except `cluster_node:*` (one per node) and `uuid:gpuobs_gpu_allocated:bool` "
+                 "(one per GPU); "
+                 "queries over raw per-GPU series grow about linearly with it, so at 1,250 nodes expect the "
+                 "\"without\" "
+                 f"times and the rule-less panels to be roughly {fmt(scale, 0)}× the times above "
+                 "(an estimate, not a measurement).")
         L.append("")
     if h.get("compactions_during_queries"):
         L.append(f"Note: Prometheus compacted {h['compactions_during_queries']:.0f} time(s) while the queries ran.")
@@ -1406,14 +1446,19 @@ def efficiency_report(h: dict) -> list[str]:
     if "usage" not in h:
         return []
     u, L = h["usage"], ["", "### Fleet efficiency: GPU-hours per team against the simulation", ""]
-    L.append(f"The same history carries who held each GPU when: {h['holds']:,} pods and Slurm jobs of 1, 2, 4 or 8 GPUs "
+    L.append(f"The same history carries who held each GPU when: {h['holds']:,} pods and Slurm jobs of 1, 2, 4 or 8 "
+             "GPUs "
              f"({', '.join(workload.NAMESPACES)} in clusters 0-3, teams from `kube_namespace_labels` label_team; "
-             f"Slurm jobs in {', '.join(sorted(workload.SLURM_CLUSTERS))}), {workload.POD_MINUTES[0]}-{workload.POD_MINUTES[1]} "
+             f"Slurm jobs in {', '.join(sorted(workload.SLURM_CLUSTERS))}), "
+             f"{workload.POD_MINUTES[0]}-{workload.POD_MINUTES[1]} "
              f"min each with gaps of up to {workload.GAP_MINUTES[1]} min, allocated-idle GPUs in a notebook pod, and "
-             "kube-state-metrics and Kueue series per cluster. The simulation's own allocation, integrated every 5 s, is the "
-             "truth; the weekly records (`cluster_team:gpuobs_gpu_hours_allocated:sum` and the others) are read at their "
+             "kube-state-metrics and Kueue series per cluster. The simulation's own allocation, integrated every 5 s, "
+             "is the "
+             "truth; the weekly records (`cluster_team:gpuobs_gpu_hours_allocated:sum` and the others) are read at "
+             "their "
              "last step and compared over the steps they summed. Prices are the rules' defaults "
-             f"(`Thresholds.gpu_hour_costs`). The Prometheus reading the scraped series ran with a {h['lookback']} lookback: a "
+             f"(`Thresholds.gpu_hour_costs`). The Prometheus reading the scraped series ran with a {h['lookback']} "
+             "lookback: a "
              "backfilled series has no staleness marker where a pod ends.")
     L.append("")
     L.append("| team | cluster | GPU-hours allocated (recorded / simulated) | used | idle | idle cost |")
@@ -1427,7 +1472,8 @@ def efficiency_report(h: dict) -> list[str]:
     L.append("|---|---:|---:|---:|---:|")
     for level in ("team", "namespace", "hpc_job"):
         rows = u[level]
-        cells = [f"{100 * a:.2f} %, {100 * b:.2f} %" for a, b in (_errors(rows, f) for f in ("allocated", "used", "wasted"))]
+        cells = [f"{100 * a:.2f} %, {100 * b:.2f} %"
+                 for a, b in (_errors(rows, f) for f in ("allocated", "used", "wasted"))]
         L.append(f"| {level} | {len(rows)} | " + " | ".join(cells) + " |")
     L.append("")
     worst_team = _errors(u["team"], "allocated")[0]
@@ -1449,8 +1495,10 @@ def efficiency_report(h: dict) -> list[str]:
     L.append("")
     if rep.get("exit") == 0:
         worst = max((t["allocated_error"] for t in rep["teams"]), default=0.0)
-        L.append(f"`gpuobs report` over the whole history: {fmt(rep['seconds'], 1)} s, {rep['bytes'] / 1024:.0f} KiB of HTML; "
-                 f"its per-team GPU-hours (from the raw series, summed over clusters) within {100 * worst:.2f} % of the simulation.")
+        L.append(f"`gpuobs report` over the whole history: {fmt(rep['seconds'], 1)} s, {rep['bytes'] / 1024:.0f} KiB "
+                 "of HTML; "
+                 f"its per-team GPU-hours (from the raw series, summed over clusters) within {100 * worst:.2f} % "
+                 "of the simulation.")
     else:
         L.append(f"`gpuobs report` **failed**: {rep.get('error', 'not run')}")
     return L

@@ -159,7 +159,8 @@ class Topology:
         pids["victoria-metrics"] = self.procs.start("victoria-metrics", [need("victoria-metrics"), *shipped(
             "victoria-metrics", hosts, {"-storageDataPath": str(workdir / "vm"), "-retentionPeriod": "1",
                                         "-httpListenAddr": f"127.0.0.1:{p['vm']}", "-loggerLevel": "ERROR"})]).pid
-        (workdir / "alertmanager.yml").write_text(yaml.safe_dump(alertmanager_config({r: hook.url(r) for r in RECEIVERS})))
+        (workdir / "alertmanager.yml").write_text(
+            yaml.safe_dump(alertmanager_config({r: hook.url(r) for r in RECEIVERS})))
         self.am_procs = []
         for i in range(REPLICAS):
             proc = self.procs.start(f"alertmanager-{i}", [need("prometheus-alertmanager"), *shipped(
@@ -310,10 +311,12 @@ def steady_numbers(top: Topology, window: float) -> dict:
     w = time.monotonic() - w0
     after = [metrics(f"{p}/metrics") for p in top.proms]
     v1 = metrics(f"{top.vm}/metrics")
-    res = {"window_s": w, "cpu_cores": {k: (cpu_seconds(pid, children=False) - c0[k]) / w for k, pid in top.pids.items()}}
+    res = {"window_s": w,
+           "cpu_cores": {k: (cpu_seconds(pid, children=False) - c0[k]) / w for k, pid in top.pids.items()}}
     res["head_series"] = [total(m, "prometheus_tsdb_head_series") for m in after]
     res["samples_per_s"] = [(total(m1, "prometheus_tsdb_head_samples_appended_total")
-                             - total(m0, "prometheus_tsdb_head_samples_appended_total")) / w for m0, m1 in zip(before, after)]
+                             - total(m0, "prometheus_tsdb_head_samples_appended_total")) / w
+                            for m0, m1 in zip(before, after)]
     res["rw_failed"] = sum(total(m, "prometheus_remote_storage_samples_failed_total") for m in after)
     res["vm_rows_per_s"] = (total(v1, "vm_rows_inserted_total") - total(v0, "vm_rows_inserted_total")) / w
     res["vm_series"] = int(json.loads(get(f"{top.vm}/api/v1/series/count"))["data"][0])
@@ -323,14 +326,16 @@ def steady_numbers(top: Topology, window: float) -> dict:
 
 
 def errors_and_misses(top: Topology) -> dict:
-    """Rule failures and missed iterations (Prometheus shards), vmalert's errors (counters and each rule's last error)."""
+    """Rule failures and missed iterations (Prometheus shards), vmalert's errors (counters and each rule's last
+    error)."""
     ms = [metrics(f"{p}/metrics") for p in top.proms]
     a = metrics(f"{top.vmalert}/metrics")
     errs = [f"{g['name']}/{r.get('name')}: {str(r.get('lastError'))[:200]}" for g in top.vmalert_groups()
             for r in g.get("rules", []) if r.get("lastError")]
     return {"prom_rule_failures": sum(total(m, "prometheus_rule_evaluation_failures_total") for m in ms),
             "prom_rule_missed": sum(total(m, "prometheus_rule_group_iterations_missed_total") for m in ms),
-            "vmalert_errors": total(a, "vmalert_recording_rules_errors_total") + total(a, "vmalert_alerting_rules_errors_total"),
+            "vmalert_errors": (total(a, "vmalert_recording_rules_errors_total")
+                               + total(a, "vmalert_alerting_rules_errors_total")),
             "vmalert_rule_errors": errs[:10], "vmalert_rule_error_count": len(errs)}
 
 
@@ -433,20 +438,24 @@ def goal_lines(s: dict) -> list[str]:
     return [
         "Goals:", "",
         f"- Head series ≤ {GOALS['head_series']:,} for {s['gpus']:,} GPUs: " + _met(
-            head <= GOALS["head_series"], f"{head:,.0f} over the shards: " + " + ".join(f"{x:,.0f}" for x in s["head_series"])
+            head <= GOALS["head_series"],
+            f"{head:,.0f} over the shards: " + " + ".join(f"{x:,.0f}" for x in s["head_series"])
             + (f"; over by {head - GOALS['head_series']:,.0f}, {100 * (head / GOALS['head_series'] - 1):.0f} %"
                if head > GOALS["head_series"] else "")),
         f"- Summed RSS ≤ 1/3 of 13.84 GiB ({fmt(GOALS['rss_gib'])} GiB): " + _met(
             rss <= GOALS["rss_gib"], f"{fmt(rss)} GiB, the sum of every process's peak, the node simulator included"),
         "- Every rule group's evaluation ≤ its interval: " + _met(
-            not slow, f"slowest against its interval {worst[0]} {fmt(worst[1], 2)} s of {s['rule_interval_s'].get(worst[0], 30):g} s"
+            not slow, f"slowest against its interval {worst[0]} {fmt(worst[1], 2)} s of "
+            f"{s['rule_interval_s'].get(worst[0], 30):g} s"
             + (f"; over: {', '.join(f'{g} {fmt(x, 1)} s' for g, x in sorted(slow.items()))}" if slow else "")
             + f"; {s['prom_rule_missed']:.0f} iterations missed"),
         f"- remote_write lag ≤ {GOALS['rw_lag_s']:g} s: " + _met(
-            s["rw_lag_max_s"] <= GOALS["rw_lag_s"], f"worst reading {fmt(s['rw_lag_max_s'], 1)} s, every {SAMPLE_EVERY:g} s "
+            s["rw_lag_max_s"] <= GOALS["rw_lag_s"],
+            f"worst reading {fmt(s['rw_lag_max_s'], 1)} s, every {SAMPLE_EVERY:g} s "
             f"over the run; {s['rw_failed']:.0f} samples failed"),
-        "- 0 vmalert errors: " + _met(errs == 0, f"{s['vmalert_errors']:.0f} counted, {s['vmalert_rule_error_count']} rules "
-                                              f"with a last error, of {s['vmalert_rules']}"),
+        "- 0 vmalert errors: " + _met(
+            errs == 0, f"{s['vmalert_errors']:.0f} counted, {s['vmalert_rule_error_count']} rules "
+            f"with a last error, of {s['vmalert_rules']}"),
         "- Every injected fault paged exactly once, one Alertmanager replica killed: " + _met(
             once, f"{lat[2]} of {lat[3]} paged once, {s['duplicates']} duplicate notifications; fault to webhook "
             f"p50 {fmt(lat[0], 1)} s, p99 {fmt(lat[1], 1)} s"),
@@ -480,7 +489,8 @@ def side_by_side(s: dict, single: dict | None) -> list[str]:
          f"{s['gpus']:,}; {s['template_series']:,}"),
         ("Prometheus servers; rule files", "1; gpuobs.rules.yml (every rule)",
          f"{s['shards']}; local tier (shards) + global tier (vmalert)"),
-        ("head series (sum over Prometheus servers)", f"{o.get('prom_head_series', 0):,.0f}", f"{sum(s['head_series']):,.0f}"),
+        ("head series (sum over Prometheus servers)", f"{o.get('prom_head_series', 0):,.0f}",
+         f"{sum(s['head_series']):,.0f}"),
         ("ingest, samples/s (sum)", fmt(o.get("prom_samples_per_s"), 0), fmt(sum(s["samples_per_s"]), 0)),
         ("first scrape of every node done after (s)", fmt(o.get("first_cycle_s"), 0), fmt(s["first_cycle_s"], 0)),
         ("longest rule group evaluation (s)", fmt(max(o.get("prom_rule_groups", {0: 0}).values()), 1),
@@ -494,7 +504,8 @@ def side_by_side(s: dict, single: dict | None) -> list[str]:
         ("peak RSS, GiB: VictoriaMetrics; vmalert", f"{fmt(o.get('peak_rss_gib', {}).get('victoria-metrics'))}; "
          f"{fmt(o.get('peak_rss_gib', {}).get('vmalert'))}",
          f"{fmt(s['peak_rss_gib']['victoria-metrics'])}; {fmt(s['peak_rss_gib']['vmalert'])}"),
-        ("peak RSS, GiB: Alertmanager (sum of replicas); node simulator", f"n/a; {fmt(o.get('peak_rss_gib', {}).get('exporter'))}",
+        ("peak RSS, GiB: Alertmanager (sum of replicas); node simulator",
+         f"n/a; {fmt(o.get('peak_rss_gib', {}).get('exporter'))}",
          f"{fmt(sum(v for k, v in s['peak_rss_gib'].items() if k.startswith('alertmanager')))}; "
          f"{fmt(s['peak_rss_gib']['exporter'])}"),
         ("peak RSS, GiB: all", fmt(sum(o.get("peak_rss_gib", {}).values())), fmt(sum(s["peak_rss_gib"].values()))),
@@ -504,10 +515,12 @@ def side_by_side(s: dict, single: dict | None) -> list[str]:
          f"{fmt(sum(v for k, v in s['cpu_cores'].items() if k.startswith('prometheus')))}; "
          f"{fmt(s['cpu_cores']['victoria-metrics'])}; {fmt(s['cpu_cores']['vmalert'])}"),
     ]
-    return ["| measure | one Prometheus (fleet.live, " + (o.get("date") or "earlier run") + ") | distributed (this run) |",
+    return ["| measure | one Prometheus (fleet.live, " + (o.get("date") or "earlier run")
+            + ") | distributed (this run) |",
             "|---|---:|---:|", *[f"| {a} | {b} | {c} |" for a, b, c in rows], "",
             "Rule groups, longest evaluation seen over the run (s) / interval (s): " + ", ".join(
-                f"{g} {fmt(x, 2)}/{s['rule_interval_s'].get(g, 30):g}" for g, x in sorted(s["rule_max_s"].items())) + ".", ""]
+                f"{g} {fmt(x, 2)}/{s['rule_interval_s'].get(g, 30):g}"
+                for g, x in sorted(s["rule_max_s"].items())) + ".", ""]
 
 
 def fault_lines(s: dict) -> list[str]:
@@ -548,7 +561,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="125 nodes, fewer faults")
     ap.add_argument("--nodes", type=int, help="nodes of 8 GPUs (default 1250, quick 125)")
     ap.add_argument("--shards", type=int, default=2, help="Prometheus shards (default 2)")
-    ap.add_argument("--no-save", action="store_true", help="print the section; leave bench/last_run.json and BENCHMARKS.md")
+    ap.add_argument("--no-save", action="store_true",
+                    help="print the section; leave bench/last_run.json and BENCHMARKS.md")
     ap.add_argument("--save", action="store_true", help="with --quick or --nodes: replace the committed "
                     "bench/last_run.json and BENCHMARKS.md anyway (a full run does by default)")
     a = ap.parse_args()
