@@ -119,6 +119,8 @@ def url(dashboard: str, **variables: str) -> str:
 
 
 def data_link(title: str, dashboard: str, **variables: str) -> dict:
+    """A panel data link (fieldConfig links) to another gpuobs dashboard (a key of UIDS), with the
+    variables given (Grafana ${__data.fields.*} or ${__field.labels.*} references) set, in the same tab."""
     return {"title": title, "url": url(dashboard, **variables), "targetBlank": False}
 
 
@@ -133,12 +135,16 @@ GPU_METRICS_AT_THIS_TIME = data_link("GPU metrics at this time: ${__field.labels
 
 
 def dashboard_link(title: str, dashboard: str, tooltip: str = "") -> DashboardLink:
+    """A link in the dashboard's header to another gpuobs dashboard (a key of UIDS), carrying the current
+    variables and time range."""
     return DashboardLink(title=title, type="link", uri=f"/d/{UIDS[dashboard]}/{SLUGS[dashboard]}",
                          includeVars=True, keepTime=True, tooltip=tooltip, icon="dashboard")
 
 
 # ----------------------------------------------------------------------------------- variables
 def datasource_variable() -> Template:
+    """The ${datasource} variable every panel reads: a picker of the Prometheus datasources, listed when
+    the dashboard loads."""
     return Template(name="datasource", query="prometheus", type="datasource", label="Data source",
                     refresh=1, hide=0, sort=0)
 
@@ -205,6 +211,8 @@ def _extra(links: list[dict] | None = None, **defaults) -> dict:
 def timeseries(title: str, targets: list[Target], unit: str, description: str = "", stack: bool = False,
                bars: bool = False, min: int | None = None, max: int | None = None,
                links: list[dict] | None = None, fill: int = 10, overrides: list | None = None) -> TimeSeries:
+    """A time series panel of targets in unit (a Grafana unit id); stack: stacked series; bars: drawn as
+    bars; min/max: the y axis bounds (None: automatic); fill: area opacity in %; links: data_link()s."""
     return TimeSeries(title=title, description=description, dataSource=DATASOURCE, targets=_refs(targets),
                       unit=unit, drawStyle="bars" if bars else "line", fillOpacity=80 if bars else fill,
                       stacking={"mode": "normal", "group": "A"} if stack else {"mode": "none", "group": "A"},
@@ -216,6 +224,8 @@ def timeseries(title: str, targets: list[Target], unit: str, description: str = 
 def stat(title: str, targets: list[Target], unit: str, description: str = "",
          thresholds: Steps | None = None, graph: bool = True, links: list[dict] | None = None,
          text_mode: str = "auto", decimals: int | None = None) -> Stat:
+    """A stat panel of the last non-null value of each target, in unit, coloured by thresholds (Steps;
+    BASE_THRESHOLDS when None); graph: a sparkline under the value; "No data" when no series."""
     return Stat(title=title, description=description, dataSource=DATASOURCE, targets=_refs(targets), format=unit,
                 reduceCalc="lastNotNull", graphMode="area" if graph else "none", colorMode="value",
                 color={"mode": "thresholds"}, thresholds=thresholds or BASE_THRESHOLDS, noValue=NO_DATA,
@@ -256,6 +266,8 @@ class _BarGauge(BarGauge):
 def bargauge(title: str, targets: list[Target], unit: str, description: str = "", min: float | None = 0,
              max: float | None = None, thresholds: Steps | None = None,
              links: list[dict] | None = None) -> BarGauge:
+    """A bar gauge of each target's last non-null value in unit, from min to max (None: automatic), bars
+    coloured by thresholds (Steps; BASE_THRESHOLDS when None), in the current options format."""
     return _BarGauge(title=title, description=description, dataSource=DATASOURCE, targets=_refs(targets),
                      format=unit, min=min, max=max, calc="lastNotNull", displayMode="gradient",
                      thresholds=thresholds or BASE_THRESHOLDS, extraJson=_extra(links))
@@ -277,6 +289,8 @@ class _StateTimeline(StateTimeline):
 def state_timeline(title: str, targets: list[Target], unit: str, description: str = "",
                    thresholds: Steps | None = None, mappings: list | None = None,
                    links: list[dict] | None = None) -> StateTimeline:
+    """A state timeline of targets (one band per series) in unit, coloured by thresholds (Steps;
+    BASE_THRESHOLDS when None) and value mappings (e.g. 0 -> down, 1 -> up); values not shown in the bands."""
     return _StateTimeline(title=title, description=description, dataSource=DATASOURCE, targets=_refs(targets),
                           unit=unit, steps=thresholds or BASE_THRESHOLDS, mappings=mappings or [],
                           showValue="never", extraJson=_extra(links))
@@ -308,6 +322,8 @@ class _Heatmap(Heatmap):
 
 
 def heatmap(title: str, targets: list[Target], unit: str, description: str = "", calculate: bool = False) -> Heatmap:
+    """A heatmap in unit, at most 60 points wide. calculate=False: targets are Prometheus histogram
+    bucket rates (format heatmap, legend {{le}} unless given); calculate=True: Grafana buckets raw series."""
     if not calculate:
         targets = [attr.evolve(t, format="heatmap", legendFormat=t.legendFormat or "{{le}}") for t in targets]
     return _Heatmap(title=title, description=description, dataSource=DATASOURCE, targets=_refs(targets),

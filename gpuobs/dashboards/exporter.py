@@ -19,6 +19,7 @@ UP_MAP = [{"type": "value", "options": {"0": {"text": "down", "color": "red", "i
 
 
 def m(metric: c.Metric, *matchers: str) -> str:
+    """A selector over a catalog metric restricted to the selected job, cluster and node (E), plus matchers."""
     return sel(metric, *E, *matchers)
 
 
