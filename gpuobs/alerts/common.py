@@ -111,6 +111,8 @@ class Thresholds:
         object.__setattr__(self, "runbook_base", check_runbook_base(self.runbook_base))
 
     def runbook_url(self, alert: str) -> str:
+        """The runbook of the alert named alert: <runbook_base>/<alert>.md (an absolute http(s) URL,
+        runbook_base checked by check_runbook_base), as the alert's runbook_url annotation."""
         return f"{self.runbook_base}/{alert}.md"
 
 

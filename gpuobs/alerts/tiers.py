@@ -91,8 +91,8 @@ def parse(expr: str) -> Parsed:
         name = m.group(0)
         if name.lower() in KEYWORDS or _CALL.match(bare, m.end()):
             continue  # a keyword, or a function or aggregation operator
-        after = re.compile(r"\s*").match(quoted, m.end()).end()
-        block = _MATCHERS.match(quoted, after)
+        rest = quoted[m.end():]
+        block = _MATCHERS.match(quoted, m.end() + len(rest) - len(rest.lstrip()))  # past the spaces after the name
         selectors.append((name, expr[block.start():block.end()] if block else ""))
     return Parsed(tuple(selectors), clauses, fleet)
 

@@ -43,10 +43,14 @@ TRACE_ID_LABEL = "trace_id"  # the exemplar label gpuobs.instrument.exemplars wr
 
 
 def dashboard_json(dashboard: Dashboard) -> str:
+    """A dashboard's JSON as committed in dashboards/<name>.json: grafanalib's encoding, keys sorted,
+    two-space indent, one trailing newline (so `generate --check` compares stable text)."""
     return json.dumps(dashboard.to_json_data(), cls=DashboardEncoder, indent=2, sort_keys=True) + "\n"
 
 
 def provider_file() -> str:
+    """dashboards/provisioning/dashboards.yaml: a Grafana file provider reading the dashboards from
+    GRAFANA_PATH into the folder gpuobs, with the HEADER and copy instructions as comments."""
     doc = {"apiVersion": 1, "providers": [{
         "name": "gpuobs", "orgId": 1, "folder": "gpuobs", "folderUid": "gpuobs", "type": "file",
         "disableDeletion": False, "allowUiUpdates": False, "updateIntervalSeconds": 30,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from typing import TYPE_CHECKING, TypeAlias, TypeVar
 
 import attr
 from grafanalib.core import (
@@ -53,7 +54,9 @@ SLUGS = {"fleet": "gpuobs-fleet-overview", "node": "gpuobs-node", "training": "g
          "inference": "gpuobs-inference-service", "exporter": "gpuobs-exporter-health",
          "efficiency": "gpuobs-fleet-efficiency"}
 GPU_BY = r.GPU_BY  # one GPU, whatever the scrape adds
-BASE_THRESHOLDS = [{"color": "green", "value": None}]
+# a panel's threshold steps as Grafana reads them: {"color": name, "value": lower bound or None for the base}
+Steps: TypeAlias = list[dict[str, str | float | None]]
+BASE_THRESHOLDS: Steps = [{"color": "green", "value": None}]
 NO_DATA = "No data"
 
 
@@ -116,6 +119,8 @@ def url(dashboard: str, **variables: str) -> str:
 
 
 def data_link(title: str, dashboard: str, **variables: str) -> dict:
+    """A panel data link (fieldConfig links) to another gpuobs dashboard (a key of UIDS), with the
+    variables given (Grafana ${__data.fields.*} or ${__field.labels.*} references) set, in the same tab."""
     return {"title": title, "url": url(dashboard, **variables), "targetBlank": False}
 
 
@@ -130,12 +135,16 @@ GPU_METRICS_AT_THIS_TIME = data_link("GPU metrics at this time: ${__field.labels
 
 
 def dashboard_link(title: str, dashboard: str, tooltip: str = "") -> DashboardLink:
+    """A link in the dashboard's header to another gpuobs dashboard (a key of UIDS), carrying the current
+    variables and time range."""
     return DashboardLink(title=title, type="link", uri=f"/d/{UIDS[dashboard]}/{SLUGS[dashboard]}",
                          includeVars=True, keepTime=True, tooltip=tooltip, icon="dashboard")
 
 
 # ----------------------------------------------------------------------------------- variables
 def datasource_variable() -> Template:
+    """The ${datasource} variable every panel reads: a picker of the Prometheus datasources, listed when
+    the dashboard loads."""
     return Template(name="datasource", query="prometheus", type="datasource", label="Data source",
                     refresh=1, hide=0, sort=0)
 
@@ -149,7 +158,21 @@ def variable(name: str, query: str, label: str, multi: bool = True, hide: int = 
 
 
 # -------------------------------------------------------------------------------------- panels
-@attr.s
+if TYPE_CHECKING:
+    _C = TypeVar("_C")
+
+    def _extends(cls: _C) -> _C:
+        """attr.s to mypy's eyes, minus its attrs plugin (below)."""
+else:
+    # attr.s for a subclass of a grafanalib panel that adds fields. grafanalib ships no types, so its
+    # classes are Any to mypy; mypy's attrs plugin, given @attr.s, would write the subclass an __init__
+    # of only the fields added here and reject grafanalib's own (title=, targets=, ...). Hidden behind
+    # this name, the class is what mypy can know: a subclass of an untyped class, whose constructor
+    # takes whatever grafanalib's does.
+    _extends = attr.s
+
+
+@_extends
 class _Target(Target):
     """grafanalib's Target has no `exemplar`: with it true, Grafana also asks Prometheus for the
     exemplars of the query's series (histogram buckets carrying trace ids) and draws them, linked
@@ -188,6 +211,8 @@ def _extra(links: list[dict] | None = None, **defaults) -> dict:
 def timeseries(title: str, targets: list[Target], unit: str, description: str = "", stack: bool = False,
                bars: bool = False, min: int | None = None, max: int | None = None,
                links: list[dict] | None = None, fill: int = 10, overrides: list | None = None) -> TimeSeries:
+    """A time series panel of targets in unit (a Grafana unit id); stack: stacked series; bars: drawn as
+    bars; min/max: the y axis bounds (None: automatic); fill: area opacity in %; links: data_link()s."""
     return TimeSeries(title=title, description=description, dataSource=DATASOURCE, targets=_refs(targets),
                       unit=unit, drawStyle="bars" if bars else "line", fillOpacity=80 if bars else fill,
                       stacking={"mode": "normal", "group": "A"} if stack else {"mode": "none", "group": "A"},
@@ -197,8 +222,10 @@ def timeseries(title: str, targets: list[Target], unit: str, description: str = 
 
 
 def stat(title: str, targets: list[Target], unit: str, description: str = "",
-         thresholds: list[dict] | None = None, graph: bool = True, links: list[dict] | None = None,
+         thresholds: Steps | None = None, graph: bool = True, links: list[dict] | None = None,
          text_mode: str = "auto", decimals: int | None = None) -> Stat:
+    """A stat panel of the last non-null value of each target, in unit, coloured by thresholds (Steps;
+    BASE_THRESHOLDS when None); graph: a sparkline under the value; "No data" when no series."""
     return Stat(title=title, description=description, dataSource=DATASOURCE, targets=_refs(targets), format=unit,
                 reduceCalc="lastNotNull", graphMode="area" if graph else "none", colorMode="value",
                 color={"mode": "thresholds"}, thresholds=thresholds or BASE_THRESHOLDS, noValue=NO_DATA,
@@ -220,7 +247,6 @@ def table(title: str, targets: list[Target], unit: str, description: str = "", h
                  extraJson=_extra(links))
 
 
-@attr.s
 class _BarGauge(BarGauge):
     """grafanalib's BarGauge writes the Grafana 6 options format; this writes the current one."""
 
@@ -238,14 +264,16 @@ class _BarGauge(BarGauge):
 
 
 def bargauge(title: str, targets: list[Target], unit: str, description: str = "", min: float | None = 0,
-             max: float | None = None, thresholds: list[dict] | None = None,
+             max: float | None = None, thresholds: Steps | None = None,
              links: list[dict] | None = None) -> BarGauge:
+    """A bar gauge of each target's last non-null value in unit, from min to max (None: automatic), bars
+    coloured by thresholds (Steps; BASE_THRESHOLDS when None), in the current options format."""
     return _BarGauge(title=title, description=description, dataSource=DATASOURCE, targets=_refs(targets),
                      format=unit, min=min, max=max, calc="lastNotNull", displayMode="gradient",
                      thresholds=thresholds or BASE_THRESHOLDS, extraJson=_extra(links))
 
 
-@attr.s
+@_extends
 class _StateTimeline(StateTimeline):
     """grafanalib's StateTimeline has no unit or thresholds; this adds them."""
     unit = attr.ib(default="short")
@@ -259,14 +287,16 @@ class _StateTimeline(StateTimeline):
 
 
 def state_timeline(title: str, targets: list[Target], unit: str, description: str = "",
-                   thresholds: list[dict] | None = None, mappings: list | None = None,
+                   thresholds: Steps | None = None, mappings: list | None = None,
                    links: list[dict] | None = None) -> StateTimeline:
+    """A state timeline of targets (one band per series) in unit, coloured by thresholds (Steps;
+    BASE_THRESHOLDS when None) and value mappings (e.g. 0 -> down, 1 -> up); values not shown in the bands."""
     return _StateTimeline(title=title, description=description, dataSource=DATASOURCE, targets=_refs(targets),
                           unit=unit, steps=thresholds or BASE_THRESHOLDS, mappings=mappings or [],
                           showValue="never", extraJson=_extra(links))
 
 
-@attr.s
+@_extends
 class _Heatmap(Heatmap):
     """grafanalib's Heatmap writes the Angular-era heatmap; this writes the current panel's options.
 
@@ -292,6 +322,8 @@ class _Heatmap(Heatmap):
 
 
 def heatmap(title: str, targets: list[Target], unit: str, description: str = "", calculate: bool = False) -> Heatmap:
+    """A heatmap in unit, at most 60 points wide. calculate=False: targets are Prometheus histogram
+    bucket rates (format heatmap, legend {{le}} unless given); calculate=True: Grafana buckets raw series."""
     if not calculate:
         targets = [attr.evolve(t, format="heatmap", legendFormat=t.legendFormat or "{{le}}") for t in targets]
     return _Heatmap(title=title, description=description, dataSource=DATASOURCE, targets=_refs(targets),
@@ -345,7 +377,7 @@ class Layout:
     applied by dashboard()): an id never depends on a position, so adding a panel renumbers no other and
     Grafana's viewPanel links keep working. A panel renamed keeps its id with its old title as key."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.panels: list = []
         self.identities: list[tuple[str | None, str]] = []  # (row title, panel title or key); rows: (None, title)
         self.x = self.y = self.line_h = 0
@@ -422,4 +454,4 @@ def interpolate(expr: str, values: dict[str, str]) -> str:
     return VARIABLE.sub(one, expr)
 
 
-UP_THRESHOLDS = [{"color": "red", "value": None}, {"color": "green", "value": 1}]  # 0 bad, 1 good
+UP_THRESHOLDS: Steps = [{"color": "red", "value": None}, {"color": "green", "value": 1}]  # 0 bad, 1 good

@@ -26,6 +26,7 @@ def holders(namespace: r.Record, job: r.Record) -> str:
 
 
 def now(L: k.Layout) -> None:
+    """Append the 'Now' row to L: wasted GPUs and their cost per hour, pending demand, idle holders."""
     L.row("Now")
     L.add(k.stat("GPUs wasted", [target(f"sum({holders(r.NAMESPACE_GPUS_WASTED, r.JOB_GPUS_WASTED)})")], "short",
                  "GPUs a pod or Slurm job holds at or under the idle utilisation threshold now."), 6, 4)
@@ -43,6 +44,7 @@ def now(L: k.Layout) -> None:
 
 
 def waste(L: k.Layout) -> None:
+    """Append the 'Waste over time' row to L: the cost and number of idle allocated GPUs by holder."""
     L.row("Waste over time")
     L.add(k.timeseries("Cost of wasted GPUs by team", [
         target(sel(r.TEAM_WASTED_COST, C), "{{team}}"),
@@ -56,6 +58,7 @@ def waste(L: k.Layout) -> None:
 
 
 def allocation(L: k.Layout) -> None:
+    """Append the 'Allocated and used' row to L: GPUs held and used by team, namespace and Slurm job."""
     L.row("Allocated and used")
     for title, level, label in (("team", "TEAM", "team"), ("namespace", "NAMESPACE", "k8s_namespace"),
                                 ("Slurm job", "JOB", "hpc_job")):
@@ -73,6 +76,7 @@ def allocation(L: k.Layout) -> None:
 
 
 def demand(L: k.Layout) -> None:
+    """Append the 'Demand and quota' row to L: pending GPU demand and Kueue quota use."""
     L.row("Demand and quota")
     L.add(k.timeseries("Pending GPU demand by namespace", [
         target(sel(r.NAMESPACE_GPUS_PENDING, C), "{{k8s_namespace}}")], "short",
@@ -91,6 +95,8 @@ def demand(L: k.Layout) -> None:
 
 
 def build():
+    """The Fleet efficiency dashboard: rows Now, Waste over time, Allocated and used, Demand and
+    quota; variable cluster."""
     L = k.Layout()
     now(L)
     waste(L)

@@ -13,12 +13,13 @@ N = 'node=~"$node"'
 JOB = 'job=~"$job"'
 E = (JOB, C, N)
 NODE = "{{node}}"
-BAD = [{"color": "green", "value": None}, {"color": "red", "value": 1}]
+BAD: k.Steps = [{"color": "green", "value": None}, {"color": "red", "value": 1}]
 UP_MAP = [{"type": "value", "options": {"0": {"text": "down", "color": "red", "index": 0},
                                         "1": {"text": "up", "color": "green", "index": 1}}}]
 
 
 def m(metric: c.Metric, *matchers: str) -> str:
+    """A selector over a catalog metric restricted to the selected job, cluster and node (E), plus matchers."""
     return sel(metric, *E, *matchers)
 
 

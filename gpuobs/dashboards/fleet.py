@@ -16,7 +16,7 @@ C = 'cluster=~"$cluster"'
 N = 'node=~"$node"'
 M = 'name=~"$model"'
 NOT_IDLE = 'reason!="gpu_idle"'
-BAD = [{"color": "green", "value": None}, {"color": "red", "value": 1}]
+BAD: k.Steps = [{"color": "green", "value": None}, {"color": "red", "value": 1}]
 
 
 def gpus(m: c.Metric, *matchers: str) -> str:

@@ -22,10 +22,14 @@ def serving_nodes() -> str:
 
 
 def m(metric: c.Metric, *matchers: str, suffix: str = "") -> str:
+    """A selector over a catalog metric restricted to the selected model and operation (M), plus
+    matchers; suffix: a histogram's bucket, sum or count."""
     return sel(metric, *M, *matchers, suffix=suffix)
 
 
 def build():
+    """The Inference service dashboard: rows Service, Traffic and latency, GPUs serving (the nodes
+    serving the selected model); variables model and operation."""
     L = k.Layout()
     nodes = serving_nodes()
     requests = f"sum({rate(m(c.REQUEST_DURATION, suffix='count'))})"

@@ -26,10 +26,14 @@ def job_nodes() -> str:
 
 
 def m(metric: c.Metric, *matchers: str, suffix: str = "") -> str:
+    """A selector over a catalog metric restricted to the selected job and ranks (J), plus matchers;
+    suffix: a histogram's bucket, sum or count."""
     return sel(metric, *J, *matchers, suffix=suffix)
 
 
 def build():
+    """The Training job dashboard: rows Progress, Step time, Data loading and throughput,
+    Optimization, Checkpoints and goodput, The job's GPUs; variables job_id (one job) and rank."""
     L = k.Layout()
     relative = sel(r.STRAGGLER_RATIO, JOB, RANK)
     nodes = job_nodes()

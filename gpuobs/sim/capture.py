@@ -222,7 +222,7 @@ def _retired(g: dict) -> dict[str, int | None] | None:
     return None if all(v is None for v in out.values()) else out
 
 
-def _remapped(g: dict) -> dict[str, int | None] | None:
+def _remapped(g: dict) -> dict[str, int | dict[str, int | None] | None] | None:
     r = _get(g, "Remapped Rows")
     if not isinstance(r, dict):
         return None

@@ -43,6 +43,8 @@ class Row:
 
     @property
     def failed(self) -> bool:
+        """True for a mismatch or an unknown field (either fails the fidelity check); a match or a
+        field not exported by design passes."""
         return self.verdict.startswith(("mismatch", "unknown"))
 
 

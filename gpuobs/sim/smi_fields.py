@@ -30,7 +30,7 @@ def _n(raw: str) -> float | None:
 
 
 def _scaled(factor: float) -> Callable[[str, dict], float | None]:
-    return lambda raw, p: None if _n(raw) is None else _n(raw) * factor
+    return lambda raw, p: None if (n := _n(raw)) is None else n * factor
 
 
 def _active(raw: str, p: dict) -> float | None:
@@ -115,7 +115,7 @@ class Export:
     match (one line exported twice)."""
     metric: c.Metric
     labels: dict[str, str] = field(default_factory=dict)
-    convert: Callable[[str, dict], Any] = _scaled(1.0)
+    convert: Callable[[Any, dict], Any] = _scaled(1.0)  # the raw value may be None (a line with only a block)
     label: str | None = None
     tolerance: float = 0.0
     one_hot: bool = False

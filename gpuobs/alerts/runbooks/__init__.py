@@ -63,7 +63,10 @@ _PERCENT = ("_share", "_utilization", "_ratio")  # fields that are a share of 1,
 
 def _words(duration: str) -> str:
     """A Prometheus duration in words: "5m" -> "5 minutes", "1h" -> "1 hour"."""
-    number, unit = _DURATION.fullmatch(duration).groups()
+    match = _DURATION.fullmatch(duration)
+    if match is None:
+        raise ValueError(f"{duration!r} is not a Prometheus duration")
+    number, unit = match.groups()
     return f"{number} {_UNITS[unit]}{'' if float(number) == 1 else 's'}"
 
 
@@ -72,12 +75,14 @@ def _quote(name: str, value: object) -> str:
     GiB, other numbers as %g, other strings as they are."""
     if isinstance(value, str):
         return _words(value) if _DURATION.fullmatch(value) else value
+    if isinstance(value, tuple):  # a table of (key, number) pairs: gpu_hour_costs
+        return ", ".join(f"{key} {number:g}" for key, number in value)
+    if not isinstance(value, (int, float)):
+        raise TypeError(f"Thresholds.{name} is a {type(value).__name__}: no prose form for it")
     if name.endswith(_PERCENT):
         return f"{value * 100:g} %"
     if name.endswith("_bytes"):
         return f"{value / 1024 ** 3:g} GiB"
-    if isinstance(value, tuple):  # a table of (key, number) pairs: gpu_hour_costs
-        return ", ".join(f"{key} {number:g}" for key, number in value)
     return f"{value:g}"
 
 
@@ -132,7 +137,8 @@ def _expand(text: str, root: Path, where: str, stack: tuple[str, ...] = ()) -> s
     for line in text.split("\n"):
         include = _INCLUDE.fullmatch(line)
         if include:
-            out.append(_snippet(root, *include.groups(), where, stack))
+            name, param, value = include.groups()
+            out.append(_snippet(root, name, param, value, where, stack))
         elif "{{" in line:
             raise ValueError(f"{where}: {line.strip()!r} is no directive; a line that is exactly "
                              "{{include NAME}} or {{include NAME PARAM=VALUE}} is the only one")
@@ -149,11 +155,11 @@ def _snippet(root: Path, name: str, param: str | None, value: str | None, where:
         reason = "includes itself" if name in stack else f"there is no {SHARED}/{name}.md"
         raise ValueError(f"{where}: {{{{include {name}}}}}: {reason}")
     text = path.read_text().strip("\n")
-    takes, given = set(_PARAM.findall(text)), {param} - {None}
+    takes, given = set(_PARAM.findall(text)), set() if param is None else {param}
     if takes != given:
         raise ValueError(f"{where}: {SHARED}/{name}.md takes {sorted(takes) or 'no parameter'}, "
                          f"given {sorted(given) or 'none'}")
-    if param is not None:
+    if param is not None and value is not None:  # _INCLUDE matches both or neither
         text = text.replace(f"{{{{{param}}}}}", value)
     return _expand(text, root, f"{SHARED}/{name}.md", (*stack, name))
 

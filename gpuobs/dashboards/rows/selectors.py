@@ -4,14 +4,14 @@ and the title a panel of one catalog metric gets."""
 from __future__ import annotations
 
 from ... import catalog as c
-from ..common import sel
+from ..common import Steps, sel
 
 C = 'cluster=~"$cluster"'
 N = 'node="$node"'
 G = 'gpu=~"$gpu"'
 ON = (C, N, G)  # the dashboard's cluster, node and GPUs
 GPU = "GPU {{gpu}}"
-BAD = [{"color": "green", "value": None}, {"color": "red", "value": 1}]  # 1 is bad
+BAD: Steps = [{"color": "green", "value": None}, {"color": "red", "value": 1}]  # 1 is bad
 
 
 def m(metric: c.Metric, *matchers: str) -> str:
