@@ -1,4 +1,5 @@
-"""Node dashboard, row "Thermal": GPU and memory temperatures against their thresholds, fans (thermal family)."""
+"""Node dashboard, row "Thermal": GPU and memory temperatures against their thresholds, fans, the
+margin to T.Limit (thermal family)."""
 
 from __future__ import annotations
 
@@ -21,3 +22,6 @@ def row(L: k.Layout) -> None:
         "celsius", "HBM/GDDR temperature against its maximum operating temperature."), 8, 8)
     L.add(k.timeseries("Fan speed", [target(m(c.FAN_SPEED), GPU)], "percentunit",
                        "Fan speed as a share of its maximum (boards with fans only).", min=0, max=1), 6, 8)
+    L.add(k.timeseries("Margin to T.Limit", [target(m(c.TEMPERATURE_MARGIN), GPU)], "celsius",
+                       "Degrees the core is below T.Limit, where the GPU starts slowing its clocks: the "
+                       "headroom before thermal slowdown, negative past it (detail: --detail thermal)."), 24, 6)
