@@ -158,9 +158,10 @@ def test_ctrl_c_before_the_incident_is_over_exits_130_and_keeps_the_logs():
     require_tool("prometheus")
     require_tool("prometheus-alertmanager")
     proc, token = start_demo()
-    logs = None
+    logs, seen = None, []
     try:
         for line in proc.stdout:
+            seen.append(line)
             if found := re.search(r"\blogs\s+(/\S+)", line):
                 logs = found[1]
             if "pipeline up" in line:  # the stack runs; the incident has not been played
@@ -169,7 +170,7 @@ def test_ctrl_c_before_the_incident_is_over_exits_130_and_keeps_the_logs():
         rest = proc.communicate(timeout=60)[0]
     finally:
         kill_tree(proc, token)
-    assert proc.returncode == 130, rest[-2000:]
+    assert proc.returncode == 130, ("".join(seen) + rest)[-3000:]
     assert logs and Path(logs).is_dir(), f"logs of an interrupted run removed: {logs}"
     shutil.rmtree(logs)
     assert not leftovers(token, logs), leftovers(token, logs)
