@@ -11,11 +11,11 @@ Metric names and units are defined in gpuobs.catalog (families training and infe
 """
 
 from .env import RunEnv
-from .inference import Request, request, trace_request
+from .inference import Request, request, start_request, trace_request
 from .telemetry import Telemetry, configure, current
 from .timing import CudaEventTimer, WallTimer
 from .train import TrainingRun, checkpoint, data, default_run, phase, report, step, trace_step
 
 __all__ = ["CudaEventTimer", "Request", "RunEnv", "Telemetry", "TrainingRun", "WallTimer", "checkpoint",
-           "configure", "current", "data", "default_run", "phase", "report", "request", "step", "trace_request",
-           "trace_step"]
+           "configure", "current", "data", "default_run", "phase", "report", "request", "start_request", "step",
+           "trace_request", "trace_step"]
