@@ -115,20 +115,37 @@ PATTERNS: tuple[LogPattern, ...] = (
     # its blocking-wait form "... timed out in blocking wait." and 2.4's "[PG 0 Rank 3] Timeout at
     # NCCL work: 12, ..."; gloo's "Timed out waiting 3000ms for recv operation to complete" (the
     # text of the RuntimeError a collective raises) and monitored_barrier's "Rank 1 failed to pass
-    # monitoredBarrier in 2000 ms". Alternatives name their groups op2, ms3, ...: Python allows a
-    # group name once; the digits are dropped when the fields are read.
+    # monitoredBarrier in 2000 ms"; and gloo's "Application timeout caused pair closure", what every
+    # other pending or later operation of a process whose gloo wait timed out raises (its unbound
+    # buffer closes all its pairs on the timeout: unbound_buffer.cc), sometimes the first error a
+    # rank logs. Alternatives name their groups op2, ms3, ...: Python allows a group name once; the
+    # digits are dropped when the fields are read.
     LogPattern("collective_timeout", re.compile(
         r"Watchdog caught collective operation timeout"
         rf"(?:: ?{_work('')}(?: ran for (?P<ms>\d{{1,12}}) milliseconds)?)?"
         rf"|{_work('2')} (?:ran for (?P<ms2>\d{{1,12}}) milliseconds before timing out|timed out in blocking wait)"
         r"|Timeout at NCCL work: \d"
         r"|Timed out waiting (?P<ms3>\d{1,12}) ?ms for (?:recv|send) operation to complete"
-        r"|failed to pass monitoredBarrier in (?P<ms4>\d{1,12}) ms"),
-        ("Watchdog caught", "WorkNCCL", "Timeout at NCCL work", "Timed out waiting", "monitoredBarrier"),
+        r"|failed to pass monitoredBarrier in (?P<ms4>\d{1,12}) ms"
+        r"|Application timeout caused pair closure"),
+        ("Watchdog caught", "WorkNCCL", "Timeout at NCCL work", "Timed out waiting", "monitoredBarrier",
+         "Application timeout"),
         "critical", "TrainingCollectiveTimeout",
         "A collective did not finish within the process group's timeout: NCCL watchdog or blocking "
-        "wait, gloo send/recv, monitored barrier (operation and duration in ms extracted when given, "
-        "and the rank).", rank=True),
+        "wait, gloo send/recv or its pair closure, monitored barrier (operation and duration in ms "
+        "extracted when given, and the rank).", rank=True),
+    # gloo's tcp pair (pair.cc) when the peer's end of the connection goes: EOF, "Connection closed by
+    # peer [10.0.0.2]:41822. This is typically caused by a remote worker crashing." (older gloo: the
+    # first sentence only), or a reset, "Read error [10.0.0.2]:41822: Connection reset by peer. ..."
+    # (a peer that exits with unread data, or closes its pairs hard after its own timeout). The peer
+    # crashed, was killed or gave up: its own log says why. The address in brackets (IPv4, IPv6 or a
+    # name) is extracted as `peer`; NCCL's "Connection closed by remote peer" is nccl_error's.
+    LogPattern("collective_peer_crash", re.compile(
+        r"Connection closed by peer \[(?P<peer>[^\]\s]{1,64})\]"
+        r"|Read error \[(?P<peer2>[^\]\s]{1,64})\]:\d{1,5}: Connection reset by peer"),
+        ("Connection closed by peer", "Connection reset by peer"), "critical", "TrainingCollectivePeerCrash",
+        "A peer of a gloo collective closed or reset its connection: it crashed, was killed or gave up "
+        "after its own timeout (the peer's address extracted, and the rank).", rank=True),
     LogPattern("cuda_oom", re.compile(
         r"(?:OutOfMemoryError: )?CUDA out of memory(?:\. Tried to allocate (?P<requested>[\d.]{1,12} [KMGT]i?B))?"
         r"(?:.{0,40}?GPU (?P<gpu>\d{1,4})(?: has a total capac|;))?"  # 2.1 wrote "capacty"

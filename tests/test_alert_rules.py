@@ -956,6 +956,20 @@ case("TrainingCollectiveTimeout", "gone", "fires, then every rank's series vanis
      [lines("collective_timeout", 0, "0x10 1 stale")], (11, _timeout_exp(0)), (24, _timeout_exp(0)), (33, []))
 
 
+def _peer_exp(*ranks: int) -> list:
+    return [(_rank(r), f"Rank {r} of job j1 on n1 logged in the last 5m that a peer of its collectives closed its "
+                       "connection: that rank crashed, was killed or gave up after its own timeout.") for r in ranks]
+
+
+case("TrainingCollectivePeerCrash", "fires", "rank 2 dies at minute 10: ranks 0 and 1 log its closed connection",
+     [lines("collective_peer_crash", 0, "0x9 1 1 stale"), lines("collective_peer_crash", 1, "0x9 2 2 stale"),
+      lines("collective_peer_crash", 2, "0x9 stale")],
+     (9, []), (10, _peer_exp(0, 1)), (25, _peer_exp(0, 1)), (33, []))
+case("TrainingCollectivePeerCrash", "quiet", "counters at 0 across a restart (gone and back at 0); other patterns",
+     [lines("collective_peer_crash", 0, "0x20 stale _ 0x20"), lines("collective_peer_crash", 1, "2x20 0x22"),
+      *quiet_patterns("collective_peer_crash", 42)], (10, []), (21, []), (23, []), (40, []))
+
+
 def _oom_exp(n: int) -> list:
     return [(JOB, f"Job j1 logged {n} CUDA out-of-memory errors in the last 30m (an alert from 3 in the job, or 2 on "
                   "one rank): it is not recovering.")]

@@ -62,7 +62,8 @@ def test_the_job_owner_route_groups_by_job():
     route = next(r for r in alertmanager_config()["route"]["routes"] if r["receiver"] == "job-owner")
     assert route["group_by"] == ["cluster", "job_id"] and 'scope="job"' in route["matchers"]
     pack = {a.name: a for a in alerts(DEFAULT)}
-    for name in ("TrainingCollectiveTimeout", "TrainingCudaOOM", "TrainingCudaIllegalAddress"):
+    for name in ("TrainingCollectiveTimeout", "TrainingCollectivePeerCrash", "TrainingCudaOOM",
+                 "TrainingCudaIllegalAddress"):
         assert pack[name].scope == "job" and pack[name].severity == "critical", name
 
 

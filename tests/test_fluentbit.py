@@ -49,7 +49,7 @@ CONDITIONS = {"key_exists": 1, "key_does_not_exist": 1, "a_key_matches": 1, "no_
               "matching_keys_do_not_have_matching_values": 2}
 # What torch 2.13's gloo backend printed on stderr in a real 2-process job (tests/test_logpatterns_torch.py
 # runs one): the last line of the uncaught RuntimeError with PyTorch's rank prefix, and the C++ log
-# line of monitored_barrier. Each tuple: the line, the pattern Fluent Bit must give it (None: none).
+# line of monitored_barrier, a crashed peer, the pair closure after a timeout. Each tuple: the line, the pattern Fluent Bit must give it (None: none).
 REAL_STDERR = [
     ("[rank1]: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] "
      "Timed out waiting 3000ms for recv operation to complete", "collective_timeout"),
@@ -62,7 +62,8 @@ REAL_STDERR = [
     ("[rank1]:   File \"/opt/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py\", line "
      "3252, in all_reduce", None),
     ("[rank1]: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection "
-     "closed by peer [127.0.0.1]:63197. This is typically caused by a remote worker crashing.", None),
+     "closed by peer [127.0.0.1]:63197. This is typically caused by a remote worker crashing.", "collective_peer_crash"),
+    ("[rank1]: RuntimeError: Application timeout caused pair closure", "collective_timeout"),
 ]
 
 

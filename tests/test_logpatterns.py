@@ -77,19 +77,43 @@ EXAMPLES: dict[str, tuple[list[tuple[str, dict[str, str]]], list[str]]] = {
          "waiting 1800000ms for recv operation to complete", {"ms": "1800000"}),
         ("[rank0]:[E1201 20:49:10.307454268 ProcessGroupGloo.cpp:67] [Rank 0]: Rank 1 failed to pass "
          "monitoredBarrier in 2000 ms", {"ms": "2000", "rank": "0"}),
+        # what the timed-out rank's next gloo operation raises (torch 2.13, tests/test_logpatterns_torch.py)
+        ("[rank1]: RuntimeError: Application timeout caused pair closure", {"rank": "1"}),
+        ("RuntimeError: Application timeout caused pair closure", {}),
     ], [
         "[rank0]:[W ProcessGroupNCCL.cpp:1234] Watchdog heartbeat: last completed NCCL work 1579",
         "TORCH_NCCL_ASYNC_ERROR_HANDLING=1: the watchdog aborts the communicator on a collective timeout",
         "WorkNCCL(SeqNum=808, OpType=ALLREDUCE) completed in 12 milliseconds",
-        # a peer that crashed is not a timeout (the peer's own log says why)
-        "[rank1]: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection "
-        "closed by peer [127.0.0.1]:63197. This is typically caused by a remote worker crashing.",
+        "gloo: closing pairs after an application timeout of 30 s is not configured",
         # rendezvous, not a collective
         "torch.distributed.DistStoreError: Timed out after 901 seconds waiting for clients. 1/2 clients joined.",
         "[rank1]:[E1201 20:49:03.214027089 ProcessGroupGloo.cpp:67] Rank 1 successfully reached monitoredBarrier, "
         "but received errors while waiting for send/recv from rank 0.",
         "torch.distributed.DistStoreError: wait timeout after 600000ms, keys: /default_pg/0//cuda//0",
         "monitoredBarrier(timeout=timedelta(seconds=30)) passed on all ranks",
+    ]),
+    "collective_peer_crash": ([
+        # torch 2.13 (captured from a real 2-process job, tests/test_logpatterns_torch.py), whole
+        ("[rank1]: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection "
+         "closed by peer [127.0.0.1]:10666. This is typically caused by a remote worker crashing. Check the logs of "
+         "the remote worker before reporting an error. GLHF! \U0001f3d6\ufe0f", {"peer": "127.0.0.1", "rank": "1"}),
+        # torch 1.x's gloo: no hint after the address; an IPv6 peer
+        ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:598] Connection closed by peer "
+         "[10.4.1.17]:52062", {"peer": "10.4.1.17"}),
+        ("[rank3]: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection "
+         "closed by peer [fd00::1:7]:29500. This is typically caused by a remote worker crashing.",
+         {"peer": "fd00::1:7", "rank": "3"}),
+        # a reset: the peer exited with unread data, or closed its pairs hard after its own timeout
+        ("[rank2]: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:534] Read error "
+         "[10.4.1.18]:35112: Connection reset by peer. This is typically caused by a remote worker hanging or bugs "
+         "in the application.", {"peer": "10.4.1.18", "rank": "2"}),
+    ], [
+        # NCCL's socket transport says "remote peer": nccl_error's; ssh and HTTP clients are no collective
+        "gpu-node-3 sshd[2211]: Connection closed by peer 10.4.1.9 port 51724 [preauth]",
+        "urllib3.exceptions.ProtocolError: ('Connection aborted.', ConnectionResetError(104, 'Connection reset by "
+        "peer'))",
+        "Read error on 10.4.1.18: Connection reset by peer (will retry)",
+        "ConnectionResetError: [Errno 104] Connection reset by peer",
     ]),
     "cuda_oom": ([
         ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "

@@ -95,3 +95,60 @@ def test_a_real_gloo_timeout_is_counted_as_collective_timeout_for_its_rank(tmp_p
     assert counts[("1", "collective_timeout")] == 1.0
     assert counts[("0", "collective_timeout")] == 0.0
     assert sum(counts.values()) == 1.0, counts
+
+
+# Rank 1's collective meets a peer that goes: rank 0 exits mid-job ("crash": gloo's "Connection closed by
+# peer" or "Read error ...: Connection reset by peer"), or rank 1 catches its own timeout and calls again
+# ("closure": gloo closed its pairs on the timeout, the next call raises "Application timeout caused pair
+# closure"). Rank 0 hosts the store, so in "closure" it stays until rank 1 is done (its file exists).
+ENDINGS = textwrap.dedent('''
+    import os, sys, time
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    from gpuobs import logs
+
+    mode, done = sys.argv[1], sys.argv[2]
+    logs.configure("info", stream=open(os.devnull, "w"))
+    dist.init_process_group("gloo", timeout=timedelta(seconds=2))
+    if dist.get_rank() == 0:
+        if mode == "crash":
+            time.sleep(0.5)
+            os._exit(3)  # no Python teardown, like a kill
+        deadline = time.monotonic() + 60
+        while not os.path.exists(done) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        sys.exit(0)
+    try:
+        if mode == "closure":
+            try:
+                dist.all_reduce(torch.ones(4))  # rank 0 never joins: times out after 2 s
+            except RuntimeError as e:
+                print("first:", e, file=sys.stderr)
+        dist.all_reduce(torch.ones(4))
+    finally:
+        open(done, "w").close()
+''')
+
+
+@pytest.mark.parametrize("mode, pattern, text", [
+    ("crash", "collective_peer_crash", ("Connection closed by peer [127.0.0.1]:", "Connection reset by peer")),
+    ("closure", "collective_timeout", ("Application timeout caused pair closure",))])
+def test_a_crashed_peer_and_the_pair_closure_after_a_timeout_are_matched(tmp_path, mode, pattern, text):
+    (master,) = free_ports(1)
+    done = str(tmp_path / "done")
+    procs = {rank: subprocess.Popen([sys.executable, "-c", ENDINGS, mode, done], cwd=REPO, env=_env(rank, master),
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)}
+    out = {rank: p.communicate(timeout=90) for rank, p in procs.items()}
+    assert procs[1].returncode == 1, out[1][1][-3000:]  # rank 1 ends on gloo's uncaught RuntimeError
+    last = [line for line in out[1][1].splitlines() if line.startswith("[rank1]: RuntimeError")]
+    assert last and any(t in last[-1] for t in text), out[1][1][-3000:]
+    found = lp.match(last[-1])
+    assert found is not None and found.name == pattern and found.fields.get("rank") == "1", (last[-1], found)
+    assert pipeline_pattern(last[-1]) == pattern  # and Fluent Bit's converted regexes agree
+    if mode == "crash":
+        assert found.fields["peer"] == "127.0.0.1"
+    else:  # the first error was the timeout itself, counted as such too
+        first = next(line for line in out[1][1].splitlines() if line.startswith("first:"))
+        assert lp.match(first).name == "collective_timeout", first

@@ -13,7 +13,7 @@ RANK_BY = "cluster, job_id, rank, node"  # one rank of a job where it runs, what
 
 def training_logs(t: Thresholds) -> list[Alert]:
     """Training jobs' log lines that explain a failure (gpuobs.logpatterns, counted by each process): a
-    collective timeout, an illegal address, NCCL errors that keep coming (per rank and node), repeated
+    collective timeout, a crashed peer, an illegal address, NCCL errors that keep coming (per rank and node), repeated
     CUDA OOM (per job). Each sums its series' targets and restarts."""
     alert = partial(Alert, family="training", scope="job")
     oom, oom_by_rank = _job_lines("cuda_oom", t.for_long), _job_lines("cuda_oom", t.for_long, f"{JOB_BY}, rank")
@@ -25,6 +25,13 @@ def training_logs(t: Thresholds) -> list[Alert]:
               description="Rank {{ $labels.rank }} of job {{ $labels.job_id }} on {{ $labels.node }} logged a "
                           f"collective operation timeout in the last {t.rate_window}: a rank stopped taking part in "
                           "its collectives."),
+        alert(name=lp.BY_NAME["collective_peer_crash"].alert,
+              expr=f'{_job_lines("collective_peer_crash", t.rate_window, RANK_BY)} > 0',
+              for_="0s", severity="critical", keep_firing_for=t.keep_firing,
+              summary="A peer of a training job's collectives crashed.",
+              description="Rank {{ $labels.rank }} of job {{ $labels.job_id }} on {{ $labels.node }} logged in the "
+                          f"last {t.rate_window} that a peer of its collectives closed its connection: that rank "
+                          "crashed, was killed or gave up after its own timeout."),
         alert(name=lp.BY_NAME["cuda_oom"].alert,
               expr=f"{oom} >= {t.oom_repeats_job} or max by ({JOB_BY}) ({oom_by_rank}) >= {t.oom_repeats_rank}",
               for_="0s", severity="critical", keep_firing_for=t.keep_firing,
