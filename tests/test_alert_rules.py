@@ -630,6 +630,10 @@ _stall_exp = [(_r0, "Rank 0 of job j1 has not finished a step for 10m.")]
 case("TrainingStalled", "fires", "steps every minute until minute 10, then none",
      [s(LAST, _r0, "0+60x10 600x30"), s(LAST, {**TRAIN, "rank": "1"}, "0+60x40")],
      (20, []), (21, _stall_exp), (40, _stall_exp))
+case("TrainingStalled", "fires", "from minute 10 every step of rank 0 raises and the loop goes on: the failed "
+     "steps count in their own counter and never move the last-step time",
+     [s(LAST, _r0, "0+60x10 600x30"), s("gpuobs_training_steps_failed_total", {**_r0, "exception": "Flaky"},
+                                        "0x10 0+60x30")], (20, []), (21, _stall_exp), (40, _stall_exp))
 case("TrainingStalled", "quiet", "a step every minute", [s(LAST, _r0, "0+60x40")], (20, []), (40, []))
 case("TrainingStalled", "flap", "a step every 8 minutes (slow, but progressing)",
      [s(LAST, _r0, " ".join(str(i // 8 * 8 * 60) for i in range(41)))], (20, []), (40, []))
@@ -743,6 +747,143 @@ case("TrainingStragglerRank", "gone", "fires, then the slow rank dies and its se
      # the dead rank's rate() still reads its last 5 minutes of samples
      ranks(4, {2: [1.04] * 31}, end={2: " stale"}), (28, _strag("2", "1.30")), (30, _strag("2", "1.30")),
      (37, []))
+
+FAILED = "gpuobs_training_steps_failed_total"
+
+
+def stepping(labels: dict, done: list[float], failed: list[float] | None, exception: str = "Flaky",
+             end: str = "") -> list[dict]:
+    """One rank's completed steps and failed steps (label exception) per minute, as counters; None:
+    no such series (a rank that never failed; done=[]: one that never completed a step)."""
+    out = [s(STEPS, labels, cum(done) + end)] if done else []
+    if failed is not None:
+        out.append(s(FAILED, {**labels, "exception": exception}, cum(failed) + end))
+    return out
+
+
+def _failing_exp(rank: str, pct: str, job: str = "j1") -> tuple[dict, str]:
+    return ({"job_id": job, "rank": rank}, f"{pct} of the steps of rank {rank} of job {job} raised an exception "
+                                           "over the last 5m: the loop catches it and goes on, but those steps "
+                                           "train nothing.")
+
+
+_r0j2 = {**_r0, "job_id": "j2"}
+case("TrainingStepsFailing", "fires", "from minute 10 half of rank 0's steps raise; rank 1 healthy; a rank of "
+     "another job whose every step fails from its start (no step counter at all)",
+     stepping(_r0, [60] * 10 + [30] * 40, [0] * 10 + [30] * 40) + stepping(_r1, [60] * 50, None)
+     + stepping(_r0j2, [], [60] * 50),
+     (9, []), (20, [_failing_exp("0", "100%", "j2")]), (24, [_failing_exp("0", "100%", "j2")]),
+     (30, [_failing_exp("0", "50%"), _failing_exp("0", "100%", "j2")]))
+case("TrainingStepsFailing", "quiet", "one isolated failure (its series appearing at 1); one a minute in 60 steps",
+     stepping(_r0, [60] * 40, [0] * 10 + [1] + [0] * 29) + stepping(_r1, [59] * 40, [1] * 40),
+     (11, []), (30, []), (40, []))
+case("TrainingStepsFailing", "flap", "a bad shard: 3 minutes of failing steps every 20 minutes (15 % overall)",
+     stepping(_r0, ([60] * 17 + [0] * 3) * 3, ([0] * 17 + [60] * 3) * 3), (20, []), (40, []), (60, []))
+case("TrainingStepsFailing", "quiet", "the trainer restarts at minute 15 (series gone 2 minutes, back from 0), one "
+     "failed step before and one after",
+     [s(STEPS, _r0, cum([60] * 15) + " stale stale " + cum([60] * 25)),
+      s(FAILED, {**_r0, "exception": "Flaky"}, cum([0] * 5 + [1] + [0] * 9) + " stale stale " +
+        cum([0] * 3 + [1] + [0] * 21))], (16, []), (18, []), (25, []), (42, []))
+case("TrainingStepsFailing", "gone", "fires, then the job ends and its series vanish: resolves",
+     stepping(_r0, [30] * 35, [30] * 35, end=" stale"), (25, [_failing_exp("0", "50%")]),
+     (35, [_failing_exp("0", "50%")]), (42, []))
+
+_dw = {"cause": "data_wait"}
+
+
+def waits(n: int, per_min: dict[int, list[float]], minutes: int, job: str = "j1", end: str = "") -> list[dict]:
+    """n ranks' data-wait badput counters: per_min[r] is rank r's seconds waited each minute (default
+    1.5 s, a 2.5 % share)."""
+    return [s(BAD, {**TRAIN, "job_id": job, "rank": str(r), **_dw}, cum(per_min.get(r, [1.5] * minutes)) + end)
+            for r in range(n)]
+
+
+def _loader_exp(rank: str, ratio: str) -> list:
+    return [({"job_id": "j1", "rank": rank}, f"Rank {rank} of job j1 waits {ratio}x as long for its batches as the "
+                                            "job's other ranks, which wait for it in their collectives: its data "
+                                            "loader (storage, workers, host) is slow.")]
+
+
+case("TrainingDataLoaderStraggler", "fires", "4 ranks at 2.5 % data wait; from minute 10 rank 3 waits 23 % (the "
+     "real job's 0.026 -> 0.231)", waits(4, {3: [1.5] * 10 + [14] * 40}, 50),
+     (10, []), (24, []), (30, _loader_exp("3", "9.3")), (50, _loader_exp("3", "9.3")))
+case("TrainingDataLoaderStraggler", "fires", "2 ranks: rank 1 against the other rank, not the mean of both",
+     waits(2, {1: [1.5] * 10 + [9] * 40}, 50), (30, _loader_exp("1", "6.0")))
+case("TrainingDataLoaderStraggler", "quiet", "every rank's wait rises alike to 23 %; a rank at 3x the others' "
+     "1 % (5 % of its time); a job of one rank",
+     waits(4, {r: [1.5] * 10 + [14] * 30 for r in range(4)}, 40)
+     + waits(2, {0: [0.6] * 40, 1: [0.6] * 10 + [1.8] * 30}, 40, job="j2")
+     + waits(1, {0: [30] * 40}, 40, job="j3"), (20, []), (30, []), (40, []))
+case("TrainingDataLoaderStraggler", "flap", "rank 2 stalls 30 s on a batch every 12 minutes: up for 5m, never 15m",
+     waits(4, {2: ([30] + [1.5] * 11) * 5}, 60), (20, []), (40, []), (60, []))
+case("TrainingDataLoaderStraggler", "quiet", "rank 1 restarts at minute 15 (gone 2 minutes, back from 0) and warms "
+     "its loader for a minute (20 s wait)",
+     waits(4, {}, 40)[:1] + [s(BAD, {**_r1, **_dw}, cum([1.5] * 15) + " stale stale " + cum([0, 20] + [1.5] * 23))]
+     + waits(4, {}, 40)[2:], (16, []), (20, []), (30, []), (40, []))
+case("TrainingDataLoaderStraggler", "gone", "fires, then the slow rank's series vanish: resolves",
+     waits(3, {}, 40) + [s(BAD, {**TRAIN, "rank": "3", **_dw}, cum([14] * 30) + " stale")],
+     (20, _loader_exp("3", "9.3")), (30, _loader_exp("3", "9.3")), (37, []))
+
+COLL = "gpuobs_training_collective_wait_seconds_total"
+
+
+def job_phases(n: int, phases: list[tuple[int, float, float, float]], slow_rank: tuple[int, float] | None = None,
+               job: str = "j1", gap: str = "", end: str = "") -> list[dict]:
+    """n ranks of a synchronous job through phases of (minutes, compute s/step, collective wait
+    s/step, data wait s/step): steps/min follow from the step time. slow_rank=(r, x): rank r computes
+    x times as long and waits that much less in its collectives (the others wait for it). gap is put
+    between the phases' series halves after the first phase (e.g. ' stale stale' for a restart)."""
+    out = []
+    for r in range(n):
+        labels = {**TRAIN, "job_id": job, "rank": str(r)}
+        parts: dict[str, list[list[float]]] = {"steps": [], "compute": [], "coll": []}
+        for i, (minutes, compute, coll, data) in enumerate(phases):
+            step = compute + coll + data
+            x = slow_rank[1] if slow_rank and slow_rank[0] == r and i else 1.0
+            c_r, w_r = compute * x, max(0.0, coll - compute * (x - 1))
+            per_min = 60 / step
+            parts["steps"].append([per_min] * minutes)
+            parts["compute"].append([per_min * c_r] * minutes)
+            parts["coll"].append([per_min * w_r] * minutes)
+        out += [s(name, labels, _phased(parts[key], gap) + end)
+                for name, key in ((STEPS, "steps"), (COMPUTE, "compute"), (COLL, "coll"))]
+    return out
+
+
+def _phased(per_phase: list[list[float]], gap: str) -> str:
+    """Counter samples of per-minute increments by phase; with a gap (a restart) after the first phase
+    the counter starts again from its first increment."""
+    first, rest = per_phase[0], [v for p in per_phase[1:] for v in p]
+    return (cum(first) + gap + " " + cum(rest)) if gap else cum(first + rest)
+
+
+def _coll_exp(pct: str) -> list:
+    return [({"job_id": "j1"}, f"The ranks of job j1 spend {pct} of their time blocked in collectives, over 1.5x "
+                               "their median of the last 6h, while their compute per step is unchanged: the network "
+                               "(or a collective's algorithm or peers) slowed down.")]
+
+
+_base = (120, 0.8, 0.1, 0.1)  # 2h: 1.0 s steps, 10 % of them in collectives
+case("TrainingCollectivesSlowing", "fires", "4 ranks; after 2h every rank's all-reduce takes 0.4 s instead of 0.1 "
+     "(a third of the time), compute unchanged",
+     job_phases(4, [_base, (60, 0.8, 0.4, 0.0)]), (125, []), (150, _coll_exp("33.33%")), (180, _coll_exp("33.33%")))
+case("TrainingCollectivesSlowing", "quiet", "compute rises too (1.3x on every rank: throttling, a bigger model); "
+     "a straggler (rank 1 1.3x, the others wait for it); compute 0.8 -> 0.3 s (a faster kernel, same collectives)",
+     job_phases(4, [_base, (60, 1.04, 0.4, 0.0)]) + job_phases(4, [_base, (60, 0.8, 0.34, 0.1)], slow_rank=(1, 1.3),
+                                                                job="j2")
+     + job_phases(2, [_base, (60, 0.3, 0.1, 0.0)], job="j3"), (150, []), (180, []))
+case("TrainingCollectivesSlowing", "quiet", "a job with little communication: 2 % -> 6 % (3x, 4 points)",
+     job_phases(2, [(120, 0.9, 0.02, 0.08), (60, 0.9, 0.06, 0.04)]), (150, []), (180, []))
+case("TrainingCollectivesSlowing", "flap", "noisy collectives (0.05 / 0.15 s, alternating) and a 5-minute spike "
+     "to 0.5 s: never 15m",
+     job_phases(2, [(1, 0.8, 0.05 if i % 2 else 0.15, 0.1) for i in range(150)]
+                + [(5, 0.8, 0.5, 0.0), (40, 0.8, 0.1, 0.1)]), (150, []), (160, []), (190, []))
+case("TrainingCollectivesSlowing", "quiet", "the job restarts at 2h (gone 3 minutes, counters back from 0) at the "
+     "same pace", job_phases(4, [_base, (60, 0.8, 0.1, 0.1)], gap=" stale stale stale"), (124, []), (130, []),
+     (180, []))
+case("TrainingCollectivesSlowing", "gone", "fires, then the job ends and its series vanish: resolves",
+     job_phases(2, [_base, (40, 0.8, 0.4, 0.0)], end=" stale"), (150, _coll_exp("33.33%")),
+     (160, _coll_exp("33.33%")), (167, []))
 
 # ---- inference
 REQ_Q = "gpuobs_inference_request_duration_quantile_seconds"

@@ -187,7 +187,7 @@ def test_epoch_end_is_not_the_next_steps_wait(mem):
     assert mem.value(c.BADPUT, cause="data_wait") < 0.09
 
 
-def test_exception_inside_a_step_marks_the_span_and_still_records(mem):
+def test_exception_inside_a_step_marks_the_span_and_counts_a_failed_step(mem):
     run = instrument.TrainingRun(mem.tel, timer=WallTimer())
     with pytest.raises(ValueError, match="boom"):
         with run.step(samples=2):
@@ -197,11 +197,84 @@ def test_exception_inside_a_step_marks_the_span_and_still_records(mem):
     assert step.status.status_code is StatusCode.ERROR
     assert any(e.name == "exception" and e.attributes["exception.type"] == "ValueError" for e in step.events)
     assert mem.spans("train.backward")[0].status.status_code is StatusCode.ERROR
-    assert mem.value(c.STEPS) == 1 and mem.value(c.SAMPLES_TRAINED) == 2
-    assert mem.point(c.STEP_DURATION).count == 1
+    assert mem.value(c.STEPS_FAILED, exception="ValueError") == 1
+    assert mem.points(c.STEPS) == [] and mem.points(c.SAMPLES_TRAINED) == [] and mem.points(c.LAST_STEP) == []
+    assert mem.points(c.STEP_DURATION) == []
     with run.step():  # the failed step left no span current: the next is a root again
         pass
     assert all(s.parent is None for s in mem.spans("train.step"))
+    assert mem.value(c.STEPS) == 1 and mem.value(c.STEPS_FAILED, exception="ValueError") == 1
+
+
+class Flaky(Exception):
+    """The failure the loop below injects and catches."""
+
+
+def test_a_loop_whose_steps_raise_counts_failures_not_progress(mem):
+    """A real loop over a loader where some steps' bodies raise and the loop catches the exception:
+    steps, samples, tokens, FLOPs and the step histogram count only the steps that completed, the
+    failed-steps counter counts the others by exception type, the last-step time is that of the
+    last completed step, and the data waits of failed steps are still data wait."""
+    run = instrument.TrainingRun(mem.tel, timer=WallTimer(), flops_per_step=10.0)
+    done = {"steps": 0, "samples": 0, "tokens": 0}
+    failed: dict[str, int] = {}
+    last_ok = (0.0, 0.0)  # (before, after) the last step that completed
+    for i in run.data(sleepy_loader(30, 0.002)):
+        kind = (Flaky, KeyError, None, None, None)[i % 5] if i < 20 else Flaky  # the last 10 all fail
+        before = time.time()
+        try:
+            with run.step(samples=4, tokens=64):
+                time.sleep(0.001)
+                if kind is not None:
+                    raise kind(i)
+        except (Flaky, KeyError) as exc:
+            failed[type(exc).__name__] = failed.get(type(exc).__name__, 0) + 1
+            continue
+        last_ok = (before, time.time())
+        done["steps"] += 1
+        done["samples"] += 4
+        done["tokens"] += 64
+    assert done["steps"] == 12 and failed == {"Flaky": 14, "KeyError": 4}  # what the loop itself saw
+    assert mem.value(c.STEPS) == done["steps"] and mem.point(c.STEP_DURATION).count == done["steps"]
+    assert (mem.value(c.SAMPLES_TRAINED), mem.value(c.TOKENS_TRAINED)) == (done["samples"], done["tokens"])
+    assert mem.value(c.FLOPS) == 10.0 * done["steps"]
+    assert {p.attributes["exception"]: p.value for p in mem.points(c.STEPS_FAILED)} == failed
+    assert last_ok[0] <= mem.value(c.LAST_STEP) <= last_ok[1]  # the last completed step's, not a failed one's
+    assert mem.point(c.DATA_WAIT).count == 30  # every batch was waited for, failed step or not
+    bad = {p.attributes["cause"]: p.value for p in mem.points(c.BADPUT)}
+    assert bad["failed_step"] >= 18 * 0.001 and bad["data_wait"] == pytest.approx(mem.value(c.DATA_WAIT))
+
+
+def test_failed_steps_are_bounded_by_exception_type_and_interruptions_are_neither(mem):
+    """Past EXCEPTION_TYPES exception types, failed steps count as "other"; the end of the data
+    (StopIteration) or a KeyboardInterrupt inside a step is neither progress nor a failure."""
+    run = instrument.TrainingRun(mem.tel, timer=WallTimer())
+    types_ = [type(f"E{n}", (Exception,), {}) for n in range(train.EXCEPTION_TYPES + 3)]
+    for kind in types_ + [StopIteration, KeyboardInterrupt]:
+        with pytest.raises(kind):
+            with run.step(samples=1):
+                raise kind()
+    counts = {p.attributes["exception"]: p.value for p in mem.points(c.STEPS_FAILED)}
+    assert counts == {**{t.__name__: 1 for t in types_[:train.EXCEPTION_TYPES]}, "other": 3}
+    assert mem.points(c.STEPS) == [] and mem.points(c.SAMPLES_TRAINED) == []
+
+
+def test_gpu_timed_failed_steps_resolve_as_failures(mem):
+    """With CUDA events a step is recorded when its events complete: a failed one still as a failure."""
+    gpu = FakeGPU()
+    run = instrument.TrainingRun(mem.tel, timer=CudaEventTimer(gpu.event))
+    for n in range(4):
+        try:
+            with run.step(samples=1):
+                gpu.now_ms += 10
+                if n % 2:
+                    raise RuntimeError("CUDA error: an illegal memory access")
+        except RuntimeError:
+            pass
+    gpu.release()
+    run.flush()
+    assert mem.value(c.STEPS) == 2 and mem.value(c.STEPS_FAILED, exception="RuntimeError") == 2
+    assert mem.value(c.SAMPLES_TRAINED) == 2 and mem.point(c.STEP_DURATION).count == 2
 
 
 def test_trace_step_decorators_and_module_shortcuts(mem):
@@ -771,6 +844,11 @@ PROMETHEUS_SCRIPT = textwrap.dedent('''
                 with run.micro_step():
                     pass
             run.report(loss=1.5, grad_norm=0.25, lr=1e-3)
+        try:
+            with run.step(samples=2):  # a failed step: counted as such, not as progress
+                raise ValueError("bad batch")
+        except ValueError:
+            pass
         with run.checkpoint():
             pass
         run.flush()
@@ -832,6 +910,7 @@ def test_prometheus_names_match_the_catalog():
         assert ours == expected, ours ^ expected
         value = {(s.name, s.labels.get("cause")): s.value for s in samples}
         assert value[(c.STEPS.exposed_name, None)] == 3 and value[(c.SAMPLES_TRAINED.exposed_name, None)] == 6
+        assert value[(c.STEPS_FAILED.exposed_name, None)] == 1
         assert value[(c.LOSS.name, None)] == 1.5 and value[(c.LEARNING_RATE.name, None)] == 1e-3
 
 
@@ -899,7 +978,7 @@ def test_a_failing_timer_never_breaks_the_step(mem):
             raise ValueError("user error")  # the user's exception, not the timer's
     with run.step():
         pass
-    assert mem.value(c.STEPS) == 2
+    assert mem.value(c.STEPS) == 1 and mem.value(c.STEPS_FAILED, exception="ValueError") == 1  # both recorded
     assert otel_trace.get_current_span() is otel_trace.INVALID_SPAN  # no span left current
 
 

@@ -66,6 +66,20 @@ class Thresholds:
     data_wait_share: float = 0.3
     checkpoint_seconds: float = 600.0
     straggler: float = 1.2  # a rank's compute per step over the mean of the job's other ranks
+    # failed steps (a loop that catches its steps' exceptions): a rank failing more than this share of
+    # its steps for for_medium (an isolated bad batch, or a burst shorter than for_medium, is no alert)
+    failed_step_share: float = 0.2
+    # a rank slowed in its data loader: its data-wait share over the mean of the job's other ranks', and
+    # at least this share of its time (a rise from 1 % to 3 % is no slowdown)
+    data_wait_straggler: float = 2.0
+    data_wait_straggler_share: float = 0.1
+    # a job slowed in its collectives: its ranks' collective-wait share over collective_rise times its
+    # median over baseline_window and collective_rise_share more of wall time than that median, while the
+    # slowest rank's compute per step stays within compute_steady of its own median (either way: a
+    # straggler, or compute that changed, shifts the collective wait without any network fault)
+    collective_rise: float = 1.5
+    collective_rise_share: float = 0.1
+    compute_steady: float = 1.1
     inference_p99_seconds: float = 5.0
     inference_error_ratio: float = 0.05
     # degradation trends: a per-GPU error rate over trend_step, its median over the last trend_window

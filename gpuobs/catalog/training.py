@@ -9,6 +9,10 @@ STEP_DURATION = _otel("gpuobs.training.step.duration", "histogram", "s", "gpuobs
                       "training", unit="seconds")
 STEPS = _otel("gpuobs.training.steps", "counter", "{step}", "gpuobs_training_steps",
               "Optimizer steps completed.", "training")
+STEPS_FAILED = _otel("gpuobs.training.steps.failed", "counter", "{step}", "gpuobs_training_steps_failed",
+                     "Steps whose body raised (the loop caught the exception and went on), by exception type "
+                     "(its class name; a run's first 8 types, later ones as `other`): not progress, never in "
+                     "the step, sample, token or last-step counts.", "training", labels=RUN_LABELS + ("exception",))
 MICRO_STEPS = _otel("gpuobs.training.micro_steps", "counter", "{step}", "gpuobs_training_micro_steps",
                     "Micro-steps (gradient-accumulation passes) completed.", "training")
 LAST_STEP = _otel("gpuobs.training.step.last_timestamp", "gauge", "s",
@@ -50,7 +54,8 @@ GOODPUT = _otel("gpuobs.training.goodput", "counter", "s", "gpuobs_training_good
                 "Time spent in steps, data wait and checkpoints excluded (collective waits included: the job "
                 "as a whole is progressing).", "training", unit="seconds")
 BADPUT = _otel("gpuobs.training.badput", "counter", "s", "gpuobs_training_badput_seconds",
-               "Time not spent computing steps, by cause: data_wait, checkpoint, startup, idle.", "training",
+               "Time not spent computing steps, by cause: data_wait, checkpoint, startup, idle, failed_step (the "
+               "time of steps that raised, their data wait and checkpoints excepted).", "training",
                labels=RUN_LABELS + ("cause",), unit="seconds")
 LOG_PATTERN_MATCHES = _otel("gpuobs.log.pattern_matches", "counter", "{record}", "gpuobs_log_pattern_matches",
                            "Log records of this process that matched a pattern of the log-pattern catalog "

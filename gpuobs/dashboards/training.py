@@ -121,7 +121,11 @@ def build():
     L.add(k.timeseries("Non-finite values", [target(
         f"sum by (rank, value) ({rate(m(c.NONFINITE), 'increase')})", BY_RANK + " {{value}}")], "short",
         "Reported loss, gradient norm or learning rate that was NaN or infinite: the run is diverging.",
-        bars=True, min=0), 24, 6)
+        bars=True, min=0), 12, 6)
+    L.add(k.timeseries("Failed steps", [target(
+        f"sum by (rank, exception) ({rate(m(c.STEPS_FAILED), 'increase')})", BY_RANK + " {{exception}}")], "short",
+        "Steps whose body raised (the loop caught the exception and went on), by exception class: no progress.",
+        bars=True, min=0), 12, 6)
 
     L.row("Checkpoints and goodput")
     L.add(k.timeseries("Checkpoint duration", [target(

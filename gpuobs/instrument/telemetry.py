@@ -43,7 +43,7 @@ SCOPE = "gpuobs.instrument"  # the instrumentation scope of gpuobs's spans and m
 # metrics are SDK instruments called per recording (SyncRecorder); the quantile and drop gauges
 # are observed from callbacks of their own and take no recording calls.
 HELD = frozenset(m.name for m in (
-    c.STEPS, c.MICRO_STEPS, c.LAST_STEP, c.SAMPLES_TRAINED, c.TOKENS_TRAINED, c.LOSS, c.GRAD_NORM,
+    c.STEPS, c.STEPS_FAILED, c.MICRO_STEPS, c.LAST_STEP, c.SAMPLES_TRAINED, c.TOKENS_TRAINED, c.LOSS, c.GRAD_NORM,
     c.LEARNING_RATE, c.NONFINITE, c.FLOPS, c.PEAK_FLOPS, c.COMPUTE, c.COLLECTIVE_WAIT, c.GOODPUT, c.BADPUT))
 DROPS = frozenset((c.SPANS_DROPPED.name, c.LOGS_DROPPED.name, c.LOG_LINES_TRUNCATED.name))
 # observed from gpuobs.logs's process-wide counts, like the dropped log records

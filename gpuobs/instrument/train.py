@@ -44,7 +44,19 @@ from .telemetry import Telemetry, current
 from .timing import CudaEventTimer, WallTimer, default_timer
 
 log = logging.getLogger("gpuobs.instrument")
-CAUSES = ("data_wait", "checkpoint", "startup", "idle")
+CAUSES = ("data_wait", "checkpoint", "startup", "idle", "failed_step")
+EXCEPTION_TYPES = 8  # exception types a run counts failed steps by; later ones are "other" (bounded series)
+
+
+def _failure(exc: BaseException | None) -> str | None:
+    """What a step that exited with exc was: None, completed (no exception); the exception's class
+    name, a failed step; "" for the end of the data (StopIteration) or of the process (KeyboardInterrupt,
+    SystemExit, anything not an Exception): no step happened, neither progress nor a failure."""
+    if exc is None:
+        return None
+    if isinstance(exc, StopIteration) or not isinstance(exc, Exception):
+        return ""
+    return type(exc).__name__
 
 
 def _value(source: Any) -> float | None:
@@ -63,7 +75,7 @@ def _value(source: Any) -> float | None:
 class _Step:
     """One step (a context manager; re-used objects would save little and cost clarity)."""
     __slots__ = ("run", "samples", "tokens", "flops", "span", "token", "timer_token", "wait", "wait_start_ns", "ckpt",
-                 "inner_wait", "nested", "t0", "coll")
+                 "inner_wait", "nested", "t0", "coll", "failed")
     # set by TrainingRun._begin and _end (slots: declared here, assigned there)
     span: Any  # the train.step span, None when the step is nested or the tracer is off
     token: Any  # its contextvars token from otel_context.attach (None with no span)
@@ -75,6 +87,7 @@ class _Step:
     nested: bool  # a step inside a step: records nothing
     t0: float  # perf_counter() at the step's start
     coll: float  # seconds of collectives inside the step
+    failed: str | None  # None: completed; else how it ended (_failure): recorded as no progress
 
     def __init__(self, run: "TrainingRun", samples: float | None, tokens: float | None, flops: float | None):
         self.run, self.samples, self.tokens, self.flops = run, samples, tokens, flops
@@ -172,6 +185,8 @@ class TrainingRun:
         self._n_flops, self._v_last = i(c.FLOPS).cell(a), i(c.LAST_STEP).cell(a)
         bad = i(c.BADPUT)
         self._n_bad = {cause: bad.cell({**a, "cause": cause}) for cause in CAUSES}
+        self._steps_failed = i(c.STEPS_FAILED)
+        self._n_failed: dict[str, Any] = {}  # exception type -> its cell, at most EXCEPTION_TYPES + "other"
         if self.peak_flops:
             i(c.PEAK_FLOPS).set(self.peak_flops, a)
         self._gauges = {"loss": i(c.LOSS), "grad_norm": i(c.GRAD_NORM), "lr": i(c.LEARNING_RATE)}
@@ -264,7 +279,8 @@ class TrainingRun:
     def step(self, samples: int | None = None, tokens: int | None = None, flops: float | None = None) -> _Step:
         """Context manager around one optimizer step; samples/tokens feed the throughput counters,
         flops (default flops_per_step) the FLOPs counter. Attributes samples/tokens of the entered
-        step may also be set inside it."""
+        step may also be set inside it. A step whose body raises (and the loop catches) is a failed
+        step (catalog STEPS_FAILED, by exception type), not progress: see _record_failed."""
         return _Step(self, samples, tokens, flops)
 
     def trace_step(self, fn: Callable | None = None, *, samples: int | None = None, tokens: int | None = None,
@@ -316,6 +332,7 @@ class TrainingRun:
     def _end(self, s: _Step, exc: BaseException | None) -> None:
         if s.nested:
             return
+        s.failed = _failure(exc)  # kept on the step: a GPU-timed step is recorded later, by poll()
         try:
             compute = (time.perf_counter() - s.t0 if s.timer_token is None
                        else self.timer.stop(s.timer_token, s))
@@ -345,6 +362,9 @@ class TrainingRun:
             self.flush()
 
     def _record(self, s: _Step, duration: float) -> None:
+        if s.failed is not None:
+            self._record_failed(s, duration)
+            return
         a = self.attrs
         total = s.wait + duration  # duration includes waits, collectives and checkpoints inside the step
         waited = s.wait + s.inner_wait
@@ -370,6 +390,32 @@ class TrainingRun:
         flops = s.flops or self.flops_per_step
         if flops:
             self._n_flops.add(flops)
+
+    def _record_failed(self, s: _Step, duration: float) -> None:
+        """A step that raised: its data wait is still data wait (the loader did wait), the rest of its
+        time (checkpoints excepted, counted already) failed_step badput, and one failed step by
+        exception type; nothing of the progress counters (steps, samples, tokens, FLOPs, goodput,
+        compute, step duration, last-step time), so that a loop catching every step's exception
+        reads as stalled, not as training."""
+        waited = s.wait + s.inner_wait
+        if waited:
+            self._h_wait.record(waited, self.attrs)
+            self._q_wait.add(waited)
+            self._n_bad["data_wait"].add(waited)
+        self._n_bad["failed_step"].add(max(0.0, duration - s.ckpt - s.inner_wait))
+        if s.failed:  # "": the data or the process ended inside the step; no step, no failure
+            self._failed_cell(s.failed).add(1)
+
+    def _failed_cell(self, exception: str) -> Any:
+        """The failed-steps cell of an exception type; past EXCEPTION_TYPES types, the "other" cell."""
+        found = self._n_failed.get(exception)
+        if found is None:
+            if len(self._n_failed) >= EXCEPTION_TYPES:
+                exception = "other"
+            found = self._n_failed.get(exception)
+            if found is None:
+                found = self._n_failed[exception] = self._steps_failed.cell({**self.attrs, "exception": exception})
+        return found
 
     def micro_step(self) -> Any:
         """Context manager around one gradient-accumulation pass inside a step."""

@@ -14,13 +14,19 @@ from .base import (
 )
 
 
-def _straggler(t: Windows) -> str:
-    # ...with the mean of the *other* ranks: the job's median is the mean with 2 ranks, which hides
-    # a 1.3x skew (2 * 1.3 / 2.3 = 1.13); leaving the rank out is exact for 2 ranks and robust for
-    # 64. Jobs of one rank have no others and no ratio.
-    per_step = COMPUTE_PER_STEP.name
-    return (f"{per_step} / ((sum by (job_id) ({per_step}) - on (job_id) group_right {per_step}) / on (job_id) "
-            f"group_left () ((count by (job_id) ({per_step}) > 1) - 1))")
+def _to_others(rank: Record) -> str:
+    """A per-rank record over the mean of the *other* ranks of its job: the job's median is the
+    mean with 2 ranks, which hides a 1.3x skew (2 * 1.3 / 2.3 = 1.13); leaving the rank out is exact
+    for 2 ranks and robust for 64. Jobs of one rank have no others and no ratio."""
+    x = rank.name
+    return (f"{x} / ((sum by (job_id) ({x}) - on (job_id) group_right {x}) / on (job_id) "
+            f"group_left () ((count by (job_id) ({x}) > 1) - 1))")
+
+
+def _failed_share(t: Windows) -> str:
+    # a rank whose steps all fail has no step counter (it appears at the first completed step): 0 then
+    failed = _sum_rate(RANK, c.STEPS_FAILED.exposed_name, t)
+    return f"{failed} / ({failed} + ({_sum_rate(RANK, c.STEPS.exposed_name, t)} or {failed} * 0))"
 
 
 # ------------------------------------------------------------------------------------------ training
@@ -36,10 +42,21 @@ JOB_TOKENS = rate_of(JOB, c.TOKENS_TRAINED)
 COMPUTE_PER_STEP = Record(RANK, c.COMPUTE, "per_step",
                           lambda t: f"{_sum_rate(RANK, c.COMPUTE.exposed_name, t)} / "
                                     f"{_sum_rate(RANK, c.STEPS.exposed_name, t)}")
-STRAGGLER_RATIO = Record(RANK, COMPUTE_PER_STEP, "ratio_to_others", _straggler)
+STRAGGLER_RATIO = Record(RANK, COMPUTE_PER_STEP, "ratio_to_others", lambda t: _to_others(COMPUTE_PER_STEP))
 # Shares of wall time from counters over the window, not the last step's ratio
 DATA_WAIT_RATIO = Record(RANK, "gpuobs_training_data_wait", "ratio",
                          lambda t: _sum_rate(RANK, c.BADPUT.exposed_name, t, '{cause="data_wait"}'))
+# A rank slowed only in its data loader: its data-wait share against the other ranks' (in a
+# synchronous job they wait for it in their collectives, not for data, and its compute is unchanged)
+DATA_WAIT_TO_OTHERS = Record(RANK, DATA_WAIT_RATIO, "ratio_to_others", lambda t: _to_others(DATA_WAIT_RATIO))
+# Steps that raised, as a share of the steps a rank ran (completed or failed) over the window
+FAILED_STEP_RATIO = Record(RANK, c.STEPS_FAILED, "ratio", _failed_share)
+# A job slowed in its collectives: the share of wall time its ranks spend blocked in them (their
+# mean), against the slowest rank's compute per step (steady when the network, not compute, changed)
+JOB_COLLECTIVE_WAIT_RATIO = Record(JOB, c.COLLECTIVE_WAIT, "ratio",
+                                   lambda t: f"avg by (job_id) ({_sum_rate(RANK, c.COLLECTIVE_WAIT.exposed_name, t)})")
+JOB_COMPUTE_PER_STEP_MAX = Record(JOB, COMPUTE_PER_STEP, "per_step_max",
+                                  lambda t: f"max by (job_id) ({COMPUTE_PER_STEP.name})")
 MFU_RATIO = Record(RANK, "gpuobs_training_mfu", "ratio",
                    lambda t: f"{_sum_rate(RANK, c.FLOPS.exposed_name, t)} / "
                              f"max by (job_id, rank) ({c.PEAK_FLOPS.name})")

@@ -1,5 +1,5 @@
 """Alerts of the training family: jobs stalled, slower than their baseline, input bound, ranks lost, slow
-checkpoints, stragglers."""
+checkpoints, failing steps, stragglers in compute or data loading, collectives slowing a job."""
 
 from __future__ import annotations
 
@@ -47,8 +47,42 @@ def training(t: Thresholds) -> list[Alert]:
               for_="0s", severity="warning", summary="Checkpoints take long.",
               description="Job {{ $labels.job_id }} rank {{ $labels.rank }} checkpoints take {{ $value | humanize }} "
                           "s on average."),
+        *_failing_and_slow(t),
         alert(name="TrainingStragglerRank", expr=f"{records.STRAGGLER_RATIO.name} > {t.straggler:g}",
               for_=t.for_medium, severity="warning", summary="One rank computes slower than the rest of its job.",
               description="Rank {{ $labels.rank }} of job {{ $labels.job_id }} computes {{ $value | printf \"%.2f\" "
                           "}}x as long per step as the job's other ranks, which wait for it in their collectives."),
+    ]
+
+
+def _failing_and_slow(t: Thresholds) -> list[Alert]:
+    """Steps failing on a rank, a rank slowed in its data loader, a job slowed in its collectives."""
+    alert = partial(Alert, family="training", scope="job")
+    share, base = records.JOB_COLLECTIVE_WAIT_RATIO.name, records.JOB_COMPUTE_PER_STEP_MAX.name
+    share_base = f"quantile_over_time(0.5, {share}[{t.baseline_window}])"
+    compute_base = f"quantile_over_time(0.5, {base}[{t.baseline_window}])"
+    return [
+        alert(name="TrainingStepsFailing", expr=f"{records.FAILED_STEP_RATIO.name} > {t.failed_step_share:g}",
+              for_=t.for_medium, severity="warning", summary="A training rank's steps keep failing.",
+              description="{{ $value | humanizePercentage }} of the steps of rank {{ $labels.rank }} of job "
+                          "{{ $labels.job_id }} raised an exception over the last " + t.rate_window
+                          + ": the loop catches it and goes on, but those steps train nothing."),
+        alert(name="TrainingDataLoaderStraggler",
+              expr=f"{records.DATA_WAIT_TO_OTHERS.name} > {t.data_wait_straggler:g} and on (job_id, rank) "
+                   f"{records.DATA_WAIT_RATIO.name} > {t.data_wait_straggler_share:g}",
+              for_=t.for_medium, severity="warning", summary="One rank waits for its data longer than the rest "
+                                                             "of its job.",
+              description="Rank {{ $labels.rank }} of job {{ $labels.job_id }} waits {{ $value | printf \"%.1f\" }}x "
+                          "as long for its batches as the job's other ranks, which wait for it in their "
+                          "collectives: its data loader (storage, workers, host) is slow."),
+        alert(name="TrainingCollectivesSlowing",
+              expr=f"{share} > {t.collective_rise:g} * {share_base} and {share} > {share_base} + "
+                   f"{t.collective_rise_share:g} and on (job_id) {base} < {t.compute_steady:g} * {compute_base} "
+                   f"and on (job_id) {base} > {compute_base} / {t.compute_steady:g}",
+              for_=t.for_medium, severity="warning", summary="A training job spends more of its time in "
+                                                             "collectives than it used to.",
+              description="The ranks of job {{ $labels.job_id }} spend {{ $value | humanizePercentage }} of their "
+                          "time blocked in collectives, over " + f"{t.collective_rise:g}" + "x their median of the "
+                          "last " + t.baseline_window + ", while their compute per step is unchanged: the "
+                          "network (or a collective's algorithm or peers) slowed down."),
     ]
