@@ -1331,3 +1331,41 @@ def test_span_processor_counts_what_its_full_queue_drops():
     assert len(exported) == 12 and processor.queued == 0
     assert exported[-8:] == [f"s{i}" for i in range(22, 30)]  # the oldest were dropped
     provider.shutdown()
+
+
+def test_nccl_collective_wait_comes_from_the_device_not_from_the_host(mem):
+    """On NCCL the host sees an all-reduce complete at enqueue: the DDP timer's device pair (events
+    at launch and where the result is ready) is what the step's collective wait and compute read,
+    once the step's events have completed (a stand-in stream, as for the CUDA step timer)."""
+    from gpuobs.instrument.collectives import DeviceTail
+
+    gpu = FakeGPU()
+    run = instrument.TrainingRun(mem.tel, timer=CudaEventTimer(gpu.event))
+    with run.step(samples=1):
+        gpu.now_ms += 70  # forward and backward
+        start = gpu.event()
+        start.record()  # the last bucket launched
+        gpu.now_ms += 30  # the fast rank waits on the device for the slow one
+        end = gpu.event()
+        end.record()
+        now = time.perf_counter()
+        run._comm.launched, run._comm.done, run._comm.device = now, now + 1e-5, DeviceTail(start, end)
+    gpu.release()
+    run.flush()
+    assert mem.value(c.COLLECTIVE_WAIT) == pytest.approx(0.030)  # not the host's 10 µs
+    assert mem.value(c.COMPUTE) == pytest.approx(0.070)
+
+
+@pytest.mark.parametrize("world_size,timed,warned", [(2, False, True), (2, True, False), (1, False, False)])
+def test_a_multi_rank_run_without_a_timed_collective_warns_once(caplog, world_size, timed, warned):
+    mem = Mem(env=RunEnv(rank=0, world_size=world_size, job_id="j"))
+    run = instrument.TrainingRun(mem.tel, timer=WallTimer())
+    with caplog.at_level("WARNING", logger="gpuobs.instrument"):
+        for _ in range(train.WARN_UNTIMED_AFTER + 10):
+            with run.step(samples=1):
+                if timed:
+                    with run.collective("all_reduce"):
+                        time.sleep(0.0005)
+    said = [r for r in caplog.records if "no timed collective" in r.getMessage()]
+    assert len(said) == (1 if warned else 0)
+    mem.tel.shutdown(timeout_s=2)

@@ -72,10 +72,13 @@ def _value(source: Any) -> float | None:
     return float(source)
 
 
+WARN_UNTIMED_AFTER = 20  # steps of a multi-rank run before warning that no collective was timed
+
+
 class _Step:
     """One step (a context manager; re-used objects would save little and cost clarity)."""
     __slots__ = ("run", "samples", "tokens", "flops", "span", "token", "timer_token", "wait", "wait_start_ns", "ckpt",
-                 "inner_wait", "nested", "t0", "coll", "failed")
+                 "inner_wait", "nested", "t0", "coll", "failed", "coll_device")
     # set by TrainingRun._begin and _end (slots: declared here, assigned there)
     span: Any  # the train.step span, None when the step is nested or the tracer is off
     token: Any  # its contextvars token from otel_context.attach (None with no span)
@@ -88,9 +91,11 @@ class _Step:
     t0: float  # perf_counter() at the step's start
     coll: float  # seconds of collectives inside the step
     failed: str | None  # None: completed; else how it ended (_failure): recorded as no progress
+    coll_device: collectives.DeviceTail | None  # NCCL: DDP's blocked tail as the GPU saw it, read in _record
 
     def __init__(self, run: "TrainingRun", samples: float | None, tokens: float | None, flops: float | None):
         self.run, self.samples, self.tokens, self.flops = run, samples, tokens, flops
+        self.coll_device = None
 
     def __enter__(self) -> "_Step":
         self.run._begin(self)
@@ -203,6 +208,8 @@ class TrainingRun:
         self._wait_in_step = 0.0
         self._coll_in_step = 0.0
         self._warned_nested = False
+        self._coll_seen = False  # any collective timed in this run (DDP's hook or collective())
+        self._warned_untimed = False
         self._comm = collectives.DdpCommTimer()
         self._run_span: Any = None  # train.run, started with the first step or checkpoint
         self._run_ctx: Any = None
@@ -340,8 +347,13 @@ class TrainingRun:
             log.exception("step timer failed to stop; timing this step by wall clock")
             compute = time.perf_counter() - s.t0
         tail = self._comm.take()  # DDP's all-reduce: the time this rank was blocked after its backward
-        if tail is not None:
-            self._coll_in_step += tail[1]
+        s.coll_device = None
+        if tail is not None and tail.device is not None:
+            # NCCL: the host saw completion at enqueue (about 0); the device's view is read in _record,
+            # once the step's own end event (after the all-reduce's) has completed: no span, no sync
+            s.coll_device = tail.device
+        elif tail is not None:
+            self._coll_in_step += tail.seconds
             if s.span is not None:
                 start_ns = time.time_ns() - int((time.perf_counter() - tail[0]) * 1e9)
                 span = self.tracer.start_span("train.collective", start_time=start_ns,
@@ -369,7 +381,9 @@ class TrainingRun:
         total = s.wait + duration  # duration includes waits, collectives and checkpoints inside the step
         waited = s.wait + s.inner_wait
         busy = max(0.0, duration - s.ckpt - s.inner_wait)  # the job progresses: goodput
-        coll = min(s.coll, busy)
+        device = s.coll_device.seconds() if s.coll_device is not None else None  # None: not complete yet
+        coll = min(s.coll + (device or 0.0), busy)
+        self._check_collectives_timed(coll)
         self._h_step.record(total, a)
         self._q_step.add(total)
         if total >= self._q_step.slow and s.span is not None:  # one comparison for a fast step
@@ -390,6 +404,19 @@ class TrainingRun:
         flops = s.flops or self.flops_per_step
         if flops:
             self._n_flops.add(flops)
+
+    def _check_collectives_timed(self, coll: float) -> None:
+        """Warn once when a multi-rank run has stepped WARN_UNTIMED_AFTER times with no collective
+        timed: its straggler signal (compute = step - collective wait) is then blind, e.g. under
+        FSDP or a hand-written all-reduce, which TrainingRun.collective() times."""
+        self._coll_seen = self._coll_seen or coll > 0
+        if self._coll_seen or self._warned_untimed or self.step_number < WARN_UNTIMED_AFTER:
+            return
+        if (self.tel.env.world_size or 1) > 1:
+            self._warned_untimed = True
+            log.warning("a multi-rank run with no timed collective after %d steps: per-rank compute equals "
+                        "the step time and no straggler can be named; time hand-written or FSDP collectives "
+                        "with run.collective()", self.step_number)
 
     def _record_failed(self, s: _Step, duration: float) -> None:
         """A step that raised: its data wait is still data wait (the loader did wait), the rest of its
