@@ -105,7 +105,8 @@ def test_no_wait_with_grace_0_or_when_never_scraped(grace_s, scraped):
     told = job.go()
     assert job.exited_within(5) == 0
     took = time.monotonic() - told
-    assert took < 1.0, f"a normal exit took {took:.2f} s"
+    # the rest of an exit: the scrape server's shutdown (its 0.5 s poll) and the providers' on a shared machine
+    assert took < 2.0, f"a normal exit took {took:.2f} s"
 
 
 def test_the_grace_is_bounded_when_no_scrape_comes():

@@ -51,6 +51,7 @@ DROPS = frozenset((c.SPANS_DROPPED.name, c.LOGS_DROPPED.name, c.LOG_LINES_TRUNCA
 # process ended (gpuobs.instrument.ending)
 ENDING = (c.RUN_END, c.RUN_CRASH)
 OBSERVED = DROPS | {c.LOG_PATTERN_MATCHES.name} | {m.name for m in ENDING}
+EXIT_TIMEOUT_S = 3.0  # the exit hook's bound on the final flush and export
 _QUANTILE_OF = {q.name: d for d, q in c.QUANTILES.items()}  # quantile gauge -> its duration histogram
 
 
@@ -148,6 +149,18 @@ class Telemetry:
             except Exception:  # noqa: BLE001 - shutting down must not raise into training code
                 log.exception("telemetry shutdown hook failed")
         self.providers.shutdown(timeout_s)
+
+    def end(self, timeout_s: float = EXIT_TIMEOUT_S) -> None:
+        """End the run's telemetry as the process's exit does: mark how the run ended (a crash the
+        excepthook saw, else a normal end: gpuobs.instrument.ending), keep serving the Prometheus
+        endpoint until one scrape carried it (at most exit_grace_s seconds, nothing if never
+        scraped), then shutdown(timeout_s). Call it instead of shutdown() at the end of a training
+        script; the exit hook calls it for the current telemetry. Never raises; again does nothing."""
+        if self._closed or not self.enabled:
+            return
+        ending.linger(self.exit_grace_s, serving=self.http_server is not None)
+        ending.finish()
+        self.shutdown(timeout_s)
 
     # ---- instruments ----------------------------------------------------------------------------
 
@@ -336,15 +349,11 @@ if hasattr(os, "register_at_fork"):
 
 
 def _at_exit() -> None:
-    """When the process exits: mark how it ended, serve that to one more scrape within the exit
-    grace (gpuobs.instrument.ending.linger), then flush the current telemetry for at most
-    EXIT_TIMEOUT_S (the final OTLP export carries the mark)."""
-    tel = _current
-    if tel is not None and tel.enabled and not tel._closed:
-        ending.linger(tel.exit_grace_s, serving=tel.http_server is not None)
-        ending.finish()
-        tel.shutdown(timeout_s=EXIT_TIMEOUT_S)
+    """When the process exits: end the current telemetry (Telemetry.end: mark how the run ended,
+    serve that to one more scrape within the exit grace, then flush for at most EXIT_TIMEOUT_S; the
+    final OTLP export carries the mark)."""
+    if _current is not None:
+        _current.end(EXIT_TIMEOUT_S)
 
 
-EXIT_TIMEOUT_S = 3.0
 atexit.register(_at_exit)
