@@ -146,7 +146,7 @@ def main() -> None:
             opt.param_groups[0]["lr"] *= 0.9  # decay, so the lr series moves
     run.close()  # records what is pending and ends the run's span
     log.info("training done", extra={"final_loss": loss})
-    telemetry.shutdown()
+    telemetry.end()  # marks the normal end for one more scrape (no TrainingTargetDown), then shuts down
 
 
 def _setup_logs() -> None:

@@ -624,6 +624,7 @@ case("GpuExporterAbsent", "gone", "the last target disappears at minute 11",
 
 # ---- training
 LAST = "gpuobs_training_step_last_timestamp_seconds"
+ENDED = "gpuobs_training_run_end_timestamp_seconds"
 _r0 = {**TRAIN, "rank": "0"}
 _r1 = {**TRAIN, "rank": "1", "instance": "n2:9464"}
 _stall_exp = [(_r0, "Rank 0 of job j1 has not finished a step for 10m.")]
@@ -654,18 +655,32 @@ case("TrainingRankLost", "flap", "rank 1's scrape fails every other minute: neve
 case("TrainingRankLost", "quiet", "rank 1's target is down but still scraped: TrainingTargetDown's case",
      [s(LAST, _r0, "0+60x40"), s(LAST, _r1, "0+60x10 stale"), s("up", _r1 | {"rank": None} and
       {k: v for k, v in _r1.items() if k not in ("rank", "job_id")}, "1x10 0x30")], (13, []), (30, []))
+case("TrainingRankLost", "quiet", "rank 1 ends normally (its last scrape marks the end) 3 minutes before rank 0",
+     [s(LAST, _r0, "0+60x14 stale"), s(LAST, _r1, "0+60x11 stale"), s(ENDED, _r1, "0x10 660 stale")],
+     (13, []), (14, []), (30, []))
 case("TrainingRankLost", "gone", "rank 1 lost, then the rest of the job ends too: resolves",
      [s(LAST, _r0, "0+60x20 stale"), s(LAST, _r1, "0+60x10 stale")], (13, _lost_exp), (20, _lost_exp), (22, []))
 
 _up0 = {k: v for k, v in _r0.items() if k not in ("rank", "job_id")}  # the target's own labels
 _down_exp = [(_r0, "Rank 0 of job j1 (n1:9464) is still a scrape target but does not answer: the process crashed "
                    "or hangs.")]
-case("TrainingTargetDown", "fires", "the rank's process crashes at minute 11; its target stays, down",
-     [s(LAST, _r0, "0+60x10 stale"), s("up", _up0, "1x10 0x70")], (11, []), (13, _down_exp), (69, _down_exp),
-     (72, []))
+case("TrainingTargetDown", "fires", "the rank's process crashes at minute 11; its target stays down: fires until "
+     "the target goes, past the 1h its last step is looked for",
+     [s(LAST, _r0, "0+60x10 stale"), s(ENDED, _r0, "0x10 stale"), s("up", _up0, "1x10 0x150")], (11, []),
+     (13, _down_exp), (69, _down_exp), (72, _down_exp), (160, _down_exp))
+case("TrainingTargetDown", "fires", "crashes at minute 11, restarted at minute 31 on the same target: resolves",
+     [s(LAST, _r0, "0+60x10 _x20 1860+60x20"), s(ENDED, _r0, "0x10 _x20 0x20"), s("up", _up0, "1x10 0x20 1x20")],
+     (13, _down_exp), (30, _down_exp), (32, []), (50, []))
+case("TrainingTargetDown", "fires", "a run ends normally at minute 11; the next run on its target crashes at 31",
+     [s(LAST, _r0, "0+60x11 _x9 1200+60x10 stale"), s(ENDED, _r0, "0x10 660 _x9 0x10 stale"),
+      s("up", _up0, "1x11 0x8 1x10 0x30")], (15, []), (25, []), (34, _down_exp), (60, _down_exp))
 case("TrainingTargetDown", "quiet", "the target answers; a down target that never exported training series",
      [s(LAST, _r0, "0+60x40"), s("up", _up0, "1x40"), s("up", {**_up0, "instance": "n9:9445", "job": "gpuobs"},
                                                        "0x40")], (5, []), (30, []))
+case("TrainingTargetDown", "quiet", "the run ends normally at minute 11 (its last scrape marks the end); its static "
+     "target stays, down",
+     [s(LAST, _r0, "0+60x11 stale"), s(ENDED, _r0, "0x10 660 stale"), s("up", _up0, "1x11 0x100")],
+     (13, []), (30, []), (70, []), (100, []))
 case("TrainingTargetDown", "flap", "every other scrape fails: never down for 1m",
      [s(LAST, _r0, " ".join(str(i * 60) if i % 2 == 0 else "stale" for i in range(41))),
       s("up", _up0, alt(1, 0, 41))], (5, []), (20, []), (40, []))

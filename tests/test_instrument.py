@@ -1243,11 +1243,12 @@ def test_run_environment_is_shared_and_still_importable_from_instrument():
 def test_every_catalog_metric_has_one_recorder_chosen_per_metric(mem):
     """instrument() gives a Recorder for each recorded metric: held values for the per-step
     counters and gauges (telemetry.HELD), the SDK instrument for the rest; the quantile and drop
-    gauges are observed by gpuobs itself and take no recordings."""
+    gauges and how the run ended (instrument/ending.py) are observed by gpuobs itself and take no recordings."""
     from gpuobs.instrument.recorders import LocalValues, Recorder, SyncRecorder
 
     observed = {q.name for q in c.QUANTILES.values()} | {c.SPANS_DROPPED.name, c.LOGS_DROPPED.name,
-                                                          c.LOG_LINES_TRUNCATED.name, c.LOG_PATTERN_MATCHES.name}
+                                                          c.LOG_LINES_TRUNCATED.name, c.LOG_PATTERN_MATCHES.name,
+                                                          c.RUN_END.name, c.RUN_CRASH.name}
     for m in c.OTEL:
         if m.name in observed:
             with pytest.raises(TypeError):

@@ -62,6 +62,14 @@ LOG_PATTERN_MATCHES = _otel("gpuobs.log.pattern_matches", "counter", "{record}",
                            "(gpuobs.logpatterns: NCCL timeout or error, CUDA OOM, illegal address, Xid, ECC, "
                            "NVLink), by pattern; every pattern is exported from 0.", "training",
                            labels=RUN_LABELS + ("pattern",))
+RUN_END = _otel("gpuobs.training.run.end_timestamp", "gauge", "s", "gpuobs_training_run_end_timestamp_seconds",
+                "Unix time the process ended normally (served during its exit grace, GPUOBS_EXIT_GRACE_S); 0 while "
+                "it runs, after a crash and after a signal: a target whose last scrape read it non-zero is done, "
+                "not down.", "training", unit="seconds")
+RUN_CRASH = _otel("gpuobs.training.run.crash_timestamp", "gauge", "s",
+                  "gpuobs_training_run_crash_timestamp_seconds",
+                  "Unix time an uncaught exception ended the process (served during its exit grace, with the log "
+                  "pattern it matched counted); 0 otherwise.", "training", unit="seconds")
 STEP_QUANTILE = _quantile(STEP_DURATION, "gpuobs.training.step.duration.quantile", "the step durations")
 DATA_WAIT_QUANTILE = _quantile(DATA_WAIT, "gpuobs.training.data_wait.duration.quantile", "the data waits")
 CHECKPOINT_QUANTILE = _quantile(CHECKPOINT_DURATION, "gpuobs.training.checkpoint.duration.quantile",

@@ -25,6 +25,7 @@ from opentelemetry.metrics import Observation
 from .. import __version__, logpatterns
 from .. import catalog as c
 from ..runenv import RunEnv
+from . import ending
 from .providers import BATCH_BUCKETS, DURATION_BUCKETS, SPAN_QUEUE, Providers, Settings, build, install_global
 from .quantiles import DEFAULT_MAX_SAMPLES, DEFAULT_WINDOW_S, WindowedQuantiles
 from .recorders import NO_VALUES, Cell, LocalValues, Recorder, SyncRecorder
@@ -46,8 +47,11 @@ HELD = frozenset(m.name for m in (
     c.STEPS, c.STEPS_FAILED, c.MICRO_STEPS, c.LAST_STEP, c.SAMPLES_TRAINED, c.TOKENS_TRAINED, c.LOSS, c.GRAD_NORM,
     c.LEARNING_RATE, c.NONFINITE, c.FLOPS, c.PEAK_FLOPS, c.COMPUTE, c.COLLECTIVE_WAIT, c.GOODPUT, c.BADPUT))
 DROPS = frozenset((c.SPANS_DROPPED.name, c.LOGS_DROPPED.name, c.LOG_LINES_TRUNCATED.name))
-# observed from gpuobs.logs's process-wide counts, like the dropped log records
-OBSERVED = DROPS | {c.LOG_PATTERN_MATCHES.name}
+# observed from gpuobs.logs's process-wide counts, like the dropped log records, and from how the
+# process ended (gpuobs.instrument.ending)
+ENDING = (c.RUN_END, c.RUN_CRASH)
+OBSERVED = DROPS | {c.LOG_PATTERN_MATCHES.name} | {m.name for m in ENDING}
+EXIT_TIMEOUT_S = 3.0  # the exit hook's bound on the final flush and export
 _QUANTILE_OF = {q.name: d for d, q in c.QUANTILES.items()}  # quantile gauge -> its duration histogram
 
 
@@ -60,7 +64,9 @@ class Telemetry:
     version); without a tracer provider no spans are recorded. quantile_window_s: the window of
     the exact duration quantiles. exemplar_min_s: no observation shorter than this gets an
     exemplar (GPUOBS_EXEMPLAR_MIN_S); exemplars: the providers' ExemplarStore (None: none kept).
-    on_shutdown: callables run first at shutdown (runs end their spans)."""
+    on_shutdown: callables run first at shutdown (runs end their spans). exit_grace_s: how long the
+    process may keep serving its Prometheus endpoint at exit until a scrape carried how it ended
+    (gpuobs.instrument.ending; configure() sets it, 0 here)."""
 
     def __init__(self, env: RunEnv, providers: Providers | None = None,
                  quantile_window_s: float = DEFAULT_WINDOW_S, exemplar_min_s: float = 0.0):
@@ -78,6 +84,7 @@ class Telemetry:
         self.local: dict[str, list[LocalValues]] = {}  # metric name -> LocalValues handed out
         self.windows: dict[str, WindowedQuantiles] = {}  # duration metric name -> its window
         self.on_shutdown: list = []
+        self.exit_grace_s = 0.0
         self._closed = False
         self.instruments: dict[str, Any] = {m.name: self._create(m) for m in c.OTEL}  # name -> OTel instrument
         self._sync = {m.name: SyncRecorder(self.instruments[m.name]) for m in c.OTEL
@@ -143,6 +150,18 @@ class Telemetry:
                 log.exception("telemetry shutdown hook failed")
         self.providers.shutdown(timeout_s)
 
+    def end(self, timeout_s: float = EXIT_TIMEOUT_S) -> None:
+        """End the run's telemetry as the process's exit does: mark how the run ended (a crash the
+        excepthook saw, else a normal end: gpuobs.instrument.ending), keep serving the Prometheus
+        endpoint until one scrape carried it (at most exit_grace_s seconds, nothing if never
+        scraped), then shutdown(timeout_s). Call it instead of shutdown() at the end of a training
+        script; the exit hook calls it for the current telemetry. Never raises; again does nothing."""
+        if self._closed or not self.enabled:
+            return
+        ending.linger(self.exit_grace_s, serving=self.http_server is not None)
+        ending.finish()
+        self.shutdown(timeout_s)
+
     # ---- instruments ----------------------------------------------------------------------------
 
     def _create(self, m: c.Metric) -> Any:
@@ -158,6 +177,8 @@ class Telemetry:
             return meter.create_observable_counter(name, callbacks=[self._drops_observer(m)], **kw)
         if m is c.LOG_PATTERN_MATCHES:
             return meter.create_observable_counter(name, callbacks=[self._patterns_observer], **kw)
+        if m in ENDING:
+            return meter.create_observable_gauge(name, callbacks=[self._ending_observer(m)], **kw)
         if m.name in HELD:
             make = meter.create_observable_counter if m.kind == "counter" else meter.create_observable_gauge
             return make(name, callbacks=[self._held_observer(m)], **kw)
@@ -205,6 +226,14 @@ class Telemetry:
         return [Observation(n, {**attrs, "pattern": name}) for name, n in pattern_matches_total().items()]
 
 
+    def _ending_observer(self, metric: c.Metric):
+        """RUN_END or RUN_CRASH: 0 while the process runs, its end's Unix time once marked."""
+        def observe(_options):
+            end, crash = ending.gauge_values()
+            return [Observation(end if metric is c.RUN_END else crash, self.env.metric_attributes())]
+        return observe
+
+
 _current: Telemetry | None = None
 
 
@@ -213,7 +242,7 @@ def configure(service_name: str | None = None, endpoint: str | None = None, prot
               export_timeout_s: float = 5.0, span_exporters: Sequence[Any] = (), metric_readers: Sequence[Any] = (),
               env: RunEnv | None = None, spans: bool = True, prometheus_addr: str | None = None,
               quantile_window_s: float | None = None, tracer_provider: Any = None, meter_provider: Any = None,
-              set_global: bool = True) -> Telemetry:
+              set_global: bool = True, exit_grace_s: float | None = None) -> Telemetry:
     """Set up tracing and metrics for this process and make it the current Telemetry.
 
     Defaults come from the standard variables: OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES,
@@ -232,6 +261,11 @@ def configure(service_name: str | None = None, endpoint: str | None = None, prot
     given MeterProvider keeps its own readers and histogram buckets (no Prometheus port is added).
     set_global=True (the default) installs our providers as OTel's global ones when none is set
     yet, so user spans and other instrumentations nest under `train.step` and export with them.
+
+    exit_grace_s (default GPUOBS_EXIT_GRACE_S, else 30; 0 disables): at exit, a process serving a
+    Prometheus endpoint that has been scraped keeps serving until one more scrape carried how it
+    ended (a crash by uncaught exception with its log-pattern count, or a normal end), for at most
+    this long (gpuobs.instrument.ending).
     """
     global _current
     if _current is not None:
@@ -251,6 +285,10 @@ def configure(service_name: str | None = None, endpoint: str | None = None, prot
     # resolved() set both; the defaults only make the types total
     window = settings.quantile_window_s if settings.quantile_window_s is not None else DEFAULT_WINDOW_S
     tel = Telemetry(run_env, build(settings, run_env), window, settings.exemplar_min_s or 0.0)
+    tel.exit_grace_s = ending.exit_grace_s(exit_grace_s)
+    ending.install_hook()
+    if tel.http_server is not None:
+        ending.count_scrapes()  # after the reader build() registered: counts the scrapes that observed the gauges
     if set_global:
         install_global(tel.tracer_provider, tel.meter_provider)
     _current = tel
@@ -311,10 +349,11 @@ if hasattr(os, "register_at_fork"):
 
 
 def _at_exit() -> None:
-    """Flush the current telemetry when the process exits, for at most EXIT_TIMEOUT_S."""
-    if _current is not None and _current.enabled:
-        _current.shutdown(timeout_s=EXIT_TIMEOUT_S)
+    """When the process exits: end the current telemetry (Telemetry.end: mark how the run ended,
+    serve that to one more scrape within the exit grace, then flush for at most EXIT_TIMEOUT_S; the
+    final OTLP export carries the mark)."""
+    if _current is not None:
+        _current.end(EXIT_TIMEOUT_S)
 
 
-EXIT_TIMEOUT_S = 3.0
 atexit.register(_at_exit)

@@ -60,3 +60,20 @@ JOB_COMPUTE_PER_STEP_MAX = Record(JOB, COMPUTE_PER_STEP, "per_step_max",
 MFU_RATIO = Record(RANK, "gpuobs_training_mfu", "ratio",
                    lambda t: f"{_sum_rate(RANK, c.FLOPS.exposed_name, t)} / "
                              f"max by (job_id, rank) ({c.PEAK_FLOPS.name})")
+
+
+def _dead_target(t: Windows) -> str:
+    # A latch: a rank seen stepping within long_window whose last scrape did not mark a normal end
+    # (instrument/ending.py), or one this record already holds, while its target is down. Reading its
+    # own previous evaluation keeps a crashed rank dead for as long as its target stays down, past
+    # the window that lost its last step; it lets go when the target answers again (a restart) or
+    # leaves service discovery (its `up` is gone).
+    seen = f"last_over_time({c.LAST_STEP.name}[{t.long_window}])"
+    ended = f"last_over_time({c.RUN_END.name}[{t.long_window}]) > 0"
+    return f"({seen} unless on (job, instance) {ended} or {DEAD_TARGET.name}) and on (job, instance) up == 0"
+
+
+# Training targets down since their rank crashed: one series per rank, with its target's labels
+DEAD_TARGET = Record(RANK, "gpuobs_training_target", "dead", _dead_target)
+LATCHES = (DEAD_TARGET,)  # the records that read their own previous value (and only those may)
+

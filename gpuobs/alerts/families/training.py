@@ -17,6 +17,7 @@ def training(t: Thresholds) -> list[Alert]:
     last_seen = f"last_over_time({last_step}[{t.long_window}])"
     p50 = records.JOB_STEP_P50.name
     checkpoint = c.CHECKPOINT_DURATION.name
+    ended = f"last_over_time({c.RUN_END.name}[{t.long_window}]) > 0"  # the last scrape marked a normal end
     return [
         alert(name="TrainingStalled", expr=f"time() - {last_step} > {_seconds(t.training_stall):g}", for_="0s",
               severity="critical", summary="A training rank has made no step progress.",
@@ -33,11 +34,11 @@ def training(t: Thresholds) -> list[Alert]:
                           f"}}}} of the last {t.rate_window} waiting for data."),
         alert(name="TrainingRankLost",
               expr=f"{last_seen} unless on (job_id, rank) {last_step} and on (job_id) {last_step} "
-                   "unless on (job, instance) up == 0",
+                   f"unless on (job, instance) up == 0 unless on (job_id, rank) {ended}",
               for_=t.for_now, severity="critical", summary="A rank of a running training job disappeared.",
               description="Rank {{ $labels.rank }} of job {{ $labels.job_id }} stopped reporting while other ranks "
                           "of the job still run: its process exited or its target was removed."),
-        alert(name="TrainingTargetDown", expr=f"{last_seen} and on (job, instance) up == 0", for_=t.for_now,
+        alert(name="TrainingTargetDown", expr=records.DEAD_TARGET.name, for_=t.for_now,
               severity="critical", summary="A training target cannot be scraped.",
               description="Rank {{ $labels.rank }} of job {{ $labels.job_id }} ({{ $labels.instance }}) is still a "
                           "scrape target but does not answer: the process crashed or hangs."),
