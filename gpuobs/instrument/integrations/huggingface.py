@@ -24,9 +24,16 @@ What it maps (the Trainer's inner loop, transformers 4.x/5.x)::
 - loss, learning_rate and grad_norm: taken from the logs dict of on_log (floats the Trainer has
   already read at its logging interval; evaluation logs are ignored) and set on the gauges at the
   TrainingRun's reporting interval and at on_train_end, which flushes;
-- data wait: the Trainer fetches all micro-batches of an optimizer step before on_step_begin, so
-  the time from the last hook before it (on_step_end, on_log, on_evaluate, on_save or
-  on_epoch_begin, whichever came last) to on_step_begin is the step's data wait;
+- data wait: the loader's own fetches. At on_train_begin the callback times each ``next()`` on the
+  iterators of the train dataloader the Trainer iterates (``train_dataloader`` in the hook's
+  kwargs; see _common.time_fetches), and iter() itself (worker start-up). The Trainer fetches all
+  micro-batches of an optimizer step before on_step_begin, so they are that step's data wait.
+  What else runs before on_step_begin is not: under DDP the Trainer gathers ``num_items_in_batch``
+  across ranks there (``average_tokens_across_devices``), where a fast rank waits for a slow one's
+  loader. Where no timed fetch came before a step (a loader the Trainer built anew, as on a
+  resume mid-epoch, or one whose class cannot be swapped) the step's data wait is, as a
+  fallback, the time from the last hook before on_step_begin (on_step_end, on_log, on_evaluate,
+  on_save or on_epoch_begin, whichever came last), which includes that gather;
 - collectives: under DDP the callback times the gradient all-reduce (``TrainingRun.watch_ddp`` on
   the model: the DDP wrapper is found at its first forward), so each rank's compute time names a
   straggler;
@@ -51,7 +58,7 @@ from transformers import TrainerCallback
 
 from ..telemetry import Telemetry
 from ..train import TrainingRun
-from ._common import make_run, record_checkpoint
+from ._common import make_run, record_checkpoint, time_fetches
 
 __all__ = ["GpuobsTrainerCallback"]
 
@@ -81,6 +88,8 @@ class GpuobsTrainerCallback(TrainerCallback):
         self._micro_batches = 0
         self._tokens_at_begin = 0
         self._mark: tuple[float, int] = (time.perf_counter(), time.time_ns())  # the last hook before a save
+        self._fetches = 0  # timed loader fetches since the last on_step_begin
+        self._restore_loader: Any = None  # undoes time_fetches on the train dataloader
 
     @property
     def run(self) -> TrainingRun:
@@ -93,11 +102,16 @@ class GpuobsTrainerCallback(TrainerCallback):
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Creates the run (over the Telemetry current now), watches the model's DDP collectives and
-        starts timing the first batch's data wait."""
+        times the fetches of the train dataloader (kwargs["train_dataloader"]) as data wait."""
         run = self.run  # created now, over the Telemetry current at the start of training
         model = kwargs.get("model")
         if model is not None:
             run.watch_ddp(model)
+        self._untime_loader()  # a loader left timed by a train() that raised
+        loader = kwargs.get("train_dataloader")
+        if loader is not None:
+            self._restore_loader = time_fetches(loader, self._fetched)
+        self._fetches = 0
         self._set_mark()
 
     def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -105,11 +119,14 @@ class GpuobsTrainerCallback(TrainerCallback):
         self._set_mark()
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """Records the data wait since the last hook (the Trainer fetched the step's batches meanwhile)
-        and opens the step, and its first micro-step under gradient accumulation; a step left open is closed first."""
+        """Opens the step (whose data wait the timed fetches before it recorded; without any, the time
+        since the last hook), and its first micro-step under gradient accumulation; a step left open is
+        closed first."""
         self._close_all()  # a step whose on_step_end never came
-        start_perf, start_ns = self._mark  # since then the Trainer fetched this step's batches
-        self.run.add_data_wait(time.perf_counter() - start_perf, start_ns)
+        if not self._fetches:  # no timed fetch: an untimed loader fetched this step's batches since the mark
+            start_perf, start_ns = self._mark
+            self.run.add_data_wait(time.perf_counter() - start_perf, start_ns)
+        self._fetches = 0
         self._step = self.run.step()
         self._step.__enter__()
         self._micro_batches = 1
@@ -178,9 +195,20 @@ class GpuobsTrainerCallback(TrainerCallback):
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Closes what is open and the run (its final report)."""
         self._close_all()
+        self._untime_loader()
         self.run.close()
 
     # ---- helpers ------------------------------------------------------------------------------
+
+    def _fetched(self, seconds: float, start_ns: int) -> None:
+        """One timed fetch of the train dataloader (TimedIterator): data wait, outside any step here."""
+        self._fetches += 1
+        self.run.add_data_wait(seconds, start_ns)
+
+    def _untime_loader(self) -> None:
+        restore, self._restore_loader = self._restore_loader, None
+        if restore is not None:
+            restore()
 
     def _set_mark(self) -> None:
         self._mark = (time.perf_counter(), time.time_ns())

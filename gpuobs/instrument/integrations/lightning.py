@@ -18,10 +18,14 @@ What it maps (hooks as Lightning 2.x calls them):
   the accumulation count Lightning divided it by; ``outputs["grad_norm"]`` when present; learning
   rate: the stepping optimizer's first param group. All read lazily at the TrainingRun's reporting
   interval (``.item()`` is never called per batch) and at on_train_end, which flushes;
-- data wait: the time from the end of one training batch (or the epoch's start, the end of a
-  validation pass or of a checkpoint) to the start of the next is the loader fetching it: before a
-  step it is the step's data wait, between micro-batches the step's own (Lightning prefetches one
-  batch, so the fetch timed is the next one's: the same cost);
+- data wait: the loader's own fetches. From on_train_start the callback times each ``next()`` the
+  fit loop calls on its data fetcher (``trainer.fit_loop._data_fetcher``; see
+  _common.time_fetches), and its iter() at each later epoch's start (worker start-up): a fetch
+  before a step is the step's data wait, one between micro-batches the step's own. Hooks and
+  collectives between batches are not data wait. Where no timed fetch came before a batch (a
+  Lightning without that fetcher, or one whose class cannot be swapped) the fallback is the gap:
+  the time from the end of one training batch (or the epoch's start, the end of a validation pass
+  or of a checkpoint) to the start of the next;
 - phases (``train.forward``, ``train.backward``, ``train.optimizer`` spans): batch start to
   on_before_backward, on_before_backward to on_after_backward, on_before_optimizer_step to batch end;
 - collectives: under DDP the callback times the gradient all-reduce (``TrainingRun.watch_ddp`` on
@@ -53,7 +57,7 @@ except ImportError:  # the legacy package name
 
 from ..telemetry import Telemetry
 from ..train import TrainingRun
-from ._common import Scaled, batch_size, make_run, record_checkpoint
+from ._common import Scaled, batch_size, make_run, record_checkpoint, time_fetches
 
 __all__ = ["GpuobsCallback"]
 
@@ -83,6 +87,8 @@ class _GpuobsHooks:
         self._wrapped: tuple[Any, Any] | None = None  # (trainer, wrapper) while save_checkpoint is wrapped
         self._fetch_from: tuple[float, int] | None = None  # (perf, ns) the loader was last known not fetching
         self._phase: Any = None  # the open phase span
+        self._fetches = 0  # timed fetches since the last on_train_batch_start
+        self._timed: tuple[Any, Any] | None = None  # (data fetcher, restore) while its fetches are timed
 
     @property
     def run(self) -> TrainingRun:
@@ -103,6 +109,7 @@ class _GpuobsHooks:
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         self._unwrap_save()
+        self._untime_fetcher()
 
     def _wrap_save(self, trainer: Any) -> None:
         original = getattr(trainer, "save_checkpoint", None)
@@ -142,8 +149,10 @@ class _GpuobsHooks:
         if optimizers:
             self.run.report(lr=optimizers[0])
         self.run.watch_ddp(getattr(getattr(trainer, "strategy", None), "model", None) or pl_module)
+        self._time_fetcher(trainer)
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        self._time_fetcher(trainer)  # a new fetcher when the train dataloader was reloaded
         self._not_fetching()
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
@@ -153,7 +162,8 @@ class _GpuobsHooks:
         self._finish_checkpoint()
         run = self.run
         fetch, self._fetch_from = self._fetch_from, None
-        if fetch is not None:  # the loader fetched since the last batch ended: data wait
+        fetched, self._fetches = self._fetches, 0
+        if fetch is not None and not fetched:  # no timed fetch: the gap since the last batch ended
             run.add_data_wait(time.perf_counter() - fetch[0], fetch[1])
         if self._step is None:
             self._step = run.step()
@@ -214,6 +224,7 @@ class _GpuobsHooks:
         self._close_step(exception)
         self.run.close()
         self._unwrap_save()
+        self._untime_fetcher()
 
     def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict) -> None:
         if not self._saving:  # a save that bypassed trainer.save_checkpoint
@@ -233,6 +244,26 @@ class _GpuobsHooks:
             if accumulate > 1:  # Lightning divided the loss it hands us by the accumulation count
                 loss = Scaled(loss, accumulate)
         self.run.report(loss=loss, grad_norm=grad_norm)
+
+    def _time_fetcher(self, trainer: Any) -> None:
+        """Times the fit loop's data fetcher (once per fetcher object; the previous one is restored)."""
+        fetcher = getattr(getattr(trainer, "fit_loop", None), "_data_fetcher", None)
+        if fetcher is None or (self._timed is not None and self._timed[0] is fetcher):
+            return
+        self._untime_fetcher()
+        restore = time_fetches(fetcher, self._fetched, is_iterator=True)
+        if restore is not None:
+            self._timed = (fetcher, restore)
+
+    def _untime_fetcher(self) -> None:
+        timed, self._timed = self._timed, None
+        if timed is not None:
+            timed[1]()
+
+    def _fetched(self, seconds: float, start_ns: int) -> None:
+        """One timed fetch: data wait (the step's own when a step is open: between micro-batches)."""
+        self._fetches += 1
+        self.run.add_data_wait(seconds, start_ns)
 
     def _not_fetching(self) -> None:
         self._fetch_from = (time.perf_counter(), time.time_ns())
