@@ -13,6 +13,9 @@ import socket
 from pathlib import Path
 
 LOWEST = 10000  # below: well-known and registered ports that local services (9090, 9093, ...) use
+# The OS's randomness, not the random module's: a library that seeds that (transformers' set_seed,
+# every Trainer) would hand every later picker in the process, and in its peers, the same ports.
+_random = random.SystemRandom()
 
 
 def _ephemeral_low() -> int:
@@ -52,7 +55,7 @@ def free_port_run(n: int) -> int:
     ephemeral range (as ranks serving on base + local rank need). RuntimeError after 200 tries."""
     high = max(_ephemeral_low(), LOWEST + 4 * n) - n
     for _ in range(200):
-        base = random.randrange(LOWEST, high)
+        base = _random.randrange(LOWEST, high)
         socks = _bind_all(range(base, base + n))
         if socks is not None:
             for sock in socks:
@@ -67,7 +70,7 @@ def free_ports(n: int) -> list[int]:
     outgoing connection's port. Each port is held until all are picked, so no two are the same.
     RuntimeError when none can be found."""
     low = max(_ephemeral_low(), LOWEST + 4 * n)
-    candidates = random.sample(range(LOWEST, low), min(2000, low - LOWEST))
+    candidates = _random.sample(range(LOWEST, low), min(2000, low - LOWEST))
     socks: list[socket.socket] = []
     try:
         for port in candidates:

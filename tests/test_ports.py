@@ -34,5 +34,15 @@ def test_a_taken_port_is_never_handed_out(monkeypatch):
         held.bind(("", 0))
         taken = held.getsockname()[1]
         # every candidate is the taken port but one: only that one can come back
-        monkeypatch.setattr(ports.random, "sample", lambda population, k: [taken, taken, free])
+        monkeypatch.setattr(ports._random, "sample", lambda population, k: [taken, taken, free])
         assert ports.free_ports(1) == [free]
+
+
+def test_a_seeded_random_module_does_not_repeat_the_ports():
+    """Frameworks seed the random module (transformers' set_seed): the picks must not follow it."""
+    import random
+
+    random.seed(42)
+    first = ports.free_ports(5)
+    random.seed(42)
+    assert ports.free_ports(5) != first

@@ -126,6 +126,12 @@ def build():
         f"sum by (rank, exception) ({rate(m(c.STEPS_FAILED), 'increase')})", BY_RANK + " {{exception}}")], "short",
         "Steps whose body raised (the loop caught the exception and went on), by exception class: no progress.",
         bars=True, min=0), 12, 6)
+    L.add(k.timeseries("Run ended or crashed", [
+        target(f"max by (rank) ({m(c.RUN_END)} > bool 0)", BY_RANK + " ended"),
+        target(f"max by (rank) ({m(c.RUN_CRASH)} > bool 0)", BY_RANK + " crashed")], "short",
+        "1 once a rank's last scrape marked its run as ended normally, or as ended by an uncaught exception "
+        "(served for a short grace before the process exits): what TrainingTargetDown tells apart.",
+        min=0, max=1), 24, 6)
 
     L.row("Checkpoints and goodput")
     L.add(k.timeseries("Checkpoint duration", [target(
