@@ -176,6 +176,9 @@ def linger(grace_s: float, serving: bool, scrapes: int = 1, state: Ending = STAT
         return 0.0
     start = time.monotonic()
     deadline = start + grace_s
+    # said, because a process that lingers unexplained looks hung
+    log.warning("serving how the run ended until Prometheus scrapes it once more, for at most %.0f s "
+                "(%s=0: exit at once)", grace_s, GRACE_ENV)
     try:
         while state.carried < max(1, scrapes):
             left = deadline - time.monotonic()
