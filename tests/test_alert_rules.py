@@ -21,6 +21,7 @@ import yaml
 from conftest import require_tool
 from rule_subset import subset
 
+from gpuobs import catalog as c
 from gpuobs.alerts.build import alert_rule, rule_groups, rules_file
 from gpuobs.alerts.rules import DEFAULT, FAST, _seconds, alerts
 
@@ -1081,6 +1082,11 @@ def lines(pattern: str, rank: int, values: str, **extra) -> dict:
     return s(LPM, {**TRAIN, "rank": str(rank), "pattern": pattern, **extra}, values)
 
 
+def crashed(rank: int, values: str, **extra) -> dict:
+    """One rank's crash mark (gpuobs.instrument.ending: the time it died of an uncaught exception)."""
+    return s(c.RUN_CRASH.exposed_name, {**TRAIN, "rank": str(rank), **extra}, values)
+
+
 def quiet_patterns(pattern: str, n: int) -> list[dict]:
     """The other patterns of the same ranks, some of them rising: they must not count."""
     return [lines(p, r, f"0x10 0+1x{n - 11}") for p in ("nccl_error", "cuda_oom", "collective_timeout")
@@ -1108,6 +1114,14 @@ case("TrainingCollectiveTimeout", "quiet", "trainer restarts: a counter back at 
                             lines("collective_timeout", 1, "2x20 stale"),
                             lines("collective_timeout", 1, "_x22 0x38", instance="n1:9465")],
      (20, []), (21, []), (23, []), (40, []))
+case("TrainingCollectiveTimeout", "fires", "rank 1 dies of its timeout before its first scrape: its series "
+     "appears at 1 (the exit grace serves it) and is gone 2 minutes later",
+     [lines("collective_timeout", 0, "0x30"), lines("collective_timeout", 1, "_x10 1 1 stale"),
+      crashed(1, "_x10 600 600 stale")],
+     (9, []), (10, _timeout_exp(1)), (12, _timeout_exp(1)), (28, _timeout_exp(1)), (33, []))
+case("TrainingCollectiveTimeout", "quiet", "a long-running rank first scraped (a restarted Prometheus) with a timeout "
+     "it logged and survived long ago: a new series at 1, no crash", [lines("collective_timeout", 0, "_x10 1x30")],
+     (10, []), (11, []), (20, []))
 case("TrainingCollectiveTimeout", "gone", "fires, then every rank's series vanish: kept 15m, then resolved",
      [lines("collective_timeout", 0, "0x10 1 stale")], (11, _timeout_exp(0)), (24, _timeout_exp(0)), (33, []))
 
@@ -1137,6 +1151,11 @@ case("TrainingCudaOOM", "fires", "rank 1 OOMs, restarts (series gone, back at 0)
 case("TrainingCudaOOM", "fires", "three ranks OOM once each within 20 minutes (a batch size that does not fit)",
      [lines("cuda_oom", r, f"0x{5 + 10 * r} 1x{45 - 10 * r}") for r in range(3)],
      (15, []), (25, []), (26, _oom_exp(3)), (35, _oom_exp(3)), (45, _oom_exp(3)), (56, []))
+case("TrainingCudaOOM", "fires", "three ranks OOM at their first step, each before its first scrape: series born "
+     "at 1 (a batch that never fits, restarted by torchrun with new targets)",
+     [x for r in range(3) for x in (lines("cuda_oom", r, f"_x{5 + 3 * r} 1 1 stale", instance=f"n1:{9500 + r}"),
+                                    crashed(r, f"_x{5 + 3 * r} 60 60 stale", instance=f"n1:{9500 + r}"))],
+     (6, []), (11, _oom_exp(3)), (20, _oom_exp(3)), (45, _oom_exp(3)), (58, []))
 case("TrainingCudaOOM", "quiet", "one OOM that the job's retry logic handled; another rank OOMs once 40 min later",
      [lines("cuda_oom", 0, "0x10 1x80"), lines("cuda_oom", 1, "0x50 1x40"), lines("cuda_oom", 2, "0x90"),
       *quiet_patterns("cuda_oom", 90)], (11, []), (20, []), (51, []), (60, []), (89, []))
