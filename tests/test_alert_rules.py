@@ -535,6 +535,29 @@ health_alert("GpuXidWatcherDown", "gpuobs_exporter_xid_watcher_up", NODE, 0, 1,
              "The XID watcher of the exporter on n1 is down, now or in more than 10% of the last 1h's scrapes: "
              "XIDs on this node may be missed.")
 
+# ---- attribution: every health case in a cluster without kube-state-metrics (a Slurm cluster), then
+# kube-state-metrics deciding whether the node has GPU pods to attribute
+_attr = {**NODE, "source": "podresources"}
+_attr_desc = ("The podresources attribution of the exporter on n1 fails, now or in more than 10% of the last 1h's "
+              "scrapes: its GPUs' series carry no pod, namespace or job, so the fleet's allocation, idle-GPU and cost "
+              "records and the per-pod panels miss them.")
+health_alert("GpuAttributionDown", c.ATTRIBUTION_UP.name, _attr, 0, 1, _attr_desc)
+
+
+def _gpu_pod(node: str, values: str) -> dict:
+    """kube-state-metrics' GPU request of one pod on node."""
+    return s("kube_pod_container_resource_requests", {"cluster": "c1", "namespace": "ml", "pod": f"p-{node}",
+                                                      "container": "main", "node": node,
+                                                      "resource": "nvidia_com_gpu", "unit": "integer"}, values)
+
+
+case("GpuAttributionDown", "fires", "kube-state-metrics shows a GPU pod on the node: down from minute 10",
+     [s(c.ATTRIBUTION_UP.name, _attr, "1x20 0x100"), _gpu_pod("n1", "1x130")],
+     (25, []), (26, [(_attr, _attr_desc)]), (59.5, [(_attr, _attr_desc)]), interval="30s")
+case("GpuAttributionDown", "quiet", "down on a node with no GPU pod (kube-state-metrics shows one on another node "
+     "only): nothing to attribute", [s(c.ATTRIBUTION_UP.name, _attr, "1x20 0x100"), _gpu_pod("n2", "1x130")],
+     (26, []), (45, []), (59.5, []), interval="30s")
+
 # ---- an exporter that left service discovery (its `up` is gone), 30 s scrapes
 _ns = {"namespace": "gpu-monitoring"}
 _t1 = {**NODE, **_ns, "pod": "gpuobs-exporter-aaaaa"}

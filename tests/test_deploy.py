@@ -324,6 +324,9 @@ def test_daemonset():
     assert set(container["resources"]) == {"requests", "limits"}
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
     assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert "add" not in container["securityContext"]["capabilities"]
+    # the kubelet's PodResources socket is root's, mode 0755: the exporter runs as its owner, with no capability
+    assert container["securityContext"]["runAsUser"] == 0 and container["securityContext"]["runAsNonRoot"] is False
     env = {e["name"]: e for e in container["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all" and env["NVIDIA_DRIVER_CAPABILITIES"]["value"] == "utility"

@@ -6,11 +6,12 @@ from __future__ import annotations
 from functools import partial
 
 from ... import catalog as c
+from ...records.allocation import KSM_GPU, KSM_REQUESTS
 from ..common import Alert, Thresholds, _unreliable
 
 
 def exporter(t: Thresholds) -> list[Alert]:
-    """The exporter: scraped, still a target, its pods, fresh, its collectors and XID watcher."""
+    """The exporter: scraped, still a target, its pods, fresh, its collectors, watchers and attribution."""
     alert = partial(Alert, family="exporter")
     up = f'up{{job="{t.exporter_job}"}}'
     ds = f'{{daemonset="{t.exporter_daemonset}"}}'
@@ -64,4 +65,21 @@ def exporter(t: Thresholds) -> list[Alert]:
               description="The kernel-log watcher ({{ $labels.source }}) of the exporter on {{ $labels.node }} has "
                           f"not read its source for {t.for_medium}, now or in more than {flapping}: XIDs that NVML "
                           "misses and driver ECC and NVLink messages on this node go unseen."),
+        _attribution_down(t, flapping),
     ]
+
+
+def _attribution_down(t: Thresholds, flapping: str) -> Alert:
+    """Pod or Slurm attribution failing on a node: down now or flapping (_unreliable), on a node where
+    kube-state-metrics shows pods requesting GPUs, or in a cluster without kube-state-metrics (a Slurm
+    cluster: its job-mapping directory is always expected). A node with no GPU pod has nothing to
+    attribute: a kubelet restarting there pages no one."""
+    down = f"({_unreliable(c.ATTRIBUTION_UP.name, 0, t)})"
+    gpu_pods = f"group by (cluster, node) ({KSM_REQUESTS}{{{KSM_GPU}}} > 0)"
+    return Alert(name="GpuAttributionDown", family="exporter", scope="node", severity="warning", for_=t.for_medium,
+                 expr=f"{down} and on (cluster, node) {gpu_pods} or {down} unless on (cluster) "
+                      f"group by (cluster) ({KSM_REQUESTS})",
+                 summary="The exporter cannot tell which pod or job holds its GPUs.",
+                 description="The {{ $labels.source }} attribution of the exporter on {{ $labels.node }} fails, now "
+                             f"or in more than {flapping}: its GPUs' series carry no pod, namespace or job, so the "
+                             "fleet's allocation, idle-GPU and cost records and the per-pod panels miss them.")
