@@ -175,7 +175,7 @@ def _current_comms(module: Any) -> tuple[Any, Any] | None:
         return None
     if len(groups) > 1:  # FSDP's set_custom_* refuse them: the comm would be ambiguous across meshes
         log.warning("an FSDP module with several param groups cannot take a custom comm; its collectives "
-                    "are not timed", extra={"module": type(module).__name__, "groups": len(groups)})
+                    "are not timed", extra={"fsdp_module": type(module).__name__, "groups": len(groups)})
     return None  # no param group: the module has no parameters of its own, and no collectives
 
 

@@ -7,8 +7,9 @@ scraped) GPUOBS_PROMETHEUS_PORT set; the arguments follow tests/workloads/ddp_jo
 --slow-rank, --slow-factor, ...). Each Linear layer is its own FSDP module and the op whose forward
 and backward take a set time (a stand-in for device kernels) sits between them, inside the sharded
 model, so each rank's compute time is known. --no-watch leaves the collectives untimed (the
-blindness run.watch fixes); --report PATH writes this rank's compute and collective seconds, steps
-and the gpuobs warnings logged, as JSON, read from an in-process metric reader after the run.
+blindness run.watch fixes); --user-comm gives the first layer a user's own all-gather (watch must
+keep it); --report PATH writes this rank's compute and collective seconds, steps, comm calls and
+the gpuobs warnings logged, as JSON, read from an in-process metric reader after the run.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 import torch.distributed as dist
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather
 
 from gpuobs import catalog as c
 from gpuobs import instrument
@@ -52,6 +54,15 @@ class Model(torch.nn.Module):
 
     def forward(self, x):
         return self.b(DeviceTime.apply(self.a(x), self.fwd_s, self.bwd_s))
+
+
+class UserAllGather(DefaultAllGather):
+    """A user's own all-gather comm (FSDP's default, counting its calls): watch must keep it."""
+    calls = 0
+
+    def __call__(self, *args, **kwargs):
+        UserAllGather.calls += 1
+        return super().__call__(*args, **kwargs)
 
 
 class Warnings(logging.Handler):
@@ -94,6 +105,11 @@ def totals(reader: InMemoryMetricReader) -> dict[str, float]:
             for key, metric in (("compute", c.COMPUTE), ("collective", c.COLLECTIVE_WAIT), ("steps", c.STEPS))}
 
 
+def comm(module) -> object:
+    """The module's all-gather comm now (FSDP's private attribute, which gpuobs.instrument.fsdp reads)."""
+    return module._get_fsdp_state()._fsdp_param_groups[0]._all_gather_comm
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--seconds", type=float, default=60)
@@ -103,6 +119,7 @@ def main() -> None:
     p.add_argument("--slow-rank", type=int, default=-1)
     p.add_argument("--slow-factor", type=float, default=1.3)
     p.add_argument("--no-watch", action="store_true", help="leave the collectives untimed")
+    p.add_argument("--user-comm", action="store_true", help="the first layer has the user's own all-gather")
     p.add_argument("--report", default=None, help="write this rank's totals as JSON here")
     args = p.parse_args()
 
@@ -118,6 +135,8 @@ def main() -> None:
     fully_shard(model.a)
     fully_shard(model.b)
     fully_shard(model)
+    if args.user_comm:
+        model.a.set_custom_all_gather(UserAllGather())
     run = instrument.TrainingRun(timer=WallTimer())
     watched = False if args.no_watch else run.watch(model)
     steps = train(args, run, model, torch.optim.SGD(model.parameters(), lr=0.01))
@@ -125,6 +144,8 @@ def main() -> None:
     if args.report:
         with open(args.report, "w") as out:
             json.dump({"rank": rank, "watched": watched, "loop_steps": steps, **totals(reader),
+                       "user_comm_calls": UserAllGather.calls, "timed_calls": run._fsdp.total_calls,
+                       "user_comm_wrapped": isinstance(getattr(comm(model.a), "inner", None), UserAllGather),
                        "warnings": warned.messages}, out)
     dist.destroy_process_group()
 
