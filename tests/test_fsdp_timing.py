@@ -233,3 +233,15 @@ def test_a_real_fsdp2_straggler_shows_in_compute_only_when_watched(tmp_path):
     assert fast["steps"] >= train.WARN_UNTIMED_AFTER and fast["collective"] == slow["collective"] == 0
     assert abs(_per_step(slow) / _per_step(fast) - 1) < 0.05, (fast, slow)  # the blindness watch fixes
     assert all(any("no timed collective" in w for w in r["warnings"]) for r in (fast, slow))
+
+
+def test_an_async_work_without_a_future_counts_the_calls_host_duration():
+    timer = fsdp.FsdpCommTimer()
+    gather_cls, _ = fsdp._wrappers()
+
+    def no_future():
+        raise RuntimeError("this backend's Work has no future")
+    work = SimpleNamespace(get_future=no_future)
+    assert gather_cls(SleepyComm(0.02, work), timer)(torch.zeros(8), torch.ones(4), None, async_op=True) is work
+    got = timer.take()
+    assert got.calls == 1 and 0.02 <= got.seconds < 0.1

@@ -102,14 +102,21 @@ class FsdpCommTimer:
                 self._device.append(tail)
                 self._calls += 1
                 self.total_calls += 1
-        elif work is not None:
-            def completed(fut: Any) -> Any:
-                self._host(launched, time.perf_counter())
-                return fut.value()
-            work.get_future().then(completed)
-        else:
+        elif work is None or not self._on_completion(work, launched):
             self._host(launched, time.perf_counter())
         return work
+
+    def _on_completion(self, work: Any, launched: float) -> bool:
+        """Count launched..completion when work's future completes; False (the caller counts the
+        call's host duration instead) where the Work has no future to chain on."""
+        def completed(fut: Any) -> Any:
+            self._host(launched, time.perf_counter())
+            return fut.value()
+        try:
+            work.get_future().then(completed)
+        except (AttributeError, RuntimeError, NotImplementedError):  # a backend without Work futures
+            return False
+        return True
 
     def take(self) -> FsdpTake:
         """The collectives since the last take (zeros when none); resets."""
