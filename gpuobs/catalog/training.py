@@ -48,7 +48,8 @@ COMPUTE = _otel("gpuobs.training.compute", "counter", "s", "gpuobs_training_comp
                 "and checkpoints. Per step, the straggler signal.", "training", unit="seconds")
 COLLECTIVE_WAIT = _otel("gpuobs.training.collective_wait", "counter", "s", "gpuobs_training_collective_wait_seconds",
                         "Time inside steps blocked in collective communication (DDP gradient all-reduce tail, "
-                        "run.collective() blocks): the fast ranks of a synchronous job wait for the slow one.",
+                        "FSDP2 all-gathers and reduce-scatters, run.collective() blocks): the fast ranks of a "
+                        "synchronous job wait for the slow one.",
                         "training", unit="seconds")
 GOODPUT = _otel("gpuobs.training.goodput", "counter", "s", "gpuobs_training_goodput_seconds",
                 "Time spent in steps, data wait and checkpoints excluded (collective waits included: the job "

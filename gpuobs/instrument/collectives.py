@@ -22,8 +22,9 @@ the step's own end event, which follows it, has completed. Unverified on a GPU f
 CI: `bench/device_check.py` checks the principle on one (BENCHMARKS.md, "Device check").
 
 Limits: one communication hook per DDP model (a model with its own hook is left alone and logs a
-warning); FSDP, pipeline parallelism and hand-written collectives are not hooked — time those waits
-with `TrainingRun.collective()`.
+warning). FSDP2 is timed by gpuobs.instrument.fsdp (the same `TrainingRun.watch`), which reuses
+DeviceTail and the CUDA event factory from here; pipeline parallelism and hand-written collectives
+are not hooked — time those waits with `TrainingRun.collective()`.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ metrics, with goodput/badput accounting and MFU. Works with any loop::
 
     run = TrainingRun(flops_per_step=6 * params * tokens_per_step, dtype="bf16")  # peak FLOP/s looked up
     model = DistributedDataParallel(model)
-    run.watch_ddp(model)                     # the one extra line: per-rank compute vs all-reduce wait
+    run.watch(model)                         # the one extra line: per-rank compute vs collective wait
     for batch in run.data(loader):          # time inside __next__ is the step's data wait
         with run.step(samples=len(batch), tokens=batch.numel()):
             with run.phase("forward"):
@@ -38,7 +38,7 @@ from opentelemetry import trace as otel_trace
 from opentelemetry.trace import Status, StatusCode
 
 from .. import catalog as c
-from . import collectives
+from . import collectives, fsdp
 from .flops import local_peak_flops
 from .telemetry import Telemetry, current
 from .timing import CudaEventTimer, WallTimer, default_timer
@@ -91,11 +91,11 @@ class _Step:
     t0: float  # perf_counter() at the step's start
     coll: float  # seconds of collectives inside the step
     failed: str | None  # None: completed; else how it ended (_failure): recorded as no progress
-    coll_device: collectives.DeviceTail | None  # NCCL: DDP's blocked tail as the GPU saw it, read in _record
+    coll_device: tuple[collectives.DeviceTail, ...]  # NCCL: DDP's tail and FSDP's calls on the GPU, read in _record
 
     def __init__(self, run: "TrainingRun", samples: float | None, tokens: float | None, flops: float | None):
         self.run, self.samples, self.tokens, self.flops = run, samples, tokens, flops
-        self.coll_device = None
+        self.coll_device = ()
 
     def __enter__(self) -> "_Step":
         self.run._begin(self)
@@ -211,6 +211,7 @@ class TrainingRun:
         self._coll_seen = False  # any collective timed in this run (DDP's hook or collective())
         self._warned_untimed = False
         self._comm = collectives.DdpCommTimer()
+        self._fsdp = fsdp.FsdpCommTimer()
         self._run_span: Any = None  # train.run, started with the first step or checkpoint
         self._run_ctx: Any = None
         self._links: Any = ()
@@ -262,17 +263,25 @@ class TrainingRun:
 
     # ---- collectives ----------------------------------------------------------------------------
 
+    def watch(self, model: Any) -> bool:
+        """Time this rank's data-parallel collectives, with no other code around them: DDP's gradient
+        all-reduce (a DistributedDataParallel model, or the model DDP wraps: the wrapper is found at
+        the first forward; gpuobs.instrument.collectives) and FSDP2's all-gathers and reduce-scatters
+        (every FSDPModule in model.modules(), sharded already; gpuobs.instrument.fsdp). Steps then
+        split into compute and collective wait, the per-rank straggler signal. Returns True when
+        something is or will be hooked; False where neither is in use or the model has its own DDP
+        communication hook (a warning says so)."""
+        sharded = fsdp.watch(model, self._fsdp)
+        return collectives.watch(model, self._comm) or sharded
+
     def watch_ddp(self, model: Any) -> bool:
-        """Time DDP's gradient all-reduce on this rank (a DistributedDataParallel model, or the model
-        DDP wraps: the wrapper is found at the first forward). Steps then split into compute and
-        collective wait, the per-rank straggler signal; see gpuobs.instrument.collectives. Returns
-        False where DDP is not in use or the model has its own communication hook."""
-        return collectives.watch(model, self._comm)
+        """The former name of watch() (which also times FSDP2), kept for existing callers."""
+        return self.watch(model)
 
     def collective(self, name: str = "collective") -> Any:
         """Context manager around a blocking collective or other wait on peers inside a step
-        (FSDP, pipeline stages, a hand-written all_reduce or barrier): its time is collective wait,
-        not compute, and it gets a `train.collective` span."""
+        (pipeline stages, a hand-written all_reduce or barrier; DDP and FSDP2 are timed by watch()):
+        its time is collective wait, not compute, and it gets a `train.collective` span."""
         if not self.tracing:
             return _Timed(self._collective_done)
         return _Span(self.tracer, "train.collective", {"gpuobs.collective": name}, on_exit=self._collective_done)
@@ -317,6 +326,7 @@ class TrainingRun:
         self.step_number += 1
         self._in_step, self._ckpt_in_step, self._wait_in_step, self._coll_in_step = True, 0.0, 0.0, 0.0
         self._comm.take()  # all-reduce outside any step (an evaluation pass) is not this step's
+        self._fsdp.take()
         s.span = s.token = None
         if self.tracing:
             if self._run_span is None:
@@ -346,19 +356,7 @@ class TrainingRun:
         except Exception:  # noqa: BLE001 - never replace the step's own exception with ours
             log.exception("step timer failed to stop; timing this step by wall clock")
             compute = time.perf_counter() - s.t0
-        tail = self._comm.take()  # DDP's all-reduce: the time this rank was blocked after its backward
-        s.coll_device = None
-        if tail is not None and tail.device is not None:
-            # NCCL: the host saw completion at enqueue (about 0); the device's view is read in _record,
-            # once the step's own end event (after the all-reduce's) has completed: no span, no sync
-            s.coll_device = tail.device
-        elif tail is not None:
-            self._coll_in_step += tail.seconds
-            if s.span is not None:
-                start_ns = time.time_ns() - int((time.perf_counter() - tail[0]) * 1e9)
-                span = self.tracer.start_span("train.collective", start_time=start_ns,
-                                              attributes={"gpuobs.collective": "ddp_all_reduce"})
-                span.end(end_time=start_ns + int(tail[1] * 1e9))
+        s.coll_device = self._take_collectives(s)
         self._in_step, s.ckpt, s.inner_wait, s.coll = False, self._ckpt_in_step, self._wait_in_step, self._coll_in_step
         if compute is not None:
             self._record(s, compute)
@@ -373,6 +371,35 @@ class TrainingRun:
         if time.monotonic() >= self._next_report:
             self.flush()
 
+    def _take_collectives(self, s: _Step) -> tuple[collectives.DeviceTail, ...]:
+        """Add the step's timed DDP and FSDP host waits to its collective time (with their spans);
+        return the CUDA pairs, read in _record once the step's own end event (after theirs) has
+        completed: on NCCL the host saw completion at enqueue (about 0), so no span, no sync."""
+        device: tuple[collectives.DeviceTail, ...] = ()
+        tail = self._comm.take()  # DDP's all-reduce: the time this rank was blocked after its backward
+        if tail is not None and tail.device is not None:
+            device = (tail.device,)
+        elif tail is not None:
+            self._coll_in_step += tail.seconds
+            if s.span is not None:
+                self._collective_span(tail.launched, tail.launched + tail.seconds, "ddp_all_reduce", {})
+        sharded = self._fsdp.take()  # FSDP2's all-gathers and reduce-scatters inside the step
+        self._coll_in_step += sharded.seconds
+        if s.span is not None and sharded.first is not None and sharded.last is not None:
+            # one span per step, not per call (dozens per step): from the first launch to the last
+            # completion, which may include compute between calls; the blocked time is an attribute
+            self._collective_span(sharded.first, sharded.last, "fsdp",
+                                  {"gpuobs.collective.calls": sharded.calls,
+                                   "gpuobs.collective.blocked_s": sharded.seconds})
+        return device + sharded.device
+
+    def _collective_span(self, start: float, end: float, name: str, attributes: dict) -> None:
+        """A train.collective span over perf_counter seconds start..end (past), a child of the step."""
+        start_ns = time.time_ns() - int((time.perf_counter() - start) * 1e9)
+        span = self.tracer.start_span("train.collective", start_time=start_ns,
+                                      attributes={"gpuobs.collective": name, **attributes})
+        span.end(end_time=start_ns + int((end - start) * 1e9))
+
     def _record(self, s: _Step, duration: float) -> None:
         if s.failed is not None:
             self._record_failed(s, duration)
@@ -381,8 +408,8 @@ class TrainingRun:
         total = s.wait + duration  # duration includes waits, collectives and checkpoints inside the step
         waited = s.wait + s.inner_wait
         busy = max(0.0, duration - s.ckpt - s.inner_wait)  # the job progresses: goodput
-        device = s.coll_device.seconds() if s.coll_device is not None else None  # None: not complete yet
-        coll = min(s.coll + (device or 0.0), busy)
+        device = sum(seconds for pair in s.coll_device if (seconds := pair.seconds()) is not None)  # complete ones
+        coll = min(s.coll + device, busy)
         self._check_collectives_timed(coll)
         self._h_step.record(total, a)
         self._q_step.add(total)
@@ -407,16 +434,16 @@ class TrainingRun:
 
     def _check_collectives_timed(self, coll: float) -> None:
         """Warn once when a multi-rank run has stepped WARN_UNTIMED_AFTER times with no collective
-        timed: its straggler signal (compute = step - collective wait) is then blind, e.g. under
-        FSDP or a hand-written all-reduce, which TrainingRun.collective() times."""
+        timed: its straggler signal (compute = step - collective wait) is then blind, e.g. a DDP or
+        FSDP2 model not given to watch(), or a hand-written all-reduce outside collective()."""
         self._coll_seen = self._coll_seen or coll > 0
         if self._coll_seen or self._warned_untimed or self.step_number < WARN_UNTIMED_AFTER:
             return
         if (self.tel.env.world_size or 1) > 1:
             self._warned_untimed = True
             log.warning("a multi-rank run with no timed collective after %d steps: per-rank compute equals "
-                        "the step time and no straggler can be named; time hand-written or FSDP collectives "
-                        "with run.collective()", self.step_number)
+                        "the step time and no straggler can be named; time DDP or FSDP2 with run.watch(model), "
+                        "hand-written collectives with run.collective()", self.step_number)
 
     def _record_failed(self, s: _Step, duration: float) -> None:
         """A step that raised: its data wait is still data wait (the loader did wait), the rest of its

@@ -34,9 +34,10 @@ What it maps (the Trainer's inner loop, transformers 4.x/5.x)::
   resume mid-epoch, or one whose class cannot be swapped) the step's data wait is, as a
   fallback, the time from the last hook before on_step_begin (on_step_end, on_log, on_evaluate,
   on_save or on_epoch_begin, whichever came last), which includes that gather;
-- collectives: under DDP the callback times the gradient all-reduce (``TrainingRun.watch_ddp`` on
-  the model: the DDP wrapper is found at its first forward), so each rank's compute time names a
-  straggler;
+- collectives: under DDP the callback times the gradient all-reduce (``TrainingRun.watch`` on
+  the model: the DDP wrapper is found at its first forward), under FSDP2 the all-gathers and
+  reduce-scatters of the modules sharded before training begins, so each rank's compute time
+  names a straggler;
 - checkpoints: the Trainer calls on_save *after* writing a checkpoint and gives no hook before
   it, so the recorded duration is the time from the last hook before the save (on_step_end,
   on_log, on_evaluate or on_epoch_end, whichever came last) to on_save: the save itself plus the
@@ -101,12 +102,12 @@ class GpuobsTrainerCallback(TrainerCallback):
     # ---- hooks --------------------------------------------------------------------------------
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """Creates the run (over the Telemetry current now), watches the model's DDP collectives and
+        """Creates the run (over the Telemetry current now), watches the model's DDP or FSDP2 collectives and
         times the fetches of the train dataloader (kwargs["train_dataloader"]) as data wait."""
         run = self.run  # created now, over the Telemetry current at the start of training
         model = kwargs.get("model")
         if model is not None:
-            run.watch_ddp(model)
+            run.watch(model)
         self._untime_loader()  # a loader left timed by a train() that raised
         loader = kwargs.get("train_dataloader")
         if loader is not None:

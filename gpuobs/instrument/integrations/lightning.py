@@ -28,7 +28,8 @@ What it maps (hooks as Lightning 2.x calls them):
   or of a checkpoint) to the start of the next;
 - phases (``train.forward``, ``train.backward``, ``train.optimizer`` spans): batch start to
   on_before_backward, on_before_backward to on_after_backward, on_before_optimizer_step to batch end;
-- collectives: under DDP the callback times the gradient all-reduce (``TrainingRun.watch_ddp`` on
+- collectives: under DDP the callback times the gradient all-reduce, under FSDP2 (modules sharded by
+  ``configure_model``) the all-gathers and reduce-scatters (``TrainingRun.watch`` on
   ``trainer.strategy.model``), so each rank's compute time names a straggler;
 - checkpoints: ``trainer.save_checkpoint`` (which ModelCheckpoint and users call) is wrapped for the
   fit, so its whole duration (state collection, write, barrier) is recorded, with its path and
@@ -148,7 +149,7 @@ class _GpuobsHooks:
         optimizers = getattr(trainer, "optimizers", None)
         if optimizers:
             self.run.report(lr=optimizers[0])
-        self.run.watch_ddp(getattr(getattr(trainer, "strategy", None), "model", None) or pl_module)
+        self.run.watch(getattr(getattr(trainer, "strategy", None), "model", None) or pl_module)
         self._time_fetcher(trainer)
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
