@@ -260,7 +260,10 @@ def scrape_configs(name: str) -> list[dict]:
 
 
 def test_prometheus_configs_cover_each_deployment():
-    assert {p.name for p in PROMETHEUS_CONFIGS} == {"static.yml", "kubernetes.yml", "sharded.yml", "remote-write.yml"}
+    assert {p.name for p in PROMETHEUS_CONFIGS} == {"static.yml", "kubernetes.yml", "sharded.yml", "remote-write.yml",
+                                                    # --naming dcgm per client (tests/test_scrape_configs.py)
+                                                    "dcgm-honor-labels.yml", "dcgm-exported-labels.yml",
+                                                    "dcgm-all-clients.yml"}
     assert all(sc["targets"][0].endswith(":9445") for sc in scrape_configs("static.yml")[0]["static_configs"])
     job = scrape_configs("kubernetes.yml")[0]
     assert job["kubernetes_sd_configs"][0]["role"] == "endpoints" and job["honor_labels"] is False
