@@ -229,7 +229,8 @@ def rule_groups(t: Thresholds) -> list[dict]:
     from .build import rule_groups as pack_groups
 
     dropped = set(left_out_records(t)) | set(left_out_alerts(t))
-    groups = [{"name": _group_name(ADAPTER_GROUP), "interval": t.eval_interval, "rules": adapter_rules(t)}]
+    groups: list[dict] = [{"name": _group_name(ADAPTER_GROUP), "interval": t.eval_interval,
+                           "rules": adapter_rules(t)}]
     for group in pack_groups(t):
         rules = [r for r in group["rules"] if r.get("record", r.get("alert")) not in dropped]
         groups.append({**group, "rules": rules})
