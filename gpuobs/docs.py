@@ -276,6 +276,20 @@ def not_exported_table() -> str:
     return "\n".join(["| fields | not exported, because |", "| --- | --- |",
                       *(f"| {', '.join(f'`{p}`' for p in patterns)} | {reason} |"
                         for reason, patterns in by_reason.items())])
+def flavour_table() -> str:
+    """The Markdown table of the rule pack's alerts and records the dcgm flavour leaves out or
+    replaces (gpuobs.alerts.dcgm), with the inputs DCGM lacks."""
+    from .alerts import dcgm
+
+    t = dcgm.DCGM_DEFAULT
+    replaced = {a.name for a in dcgm.replacements(t)}
+    rows = [f"| alert `{a.name}` | replaced: rewritten on DCGM's series |" for a in dcgm.replacements(t)]
+    for kind, missing in (("alert", dcgm.left_out_alerts(t)), ("record", dcgm.left_out_records(t))):
+        rows += [f"| {kind} `{name}` | left out: reads {', '.join(f'`{i}`' for i in inputs)} |"
+                 for name, inputs in missing.items() if name not in replaced]
+    return "\n".join(["| rule | on the dcgm flavour |", "| --- | --- |", *rows])
+
+
 _PLACEHOLDER = re.compile(r"\{\{(?:c\.([A-Z][A-Z0-9_]*)(\.name)?|dcgm:(DCGM_FI_[A-Z0-9_]+))\}\}")
 
 
@@ -298,6 +312,8 @@ def from_template(text: str) -> str:
     comment naming its output) is dropped. Raises ValueError for a placeholder that names no metric
     or several."""
     body = text.split("\n", 1)[1] if text.startswith("<!--") else text
+    if "{{flavour:left_out}}" in body:
+        body = body.replace("{{flavour:left_out}}", flavour_table())
     if "{{sim:not_exported}}" in body:  # the table's reasons name metrics already filled in from the catalog
         body = body.replace("{{sim:not_exported}}", not_exported_table())
     return _PLACEHOLDER.sub(_native, body)

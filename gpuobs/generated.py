@@ -6,6 +6,7 @@ gets a first line naming the generator's source. This module sits above the gene
 them): they never import it.
 
 - alerts (gpuobs/alerts/build.py): alerts/ and docs/runbooks/
+- alerts-dcgm (gpuobs/alerts/dcgm.py): alerts/dcgm/, the rule pack on dcgm-exporter's series
 - dashboards (gpuobs/dashboards/build.py): dashboards/ and dashboards/provisioning/
 - docs (gpuobs/docs.py): docs/metrics.md, docs/cardinality.md, docs/dcgm.md and docs/simulator.md
   (from their sources in docs/src/, native names and the simulator's fields not exported filled in)
@@ -64,6 +65,12 @@ def _alerts(root: Path, runbook_base: str | None) -> dict[Path, str]:
     return outputs(root, runbook_base)
 
 
+def _alerts_dcgm(root: Path, runbook_base: str | None) -> dict[Path, str]:
+    from .alerts.dcgm import outputs
+
+    return outputs(root, runbook_base)
+
+
 def _dashboards(root: Path, runbook_base: str | None) -> dict[Path, str]:
     from .dashboards.build import outputs
 
@@ -91,6 +98,7 @@ def _fluent_bit(root: Path, runbook_base: str | None) -> dict[Path, str]:
 
 GENERATORS = (
     Generator("alerts", "gpuobs/alerts", ("alerts", "docs/runbooks"), True, _alerts),
+    Generator("alerts-dcgm", "gpuobs/alerts/dcgm.py", ("alerts/dcgm",), True, _alerts_dcgm),
     Generator("dashboards", "gpuobs/dashboards", ("dashboards", "dashboards/provisioning"), True, _dashboards),
     Generator("docs", "gpuobs/docs.py", ("docs",), False, _docs),  # docs/ also holds hand-written pages
     Generator("rule-tiers", "gpuobs/alerts/tiers.py", ("docs",), False, _rule_tiers),

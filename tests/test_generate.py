@@ -39,7 +39,7 @@ def test_generate_writes_each_generator_into_its_own_folders(tmp_path):
     files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
     assert written == files
     folders = {Path(f).parent.as_posix() for f in files}
-    assert folders == {"alerts", "dashboards", "dashboards/provisioning", "docs", "docs/runbooks", "deploy/fluent-bit"}
+    assert folders == {"alerts", "alerts/dcgm", "dashboards", "dashboards/provisioning", "docs", "docs/runbooks", "deploy/fluent-bit"}
     assert {f for f in files if f.startswith("docs/") and "/runbooks/" not in f} == {
         "docs/metrics.md", "docs/cardinality.md", "docs/rule-tiers.md", "docs/dcgm.md",
         "docs/simulator.md"}

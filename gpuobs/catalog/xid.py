@@ -19,3 +19,6 @@ XID_ERRORS = _m("gpu_xid_errors", "counter", "", "XID errors reported by the dri
 XID_LAST_SEEN = _m("gpu_xid_last_seen_timestamp_seconds", "gauge", "seconds",
                    "Unix time the XID code was last reported.", "xid", "time of the nvmlEventSetWait_v2 event",
                    labels=XID_LABELS)
+# dcgm-exporter's XID series: a gauge holding the code of the last XID (labels err_code, err_msg), not
+# a per-code counter; served by dcgm naming from XID_LAST_SEEN, read by the rule pack's dcgm flavour.
+DCGM_XID_FIELD = "DCGM_FI_DEV_XID_ERRORS"

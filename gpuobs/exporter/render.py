@@ -96,7 +96,7 @@ def native_families(samples: Iterable[Sample], extra: Extra | None = None) -> li
 # Fields dcgm-exporter's default-counters.csv types `counter` that gpuobs reads as a gauge: DCGM
 # reports NVLink bandwidth as a rate, yet dcgm-exporter declares it a counter; served as declared.
 DCGM_COUNTERS = frozenset({"DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"})
-XID_FIELD = "DCGM_FI_DEV_XID_ERRORS"
+XID_FIELD = c.DCGM_XID_FIELD
 XID_HELP = ("Value of the last XID error the driver reported for the GPU, 0 before any (derived from "
             f"{c.XID_LAST_SEEN.name}).")
 # err_msg of DCGM_FI_DEV_XID_ERRORS: the titles of common XIDs in NVIDIA's XID catalog; others are
