@@ -211,3 +211,107 @@ def test_docs_page_lists_every_default_counter():
         assert f"`{name}`" in page, name
     assert "9400" in page and "--port 9400" in page
     assert "dcgm.md" in (REPO / "README.md").read_text() and "dcgm.md" in (REPO / "docs" / "exporter.md").read_text()
+
+
+# ---- DCGM's semantics (issue 29): units, sources, MIG entities, XID titles, each checked against
+# DCGM's or dcgm-exporter's source, cited where it is checked.
+MIG3 = {"gpus": [{"profile": "h100-sxm-80gb", "mig": ["3g.40gb", "2g.20gb", "1g.10gb"]},
+                 {"profile": "h100-sxm-80gb"}]}
+NO_NVLINK = {"gpus": [{"profile": "h100-sxm-80gb"}, {"profile": "l40s-pcie"}]}
+
+
+def test_violation_counters_in_nanoseconds_and_thermal_from_the_thermal_policy(exporter):
+    # DCGM dcgmlib/dcgm_fields.h: DCGM_FI_DEV_{POWER,THERMAL,SYNC_BOOST}_VIOLATION are "Violation time in
+    # ns"; dcgmlib/src/dcgm_fields.cpp gives them the NVML fields NVML_FI_DEV_PERF_POLICY_POWER,
+    # _THERMAL and _SYNC_BOOST, which DcgmCacheManager reads with nvmlDeviceGetFieldValues and passes
+    # through: the thermal one is the thermal policy's counter, not the SW thermal slowdown one (269).
+    run = exporter(H100X2, naming="dcgm", hostname="node-a")
+    g0 = run.sim.state.gpu(0)
+    power, thermal_policy, sync, sw_thermal = 5_000_000_123, 7_000_000_001, 3_000_000_000, 11_000_000_000
+    for slot, ns in ((0, power), (1, thermal_policy), (2, sync), (8, sw_thermal)):
+        set_counter(g0.violation_ns[slot], start=ns, rate=0)
+    run.next_snapshot(2)
+    _, samples = dcgm_scrape(run)
+    u0 = g0.uuid.s.decode()
+    assert series(samples, "DCGM_FI_DEV_POWER_VIOLATION")[u0][1] == power
+    assert series(samples, "DCGM_FI_DEV_SYNC_BOOST_VIOLATION")[u0][1] == sync
+    assert series(samples, "DCGM_FI_DEV_THERMAL_VIOLATION")[u0][1] == thermal_policy
+    # the gpuobs naming keeps the SW thermal slowdown counter under its clock-event reason, in seconds,
+    # and the thermal policy's counter apart
+    native = exporter(H100X2, hostname="node-a", profile="full")
+    gn = native.sim.state.gpu(0)
+    set_counter(gn.violation_ns[1], start=thermal_policy, rate=0)
+    set_counter(gn.violation_ns[8], start=sw_thermal, rate=0)
+    native.next_snapshot(2)
+    status, text = native.get()
+    un = gn.uuid.s.decode()
+    got = {(n, labels.get("reason")): v for n, labels, v in parse(text)[1] if labels.get("uuid") == un}
+    assert got[("gpuobs_gpu_clock_event_duration_seconds_total", "sw_thermal_slowdown")] == sw_thermal / 1e9
+    assert got[("gpuobs_gpu_thermal_policy_violation_seconds_total", None)] == thermal_policy / 1e9
+
+
+def test_mig_gpu_serves_gpu_instance_entities_as_dcgm_exporter_does(exporter):
+    # dcgm-exporter internal/pkg/devicemonitoring/device_monitoring.go: with its default -d f (Flex),
+    # monitorAllGPUInstances watches each GPU instance of a MIG GPU (FE_GPU_I) and the GPU itself only
+    # when it has none; internal/pkg/collector/gpu_collector.go (toMetric) queries every device field of
+    # each entity and labels an instance's series GPU_I_PROFILE (its profile name) and GPU_I_ID (the NVML
+    # GPU instance id), on the parent GPU's gpu/UUID/device/modelName labels.
+    run = exporter(MIG3, naming="dcgm", hostname="node-a")
+    g0, g1 = run.sim.state.gpu(0), run.sim.state.gpu(1)
+    used_mib = [20000, 9000, 3000]
+    for i, mib in enumerate(used_mib):
+        set_val(g0.migs[i].mem_used, mib * 2**20)
+    set_val(g0.mem_used, sum(used_mib) * 2**20)
+    run.next_snapshot(3)
+    _, samples = dcgm_scrape(run)
+    u0, u1 = g0.uuid.s.decode(), g1.uuid.s.decode()
+    gis = {str(g0.migs[i].gi_id): g0.migs[i].profile.s.decode() for i in range(g0.mig_count)}
+    for name in ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_XID_ERRORS"):
+        on_mig = [(labels, v) for n, labels, v in samples if n == name and labels["UUID"] == u0]
+        assert all("GPU_I_ID" in labels for labels, _ in on_mig), name  # no whole-GPU series on a MIG GPU
+        assert {labels["GPU_I_ID"]: labels["GPU_I_PROFILE"] for labels, _ in on_mig} == gis, name
+        assert [labels for n, labels, _ in samples if n == name and labels["UUID"] == u1 and "GPU_I_ID" not in labels]
+    fb = [v for n, labels, v in samples if n == "DCGM_FI_DEV_FB_USED" and labels["UUID"] == u0]
+    assert sum(fb) == sum(used_mib)  # summed by UUID: the GPU's used memory, not twice it
+    power = {v for n, labels, v in samples if n == "DCGM_FI_DEV_POWER_USAGE" and labels["UUID"] == u0}
+    assert len(power) == 1 and power.pop() > 0  # the device's value on each instance
+    for prof in ("DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_GR_ENGINE_ACTIVE"):
+        assert all("GPU_I_ID" in labels for n, labels, _ in samples if n == prof and labels["UUID"] == u0), prof
+
+
+def test_nvlink_bandwidth_in_dcgm_units_and_zero_without_nvlink(exporter):
+    # DCGM dcgmlib/src/DcgmCacheManager.cpp, ReadAndCacheNvLinkBandwidth: the NVML_FI_DEV_NVLINK_THROUGHPUT_DATA
+    # RX + TX sum (KiB) over all links, its increase per second divided by 1000 into an INT64, and 0
+    # published for a zero sum; dcgm-exporter then serves the field as 0 on a GPU without NVLink.
+    run = exporter(NO_NVLINK, naming="dcgm", hostname="node-a")
+    g0, g1 = run.sim.state.gpu(0), run.sim.state.gpu(1)
+    kib_per_s = 1.5e8 / 1024
+    for link in range(g0.link_count):
+        set_counter(g0.links[link].tx_bytes, rate=1e8)
+        set_counter(g0.links[link].rx_bytes, rate=5e7)
+    run.next_snapshot(3)
+    _, samples = dcgm_scrape(run)
+    got = series(samples, "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL")
+    value = got[g0.uuid.s.decode()][1]
+    assert value == int(value) and value == pytest.approx(g0.link_count * kib_per_s / 1000, rel=0.05)
+    assert g1.link_count == 0 and got[g1.uuid.s.decode()][1] == 0
+
+
+def test_xid_titles_are_dcgm_exporters_for_every_code_it_lists(exporter):
+    # dcgm-exporter internal/pkg/collector/xid_errors.go (xidErrCodeToText: codes 0-172, from NVIDIA's
+    # XID catalog) and gpu_collector.go (toMetric: err_msg is the table's title, "Unknown Error" past it).
+    from gpuobs.exporter import xid_titles
+    assert sorted(xid_titles.TITLES) == list(range(173))
+    assert "Unknown Error" not in xid_titles.TITLES.values()
+    run = exporter(H100X2, naming="dcgm", hostname="node-a")
+    u1 = run.sim.state.gpu(1).uuid.s.decode()
+
+    def last():
+        run.next_snapshot(1)
+        return series(dcgm_scrape(run)[1], "DCGM_FI_DEV_XID_ERRORS")[u1]
+
+    for code, title in ((8, "GPU stopped processing"), (154, "GPU Recovery Action Changed"),
+                        (172, "Uncorrectable SRAM Error"), (173, "Unknown Error")):
+        run.sim.state.xid(1, code)
+        run.wait_for(lambda _, code=code: last()[1] == code, 10, f"XID {code}")
+        assert last()[0]["err_msg"] == title == render.xid_title(code)

@@ -89,7 +89,21 @@ def _without(keep: tuple[str, ...] = (), more: tuple[str, ...] = ()) -> str:
 
 
 def _whole_gpu(field: str) -> str:
-    return f'{field}{{GPU_I_ID=""}}'  # MIG instances' series carry GPU_I_ID
+    """A field's series per whole GPU. dcgm-exporter serves a MIG GPU as its GPU instances (GPU_I_ID
+    set): a device field comes on each instance with the GPU's value, so the instances' series, their
+    instance and pod labels dropped, give the GPU's (a GPU's own series carry its parent's
+    attribution only, as gpuobs names them); a field DCGM reports per instance
+    (c.DCGM_INSTANCE_FIELDS: memory, profiling) has no whole-GPU value on a MIG GPU and none is made."""
+    whole = _selector(field, 'GPU_I_ID=""')
+    if field in c.DCGM_INSTANCE_FIELDS:
+        return whole
+    instances = _selector(field, 'GPU_I_ID!=""')
+    return f'({whole} or max without (GPU_I_ID, GPU_I_PROFILE, {", ".join(DCGM_ATTRIBUTION)}) ({instances}))'
+
+
+def _selector(field: str, matcher: str) -> str:
+    """A field's name (or a `{__name__=~...}` selector) with one more label matcher."""
+    return f"{field[:-1]}, {matcher}}}" if field.startswith("{") else f"{field}{{{matcher}}}"
 
 
 def _scaled(expr: str, scale: float) -> str:
@@ -114,8 +128,8 @@ def adapter_expr(m: c.Metric) -> str:
 
 def _any_field() -> str:
     """Every whole-GPU series of every adapted field: a GPU is there while any of them is served."""
-    names = sorted({field for m in adapted() for _, field in _fields(m)})
-    return f'{{__name__=~"{"|".join(names)}", GPU_I_ID=""}}'
+    names = sorted({field for m in adapted() for _, field in _fields(m)} - c.DCGM_INSTANCE_FIELDS)
+    return _whole_gpu(f'{{__name__=~"{"|".join(names)}"}}')
 
 
 def up_expr(t: Thresholds) -> str:

@@ -62,6 +62,10 @@ def defined_in(module: ModuleType) -> tuple[Metric, ...]:
 ALL: tuple[Metric, ...] = tuple(dict.fromkeys(m for module in FAMILY_MODULES for m in defined_in(module))) + \
     tuple(gpm.GPM_METRICS.values()) + tuple(mig.MIG_GPM_METRICS.values())
 BY_NAME: dict[str, Metric] = {m.name: m for m in ALL}
+# Fields DCGM reports per GPU instance on a MIG GPU: those gpuobs reads per MIG device. dcgm-exporter
+# (its default `-d f`) watches a MIG GPU's GPU instances, not the GPU: these come per instance only,
+# every other field on each instance with the GPU's value (gpuobs.exporter.render, gpuobs.alerts.dcgm)
+DCGM_INSTANCE_FIELDS: frozenset[str] = frozenset(f for m in ALL if m.identity == MIG_LABELS for f in m.dcgm.values())
 # The tiers (docs/cardinality.md), as the family modules declare them: detail metrics, left out of
 # the default profile, and metrics of which the default profile serves only some label values
 DETAIL: frozenset[Metric] = frozenset(DETAIL_DECLARED)

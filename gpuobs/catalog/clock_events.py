@@ -31,11 +31,20 @@ CLOCK_EVENT_DURATION = _m("gpu_clock_event_duration_seconds", "counter", "second
                           "HW_THERM_SLOWDOWN,HW_POWER_BRAKE_SLOWDOWN} (nanoseconds) / 1e9",
                           labels=GPU_LABELS + ("reason",),
                           dcgm={("sw_power_cap",): "DCGM_FI_DEV_POWER_VIOLATION",
-                                ("sw_thermal_slowdown",): "DCGM_FI_DEV_THERMAL_VIOLATION",
-                                ("sync_boost",): "DCGM_FI_DEV_SYNC_BOOST_VIOLATION"}, dcgm_scale=1e6)
+                                ("sync_boost",): "DCGM_FI_DEV_SYNC_BOOST_VIOLATION"}, dcgm_scale=1e9, dcgm_int=True)
+# DCGM's thermal violation is NVML's thermal perf-policy counter (field 75, the nvmlPerfPolicyType_t
+# NVML_PERF_POLICY_THERMAL of nvmlDeviceGetViolationStatus), not the SW thermal slowdown clock-event
+# counter (field 269): DCGM's dcgm_fields.cpp gives DCGM_FI_DEV_THERMAL_VIOLATION the NVML field
+# NVML_FI_DEV_PERF_POLICY_THERMAL; its violation fields are in nanoseconds (dcgm_fields.h).
+THERMAL_POLICY_FIELD = 75
+THERMAL_POLICY_VIOLATION = _m("gpu_thermal_policy_violation_seconds", "counter", "seconds",
+                              "Time the thermal policy held clocks down (NVML's thermal perf-policy violation "
+                              "time, DCGM's thermal violation).", "clock_events",
+                              "NVML_FI_DEV_PERF_POLICY_THERMAL (nanoseconds) / 1e9",
+                              dcgm={(): "DCGM_FI_DEV_THERMAL_VIOLATION"}, dcgm_scale=1e9, dcgm_int=True)
 
 # Tiers (docs/cardinality.md): detail is left out of the default profile (served with --profile full or
 # --detail FAMILY); of a default_values metric the default profile serves only those label values
-detail(CLOCK_EVENT_REASONS_MASK, CLOCK_EVENT_DURATION)
+detail(CLOCK_EVENT_REASONS_MASK, CLOCK_EVENT_DURATION, THERMAL_POLICY_VIOLATION)
 default_values(CLOCK_EVENT_ACTIVE, "reason", {"sw_power_cap", "hw_slowdown", "sw_thermal_slowdown",
                                               "hw_thermal_slowdown", "hw_power_brake_slowdown"})

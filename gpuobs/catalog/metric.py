@@ -27,6 +27,9 @@ class Metric:
     labels: every label, identity first. source: where NVML gives the value, with its unit.
     dcgm: dcgm-exporter field names, keyed by the values of the labels after the identity
     ones (() for a metric without such labels); dcgm_scale converts our unit to DCGM's.
+    dcgm_int: DCGM's field is an INT64, so dcgm naming serves the scaled value as DCGM's integer
+    (truncated, as DCGM's cast truncates). dcgm_zero: where the GPU has no value (no NVLink, or no
+    rate yet), DCGM's field reads 0 and dcgm naming serves 0 (when the profile serves the metric).
     """
     name: str
     kind: Kind
@@ -37,6 +40,8 @@ class Metric:
     labels: tuple[str, ...] = GPU_LABELS
     dcgm: dict[tuple[str, ...], str] = field(default_factory=dict)
     dcgm_scale: float = 1.0
+    dcgm_int: bool = False
+    dcgm_zero: bool = False
     max_value: float | None = None  # values above this are impossible and dropped
     min_value: float = 0.0  # values below this are impossible and dropped; signed NVML values declare theirs
     otel_name: str | None = None  # instrument name, for metrics recorded through OpenTelemetry

@@ -29,7 +29,12 @@ NVLINK_THROUGHPUT = _m("gpu_nvlink_throughput_bytes_per_second", "gauge", "bytes
                        "NVLink data bytes sent plus received per second over all links, between the last two "
                        "passes.", "nvlink", "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_{TX,RX} (KiB) * 1024 summed over "
                        "links: increase between passes / time between them",
-                       dcgm={(): "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"}, dcgm_scale=1e-6)
+                       dcgm={(): "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"}, dcgm_scale=1 / 1024 / 1000, dcgm_int=True,
+                       dcgm_zero=True)
+
+# NVLINK_THROUGHPUT in dcgm naming: DCGM's DcgmCacheManager::ReadAndCacheNvLinkBandwidth divides
+# NVML's KiB per second by 1000 (KiB/s -> "MiB/s", so 1.024e6 bytes/s reads 1) into an INT64, and
+# publishes 0 for a zero sum and for the first reading.
 
 # Tiers (docs/cardinality.md): detail is left out of the default profile (served with --profile full or
 # --detail FAMILY)

@@ -8,8 +8,6 @@ import pynvml as N
 from .. import catalog as c
 from .base import Family, FieldSpec, GpuCtx, register
 
-NS = 1e-9
-
 
 def reason_names(mask: int) -> dict[str, int]:
     """Every known reason as 0/1, plus `bit_N` = 1 for each set bit gpuobs does not know."""
@@ -23,13 +21,16 @@ def reason_names(mask: int) -> dict[str, int]:
 @register("clock_events")
 class ClockEvents(Family):
     """Reasons from one call per sample; duration counters batched in the field-values call."""
-    FIELDS = [FieldSpec(fid, c.CLOCK_EVENT_DURATION, NS, (reason,))
+    FIELDS = [FieldSpec(fid, c.CLOCK_EVENT_DURATION, extra=(reason,), per=1e9)
               for fid, reason in c.CLOCK_EVENT_COUNTER_FIELDS.items()]
+    THERMAL_POLICY = [FieldSpec(c.THERMAL_POLICY_FIELD, c.THERMAL_POLICY_VIOLATION, per=1e9)]
 
     def fields(self, gpu: GpuCtx) -> list[FieldSpec]:
         """The clock-event duration counters (NVML's cumulative ns per reason, c.CLOCK_EVENT_COUNTER_FIELDS)
-        when the profile serves c.CLOCK_EVENT_DURATION; else none, and no field is read."""
-        return self.FIELDS if gpu.serves(c.CLOCK_EVENT_DURATION) else []
+        when the profile serves c.CLOCK_EVENT_DURATION, and the thermal perf-policy counter (ns,
+        c.THERMAL_POLICY_FIELD) when it serves c.THERMAL_POLICY_VIOLATION; a field not served is not read."""
+        out = self.FIELDS if gpu.serves(c.CLOCK_EVENT_DURATION) else []
+        return out + self.THERMAL_POLICY if gpu.serves(c.THERMAL_POLICY_VIOLATION) else out
 
     def collect(self, gpu: GpuCtx) -> None:
         """The current clock-event reasons bitmask (nvmlDeviceGetCurrentClocksEventReasons, or the

@@ -159,14 +159,16 @@ class Exporter:
             from ..attribution import SlurmJobMap
 
             self.attribution.append(SlurmJobMap(config.slurm_job_dir, config.attribution_refresh))
-        self.renderer = Renderer(config.naming, config.hostname, self.attribution)
+        profile = series_profile(config)
+        dcgm_zero = [m for m in catalog.EXPORTED if m.dcgm_zero and m.family in config.families and profile.serves(m)]
+        self.renderer = Renderer(config.naming, config.hostname, self.attribution, dcgm_zero)
         # responses by (format, encoding), every one the naming can serve counted from 0
         self._served = collections.Counter({(fmt, enc): 0 for fmt in FORMATS for enc in ("identity", "gzip")
                                             if fmt == "text" or config.naming == "gpuobs"})
         self._served_lock = threading.Lock()
         self._build_info = Sample(catalog.BUILD_INFO, (__version__, platform.python_version()), 1.0)
         self.sampler = Sampler(self.session, families, config.interval, config.expected_gpus,
-                               on_snapshot=self._on_snapshot, profile=series_profile(config))
+                               on_snapshot=self._on_snapshot, profile=profile)
         self.liveness_timeout = liveness_timeout(config.interval, config.liveness_timeout)
         # connections cost file descriptors: the soft limit goes up to the hard one and the
         # connection cap stays under it (server.Limits.for_open_files)

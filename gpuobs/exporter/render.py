@@ -27,6 +27,7 @@ from prometheus_client.utils import floatToGoString as _float_to_go_string
 
 from .. import catalog as c
 from ..collect.base import Sample, Snapshot
+from . import xid_titles
 
 NAMINGS = ("gpuobs", "dcgm")
 SELF_FAMILIES = ("exporter", "telemetry")  # self-health: served even when the GPU values are stale
@@ -96,29 +97,45 @@ def native_families(samples: Iterable[Sample], extra: Extra | None = None) -> li
 # Fields dcgm-exporter's default-counters.csv types `counter` that gpuobs reads as a gauge: DCGM
 # reports NVLink bandwidth as a rate, yet dcgm-exporter declares it a counter; served as declared.
 DCGM_COUNTERS = frozenset({"DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"})
+DCGM_INSTANCE_FIELDS = c.DCGM_INSTANCE_FIELDS  # served per GPU instance only on a MIG GPU (see catalog)
 XID_FIELD = c.DCGM_XID_FIELD
 XID_HELP = ("Value of the last XID error the driver reported for the GPU, 0 before any (derived from "
             f"{c.XID_LAST_SEEN.name}).")
-# err_msg of DCGM_FI_DEV_XID_ERRORS: the titles of common XIDs in NVIDIA's XID catalog; others are
-# "Unknown Error". Alert on err_code: the titles may differ in wording from dcgm-exporter's.
-XID_MESSAGES = {0: "No Error", 13: "Graphics Engine Exception", 31: "GPU memory page fault",
-                43: "GPU stopped processing", 45: "Preemptive cleanup, due to previous errors",
-                48: "Double Bit ECC Error", 61: "Internal micro-controller breakpoint/warning",
-                62: "Internal micro-controller halt", 63: "ECC page retirement or row remapping recording event",
-                64: "ECC page retirement or row remapper recording failure", 74: "NVLink Error",
-                79: "GPU has fallen off the bus", 92: "High single-bit ECC error rate", 94: "Contained ECC error",
-                95: "Uncontained ECC error", 119: "GSP RPC Timeout", 120: "GSP Error"}
+
+
+def xid_title(code: int) -> str:
+    """err_msg of DCGM_FI_DEV_XID_ERRORS for an XID code: dcgm-exporter's title of it (xid_titles.TITLES),
+    "Unknown Error" for a code outside its table."""
+    return xid_titles.TITLES.get(code, xid_titles.UNKNOWN)
+
+
+def dcgm_value(metric: c.Metric, value: float) -> float:
+    """A value of `metric` in DCGM's unit (value * dcgm_scale); for DCGM's INT64 fields (dcgm_int), the
+    integer DCGM's cast gives: truncated, after a nudge of 1e-15 so that a count of nanoseconds read
+    as seconds (a division) comes back whole instead of one below."""
+    out = value * metric.dcgm_scale
+    if metric.dcgm_int and math.isfinite(out) and out >= 0:
+        return float(math.floor(out * (1 + 1e-15)))
+    return out
 
 
 class DcgmIdentity:
-    """dcgm-exporter's labels of one GPU's (or MIG GPU instance's) series, from the snapshot's
-    gpuobs_gpu_info and gpuobs_mig_info samples: gpu, UUID (the physical GPU's), pci_bus_id, device,
-    modelName, GPU_I_PROFILE/GPU_I_ID on MIG series, hostname (dcgm-exporter since its rename) and
-    Hostname (every release up to 4.8.2), and the DCGM_FI_DRIVER_VERSION label field."""
+    """dcgm-exporter's entities and labels of one GPU's (or MIG GPU instance's) series, from the
+    snapshot's gpuobs_gpu_info and gpuobs_mig_info samples: gpu, UUID (the physical GPU's), pci_bus_id,
+    device, modelName, GPU_I_PROFILE/GPU_I_ID on a GPU instance's series, hostname (dcgm-exporter since
+    its rename) and Hostname (every release up to 4.8.2), and the DCGM_FI_DRIVER_VERSION label field.
+    `instances`: per GPU UUID, the first MIG device of each of its GPU instances (DCGM's entity is the
+    GPU instance; a GPU instance's compute instances share its series), in snapshot order."""
 
     def __init__(self, samples: list[Sample], hostname: str):
         self.info = {s.labels[1]: dict(zip(c.GPU_INFO.labels, s.labels)) for s in samples if s.metric is c.GPU_INFO}
         self.profiles = {(s.labels[1], s.labels[2]): s.labels[5] for s in samples if s.metric is c.MIG_INFO}
+        self.instances: dict[str, list[Sample]] = {}
+        for s in samples:
+            if s.metric is c.MIG_INFO:
+                got = self.instances.setdefault(s.labels[1], [])
+                if all(i.labels[2] != s.labels[2] for i in got):
+                    got.append(s)
         self.hostname = hostname
         # node-wide: also labels the series of a GPU that is gone (its XIDs)
         self.driver = next((i["driver_version"] for i in self.info.values() if i["driver_version"]), "")
@@ -135,28 +152,79 @@ class DcgmIdentity:
         labels["DCGM_FI_DRIVER_VERSION"] = self.driver
         return labels
 
+    def entities(self, s: Sample, field: str) -> list[tuple[Sample, str | None]]:
+        """The DCGM entities a sample's `field` is served on, as (the sample whose attribution labels
+        the series, GPU instance id or None for the whole GPU): a MIG device's sample on its GPU
+        instance; a whole-GPU sample on the GPU, or on a MIG GPU on each GPU instance (none for a
+        field DCGM reports per instance, DCGM_INSTANCE_FIELDS: no whole-GPU duplicate)."""
+        if s.metric.identity == c.MIG_LABELS:
+            return [(s, s.labels[2])]
+        instances = self.instances.get(s.labels[1])
+        if not instances:
+            return [(s, None)]
+        if field in DCGM_INSTANCE_FIELDS:
+            return []
+        return [(i, i.labels[2]) for i in instances]
 
-DcgmSeries = tuple[str, str, Sample, "dict[str, str]", float]  # field, help, source sample, labels, value
+
+def dcgm_field(s: Sample) -> str | None:
+    """The DCGM field a sample feeds (by its labels after the identity ones), None if none."""
+    m = s.metric
+    n_id = len(m.identity)
+    return m.dcgm.get(s.labels[n_id:]) if n_id and m.dcgm else None
+
+
+def _entity_series(s: Sample, field: str, ident: DcgmIdentity, targets: list[tuple[Sample, str | None]],
+                   mores: Sequence[Pairs | None]) -> Iterator[tuple[Sample, str, dict[str, str]]]:
+    """(entity's sample, field name, labels) of every series a sample feeds: per entity (targets, with
+    its attribution labels `mores`), under its field and the field's aliases."""
+    for (target, gpu_instance), more in zip(targets, mores):
+        labels = ident.labels(s.labels[0], s.labels[1], gpu_instance)
+        labels.update(more or ())
+        for name in (field, *c.DCGM_ALIASES.get(field, ())):
+            yield target, name, dict(labels)
+
+
+def dcgm_zero_samples(samples: Iterable[Sample], zero: Iterable[c.Metric]) -> list[Sample]:
+    """A 0 sample of each metric in `zero` (whole-GPU metrics whose DCGM field reads 0 where gpuobs has
+    no value: Metric.dcgm_zero) for every GPU of the snapshot (its gpuobs_gpu_info) without one."""
+    zero = tuple(zero)
+    if not zero:
+        return []
+    gpus: list[tuple[str, ...]] = []
+    have: set[tuple[c.Metric, str]] = set()
+    for s in samples:
+        if s.metric is c.GPU_INFO:
+            gpus.append(s.labels[:2])
+        elif s.metric in zero:
+            have.add((s.metric, s.labels[1]))
+    return [Sample(m, gpu, 0.0) for m in zero for gpu in gpus if (m, gpu[1]) not in have]
+
+
+# field, help, kind, the sample attribution looks up, labels, value
+DcgmSeries = tuple[str, str, str, Sample, "dict[str, str]", float]
 
 
 def _field_series(samples: list[Sample], ident: DcgmIdentity) -> Iterable[DcgmSeries]:
-    """Every sample of a catalog metric with a DCGM field, under that field and its aliases."""
+    """Every series of the samples of catalog metrics with a DCGM field (one per entity,
+    DcgmIdentity.entities), under that field and its aliases; the sample yielded is the entity's,
+    whose attribution labels the series."""
     for s in samples:
-        m = s.metric
-        n_id = len(m.identity)
-        field = m.dcgm.get(tuple(s.labels[n_id:]))
-        if not field or not n_id:
+        field = dcgm_field(s)
+        if not field:
             continue
-        gpu_instance = s.labels[2] if m.identity == c.MIG_LABELS else None
-        for name in (field, *c.DCGM_ALIASES.get(field, ())):
-            yield name, f"{m.help} ({m.name})", s, ident.labels(s.labels[0], s.labels[1], gpu_instance), \
-                s.value * m.dcgm_scale
+        m = s.metric
+        targets = ident.entities(s, field)
+        for target, name, labels in _entity_series(s, field, ident, targets, [None] * len(targets)):
+            kind = "counter" if m.kind == "counter" or name in DCGM_COUNTERS else "gauge"
+            yield name, f"{m.help} ({m.name})", kind, target, labels, dcgm_value(m, s.value)
 
 
 def _xid_series(samples: list[Sample], ident: DcgmIdentity, watched: bool) -> Iterable[DcgmSeries]:
-    """DCGM_FI_DEV_XID_ERRORS per GPU: the XID last reported (by gpuobs_gpu_xid_last_seen_timestamp_seconds,
-    whatever MIG instance it named), with err_code and err_msg; while the watcher runs, 0 ("No Error")
-    for a GPU that reported none, as dcgm-exporter shows before any XID."""
+    """DCGM_FI_DEV_XID_ERRORS per GPU (per GPU instance on a MIG GPU: a device field): the XID last
+    reported (by gpuobs_gpu_xid_last_seen_timestamp_seconds, whatever MIG instance it named), with
+    err_code and err_msg; while the watcher runs, 0 ("No Error") for a GPU that reported none, as
+    dcgm-exporter shows before any XID. The sample yielded is the one attribution looks up."""
     last: dict[str, Sample] = {}
     for s in samples:
         if s.metric is c.XID_LAST_SEEN and (s.labels[1] not in last or s.value >= last[s.labels[1]].value):
@@ -166,24 +234,28 @@ def _xid_series(samples: list[Sample], ident: DcgmIdentity, watched: bool) -> It
             last.setdefault(uuid, Sample(c.XID_LAST_SEEN, (info["gpu"], uuid, "0", "", "", ""), 0.0))
     for uuid, s in sorted(last.items(), key=lambda kv: kv[1].labels[0]):
         code = int(s.labels[2])
-        labels = ident.labels(s.labels[0], uuid)
-        labels.update(err_code=str(code), err_msg=XID_MESSAGES.get(code, "Unknown Error"))
-        yield XID_FIELD, XID_HELP, s, labels, float(code)
+        for target, gpu_instance in ident.entities(s, XID_FIELD):
+            labels = ident.labels(s.labels[0], uuid, gpu_instance)
+            labels.update(err_code=str(code), err_msg=xid_title(code))
+            yield XID_FIELD, XID_HELP, "gauge", target, labels, float(code)
 
 
 def dcgm_families(samples: Iterable[Sample], hostname: str, extra: Extra | None = None,
-                  xid_watched: bool = False) -> list[PromMetric]:
+                  xid_watched: bool = False, zero: Iterable[c.Metric] = ()) -> list[PromMetric]:
     """dcgm-exporter names, labels (DcgmIdentity, then err_code/err_msg on XIDs, then `extra`:
-    attribution) and types for every catalog metric that has a DCGM field, plus DCGM_FI_DEV_XID_ERRORS
-    (xid_watched: the XID watcher runs, so a GPU without XIDs reads 0). Families are sorted by field;
-    a counter family's HELP/TYPE lines name it `<field>_total` until dcgm_text() renders it."""
+    attribution), entities (DcgmIdentity.entities: GPU instances on a MIG GPU) and types for every
+    catalog metric that has a DCGM field, plus DCGM_FI_DEV_XID_ERRORS (xid_watched: the XID watcher
+    runs, so a GPU without XIDs reads 0); `zero`: metrics served as 0 on a GPU without a value
+    (dcgm_zero_samples). Families are sorted by field; a counter family's HELP/TYPE lines name it
+    `<field>_total` until dcgm_text() renders it."""
     samples = list(samples)
+    samples += dcgm_zero_samples(samples, zero)
     ident = DcgmIdentity(samples, hostname)
     fams: dict[str, PromMetric] = {}
     seen: set[tuple[str, Pairs]] = set()
-    for field, help_text, s, labels, value in chain(_field_series(samples, ident),
-                                                     _xid_series(samples, ident, xid_watched)):
-        if extra and (more := extra(s)):
+    for field, help_text, kind, target, labels, value in chain(_field_series(samples, ident),
+                                                               _xid_series(samples, ident, xid_watched)):
+        if extra and (more := extra(target)):
             labels.update(more)
         key = (field, tuple(sorted(labels.items())))
         if key in seen:  # DCGM has no compute-instance label: the first of a GPU instance's devices wins
@@ -191,7 +263,6 @@ def dcgm_families(samples: Iterable[Sample], hostname: str, extra: Extra | None 
         seen.add(key)
         fam = fams.get(field)
         if fam is None:
-            kind = "counter" if s.metric.kind == "counter" or field in DCGM_COUNTERS else "gauge"
             fam = fams[field] = PromMetric(field, help_text, kind)
         fam.add_sample(field, labels, value)
     return [fams[k] for k in sorted(fams)]
@@ -409,26 +480,33 @@ class _DcgmText:
         seen: set[str] = set()  # DCGM has no compute-instance label: the first of a GPU instance's devices wins
         for s in samples:
             m = s.metric
-            if not m.dcgm:
+            field = dcgm_field(s)
+            if not field:
                 continue
-            more = extra(s) if extra else None
-            key = (m, s.labels, more)
-            routes = new.get(key) or old.get(key)
+            targets = ident.entities(s, field)
+            mores = tuple(extra(t) for t, _ in targets) if extra else (None,) * len(targets)
+            key = (m, s.labels, mores)
+            routes = new.get(key)
             if routes is None:
-                routes = self._routes(s, more, ident, s.value * m.dcgm_scale)
+                routes = old.get(key)
+            value = dcgm_value(m, s.value)
+            if routes is None:
+                routes = [(prefix, name, _entry(prefix, value)) for _, name, labels in
+                          _entity_series(s, field, ident, targets, mores)
+                          for prefix in (self.text.prefix(name, labels),)]
             new[key] = routes
-            for prefix, field, entry in routes:
+            for prefix, name, entry in routes:
                 if prefix in seen:
                     continue
                 seen.add(prefix)
-                lines = fams.get(field)
+                lines = fams.get(name)
                 if lines is None:
-                    kind = "counter" if m.kind == "counter" or field in DCGM_COUNTERS else "gauge"
-                    lines = fams[field] = [self.text.header(field, f"{m.help} ({m.name})", kind, dcgm=True)]
-                lines.append(_line(entry, s.value * m.dcgm_scale))
+                    kind = "counter" if m.kind == "counter" or name in DCGM_COUNTERS else "gauge"
+                    lines = fams[name] = [self.text.header(name, f"{m.help} ({m.name})", kind, dcgm=True)]
+                lines.append(_line(entry, value))
         self._series = new
-        for field, help_text, s, labels, value in _xid_series(xids, ident, watched):
-            labels.update((extra(s) if extra else None) or ())
+        for field, help_text, _, target, labels, value in _xid_series(xids, ident, watched):
+            labels.update((extra(target) if extra else None) or ())
             xid_key = tuple(labels.items())
             prefix = self._xids.get(xid_key) or self._xids.setdefault(xid_key, self.text.prefix(field, labels))
             if prefix in seen:
@@ -438,15 +516,6 @@ class _DcgmText:
                 fams[field] = [self.text.header(field, help_text, "gauge", dcgm=True)]
             fams[field].append(f"{prefix}{floatToGoString(value)}\n")
         return "".join("".join(fams[field]) for field in sorted(fams))
-
-    def _routes(self, s: Sample, more: Pairs | None, ident: DcgmIdentity, value: float) -> list[Route]:
-        """[(prefix, field, _entry())] of the DCGM series a sample feeds (its field and aliases)."""
-        out: list[Route] = []
-        for name, _, _, labels, _ in _field_series([s], ident):
-            labels.update(more or ())
-            prefix = self.text.prefix(name, labels)
-            out.append((prefix, name, _entry(prefix, value)))
-        return out
 
 
 def _split(samples: Iterable[Sample], in_order: bool) -> Split:
@@ -479,11 +548,14 @@ class Renderer:
     stale GPU value is served as fresh) is written by prometheus_client itself: it is rarely served.
     Thread-safe: bodies are made under one lock."""
 
-    def __init__(self, naming: str = "gpuobs", hostname: str | None = None, attribution: Sequence[Any] = ()):
+    def __init__(self, naming: str = "gpuobs", hostname: str | None = None, attribution: Sequence[Any] = (),
+                 dcgm_zero: Iterable[c.Metric] = ()):
         if naming not in NAMINGS:
             raise ValueError(f"naming must be one of {NAMINGS}, got {naming!r}")
         self.naming = naming
         self.attribution = tuple(attribution)  # sources with lookup(uuid, index, gpu_instance)
+        # metrics the profile serves whose DCGM field reads 0 where the GPU has no value (Metric.dcgm_zero)
+        self.dcgm_zero = tuple(dcgm_zero)
         self.hostname = hostname or socket.gethostname()
         self.snapshot: Snapshot | None = None
         self._lock = threading.RLock()
@@ -557,7 +629,9 @@ class Renderer:
         if self.naming == "dcgm":
             watched = c.XID_WATCHER_UP in own
             info = gpu.get(c.GPU_INFO, []) + gpu.get(c.MIG_INFO, [])
-            body = self._dcgm.render(ordered, info, gpu.get(c.XID_LAST_SEEN, []), extra, watched)
+            zero = dcgm_zero_samples(chain(gpu.get(c.GPU_INFO, ()), *(gpu.get(m, ()) for m in self.dcgm_zero)),
+                                     self.dcgm_zero)
+            body = self._dcgm.render(ordered + zero, info, gpu.get(c.XID_LAST_SEEN, []), extra, watched)
         else:
             body = self._gpu[fmt].render(gpu, extra, negative_zero)
         text = self._texts[fmt]

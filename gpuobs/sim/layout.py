@@ -115,7 +115,8 @@ class Gpu(C.Structure):
         ("max_clock", Val * 4),
         ("pstate", Val), ("fan_count", Val), ("fan", Val * MAX_FANS),
         ("clock_events", Val), ("clock_events_supported", Val),
-        ("violation_ns", Val * PERF_POLICIES),  # index: nvmlPerfPolicyType_t; 6 HW thermal, 7 HW power brake
+        # index: nvmlPerfPolicyType_t; 6 HW thermal, 7 HW power brake, 8 SW thermal slowdown
+        ("violation_ns", Val * PERF_POLICIES),
         ("pcie_gen", Val), ("pcie_max_gen", Val), ("pcie_gpu_max_gen", Val),
         ("pcie_width", Val), ("pcie_max_width", Val), ("pcie_replay", Val),
         ("pcie_tx_bytes", Val), ("pcie_rx_bytes", Val),

@@ -1126,8 +1126,9 @@ static nvmlReturn_t field(sim_gpu_t *g, nvmlFieldValue_t *f) {
         return put(f, &g->violation_ns[id - NVML_FI_DEV_PERF_POLICY_POWER], VT_ULL, 1);
     case NVML_FI_DEV_PERF_POLICY_TOTAL_APP_CLOCKS: return put(f, &g->violation_ns[10], VT_ULL, 1);
     case NVML_FI_DEV_PERF_POLICY_TOTAL_BASE_CLOCKS: return put(f, &g->violation_ns[11], VT_ULL, 1);
-    case NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN: return put(f, &g->violation_ns[1], VT_ULL, 1);
-    /* slots 6 and 7: reasons with no perf policy counter of their own */
+    /* slots 6, 7 and 8: clock-event reasons with no perf policy counter of their own (the SW thermal
+       slowdown counter is not the thermal policy's, slot 1) */
+    case NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN: return put(f, &g->violation_ns[8], VT_ULL, 1);
     case NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN: return put(f, &g->violation_ns[6], VT_ULL, 1);
     case NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN: return put(f, &g->violation_ns[7], VT_ULL, 1);
     case NVML_FI_DEV_MEMORY_TEMP: return put(f, &g->temp_mem, VT_UINT, 1);

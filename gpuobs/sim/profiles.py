@@ -31,7 +31,7 @@ H100_SXM_80GB: Profile = {
     "max_clocks_mhz": {"graphics": 1980, "sm": 1980, "memory": 2619, "video": 1545},
     "pstate": 0, "fan_speed_pct": None,
     "clock_event_reasons": 0x1,
-    "violation_us": {"power": 0, "sync_boost": 0, "sw_thermal": 0, "hw_thermal": 0, "hw_power_brake": 0},
+    "violation_us": {"power": 0, "thermal": 0, "sync_boost": 0, "sw_thermal": 0, "hw_thermal": 0, "hw_power_brake": 0},
     "pcie": {"gen": 5, "max_gen": 5, "gpu_max_gen": 5, "width": 16, "max_width": 16, "replay": 0,
              "tx_kbps": 350, "rx_kbps": 330},
     "encoder_stats": {"sessions": 0, "average_fps": 0, "average_latency_us": 0},

@@ -47,8 +47,10 @@ BRANDS = {"quadro": 1, "tesla": 2, "nvs": 3, "geforce": 5, "titan": 6, "quadro r
           "nvidia rtx": 13, "nvidia": 14}
 CLOCKS = ("graphics", "sm", "memory", "video")  # nvmlClockType_t order
 THRESHOLDS = {"shutdown": 0, "slowdown": 1, "memory_max": 2, "gpu_max": 3}  # nvmlTemperatureThresholds_t
-# violation_ns slots: nvmlPerfPolicyType_t, plus 6/7 (no policy) for the HW slowdown counters
-POLICIES = {"power": 0, "sw_thermal": 1, "sync_boost": 2, "hw_thermal": 6, "hw_power_brake": 7}
+# violation_ns slots: nvmlPerfPolicyType_t (0 power, 1 thermal policy, 2 sync boost), plus 6/7/8 (no
+# policy) for the HW thermal, HW power brake and SW thermal slowdown clock-event counters: NVML keeps
+# the thermal policy's violation time apart from the SW thermal slowdown counter, and DCGM reads the former
+POLICIES = {"power": 0, "thermal": 1, "sync_boost": 2, "hw_thermal": 6, "hw_power_brake": 7, "sw_thermal": 8}
 GPM_SLOT = {name: i for i, name in enumerate(layout.GPM_METRICS.values())}
 # GPU instance ids as NVIDIA places them on an H100/A100, first free one per profile size.
 GI_IDS = {1: [7, 8, 9, 10, 11, 12, 13], 2: [3, 4, 5], 3: [1, 2], 4: [1], 7: [0]}
@@ -164,7 +166,7 @@ def _power_thermal_clocks(g: Gpu, p: dict) -> None:
     for i in range(layout.PERF_POLICIES):
         set_val(g.violation_ns[i], None if viol is None else 0.0, "counter")
     for name, i in POLICIES.items():
-        if viol is not None:
+        if viol is not None and name in viol:  # one a profile leaves out stays 0 (nvidia-smi prints no thermal policy)
             set_val(g.violation_ns[i], None if viol.get(name) is None else viol[name] * 1000.0, "counter")
 
 
