@@ -34,7 +34,7 @@ from .inference import *  # noqa: F403
 from .kernel_log import *  # noqa: F403
 from .memory import *  # noqa: F403
 from .metric import *  # noqa: F403
-from .metric import DEFAULT_VALUES_DECLARED, DETAIL_DECLARED, Metric
+from .metric import DEFAULT_VALUES_DECLARED, DETAIL_DECLARED, MIG_LABELS, Metric
 from .mig import *  # noqa: F403
 from .nvlink import *  # noqa: F403
 from .pcie import *  # noqa: F403
