@@ -131,9 +131,9 @@ def check(path: str | Path, phase: str, exported: Exported) -> list[Row]:
     profiles = capture.load_capture(path, phase, warn=False)  # the scenario's import warns; the rows say it too
     if not profiles:
         raise ValueError(f"{path}: no GPU in the {phase} query (-q) section")
-    secs = capture.sections(path.read_text(encoding="utf-8", errors="replace"))
+    secs = capture.read_sections(path.read_text(encoding="utf-8", errors="replace"))
     other = "load" if phase == "idle" else "idle"  # load_capture's fallback
-    root = capture._tree(secs.get((phase, "query (-q)")) or secs[(other, "query (-q)")])
+    root = capture._tree(secs.get((phase, capture.QUERY)) or secs[(other, capture.QUERY)])
     gpu = next(v for k, v in root.items() if capture._GPU_KEY.match(k) and isinstance(v, dict))
     profile = profiles[0] | {"tlimit": _tlimit(secs, gpu), GPU_TREE: gpu}
     samples = exported({"gpus": [{"capture": str(path.resolve()), "phase": phase}]})
@@ -145,7 +145,7 @@ def check(path: str | Path, phase: str, exported: Exported) -> list[Row]:
 
 def _tlimit(secs: dict, gpu: dict) -> int | None:
     """The absolute T.Limit the importer uses for the first GPU: its idle reading, else this one."""
-    idle = [v for k, v in capture._tree(secs.get(("idle", "query (-q)"), "")).items()
+    idle = [v for k, v in capture._tree(secs.get(("idle", capture.QUERY), "")).items()
             if capture._GPU_KEY.match(k) and isinstance(v, dict)]
     limit = smi.tlimit(smi._get(idle[0], "Temperature")) if idle else None
     return smi.tlimit(smi._get(gpu, "Temperature")) if limit is None else limit

@@ -232,7 +232,8 @@ EXPORTED: dict[str, Export] = {
     "pmon/sm": Export(c.PROCESS_SM, convert=_scaled(0.01)),
     **{f"{block}/Instantaneous Power Draw": Export(c.POWER_USAGE)
        for block in ("GPU Power Readings", "Power Readings")},
-    "Power Readings/Power Draw": Export(c.POWER_USAGE),
+    # R470-R550 print the draw as "Power Draw" (under "Power Readings", from R535 "GPU Power Readings")
+    **{f"{block}/Power Draw": Export(c.POWER_USAGE) for block in ("GPU Power Readings", "Power Readings")},
     **{f"{block}/Average Power Draw": Export(c.POWER_AVERAGE)
        for block in ("GPU Power Readings", "Power Readings")},
     # NVML's "power management limit" (R470's Power Limit) is the requested one; the enforced one may be lower
@@ -295,6 +296,9 @@ NOT_EXPORTED: dict[str, str] = {
     "MIG Device/ECC Errors/*": "a MIG device's own ECC counts: gpuobs exports ECC per GPU, not per MIG device",
     "ECC Errors/*/Single Bit/*": "pre-R470 per-unit ECC counts: only device memory is exported",
     "ECC Errors/*/Double Bit/*": "pre-R470 per-unit ECC counts: only device memory is exported",
+    **dict.fromkeys(["Remapped Rows/Inactive Correctable Error", "Remapped Rows/Inactive Uncorrectable Error"],
+                    "rows recorded for remapping that are not active in hardware (R595+): nvmlDeviceGetRemappedRows "
+                    f"counts every recorded row ({c.REMAPPED_ROWS.exposed_name}); " + _UNREAD),
     "ECC Errors/Channel Repair Pending": _UNREAD, "ECC Errors/TPC Repair Pending": _UNREAD,
     "ECC Errors/Unrepairable Memory": _UNREAD,
     "MIG Device/Index": "orders the MIG devices; their series are keyed by GPU and compute instance id",
