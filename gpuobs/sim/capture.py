@@ -8,7 +8,7 @@ A capture (see shared/captures/README.md) is a series of sections, each opened b
     ################################################################################
 
 `sections` splits a file at these banners (gpuobs.sim.smi_tree, which also reads a bare
-`nvidia-smi -q` text and `-q -x` XML), `parse_query` turns one `nvidia-smi -q` text
+`nvidia-smi -q` text; `-q -x` XML is refused), `parse_query` turns one `nvidia-smi -q` text
 into nested dicts, and `load_capture` maps those onto the profile schema the simulator is
 seeded from. Anything the capture shows as N/A, `[N/A]`, `Not available`, `[Not Supported]`,
 deprecated, or does not show at all becomes None (the simulator answers NVML_ERROR_NOT_SUPPORTED),
@@ -177,7 +177,7 @@ def _remapped(g: dict) -> dict[str, int | dict[str, int | None] | None] | None:
     histogram = {k: _int(_get(h, k.capitalize())) for k in ("max", "high", "partial", "low", "none")}
     return {"correctable": _int(_get(r, "Correctable Error")),
             "uncorrectable": _int(_get(r, "Uncorrectable Error")),
-            # R595+ (L40S 595.80): rows recorded but not (yet) remapped in hardware; no NVML call reads them
+            # R595+ (L40S 595.80) prints these beside the counts above; no NVML call in gpuobs reads them
             "inactive_correctable": _int(_get(r, "Inactive Correctable Error")),
             "inactive_uncorrectable": _int(_get(r, "Inactive Uncorrectable Error")),
             "pending": _flag(_get(r, "Pending")), "failure": _flag(_get(r, "Remapping Failure Occurred")),
@@ -411,10 +411,10 @@ def load_capture(path: str | Path, phase: str = "load", warn: bool = True) -> li
     both phases agree. Units are in the key names (MiB, W, C, MHz, KB/s, us, %); unavailable values
     are None. Each profile's `unplaced` lists the lines the importer could not place (each also
     logged once as a warning, unless `warn` is False).
-    A bare `nvidia-smi -q` text (no banners) or `-q -x` XML is read as the load phase's `-q`
-    section (gpuobs.sim.smi_tree.read_sections), whichever phase is asked for.
+    A bare `nvidia-smi -q` text (no banners) is read as the load phase's `-q` section
+    (gpuobs.sim.smi_tree.read_sections), whichever phase is asked for.
     Raises FileNotFoundError for a missing file, ValueError for a phase other than idle/load,
-    when neither phase has a `-q` section, for XML it refuses, or when a GPU block has no Product Name.
+    when neither phase has a `-q` section, for `-q -x` XML (not read), or when a GPU block has no Product Name.
     """
     if phase not in PHASES:
         raise ValueError(f"phase must be one of {', '.join(PHASES)}, got {phase!r}")
