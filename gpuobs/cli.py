@@ -672,7 +672,10 @@ def sim_calls(state_file: str, reset: bool) -> None:
 @click.option("--phase", type=click.Choice(["idle", "load"]), default="load", show_default=True,
               help="Which of the capture's nvidia-smi -q sections to check.")
 @click.option("--failures-only", is_flag=True, help="Print only mismatched and unknown fields (and the summary).")
-def sim_check_capture(capture_file: str, phase: str, failures_only: bool) -> None:
+@click.option("--synthesize", "synthesize", multiple=True, type=click.Choice(["energy", "nvlink_counters"]),
+              help="Let the simulator make up this value the capture cannot show (repeatable); its rows say "
+                   "'synthesized'. Without it such a value must be absent.")
+def sim_check_capture(capture_file: str, phase: str, failures_only: bool, synthesize: tuple[str, ...]) -> None:
     """Check that the exporter, on a GPU seeded from an nvidia-smi capture, reports what it says.
 
     Prints field, capture value, exported value and verdict for every line of the capture's -q
@@ -683,7 +686,7 @@ def sim_check_capture(capture_file: str, phase: str, failures_only: bool) -> Non
     from .smi import exported_samples
 
     try:
-        rows = fidelity.check(capture_file, phase, exported_samples)
+        rows = fidelity.check(capture_file, phase, exported_samples, synthesize)
     except (ScenarioError, BuildError, ValueError, OSError, RuntimeError) as e:
         raise SimulationLoadError(f"cannot check {capture_file}: {' '.join(str(e).split())}") from None
     lines = fidelity.report(rows)

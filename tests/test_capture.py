@@ -200,6 +200,7 @@ def test_h100_datacenter_values():
                         **{f"{loc}_{kind}_{scope}": 0 for loc in ("sram", "dram") for kind in ("corrected", "uncorrected")
                            for scope in ("volatile", "aggregate")}}
     assert p["remapped_rows"] == {"correctable": 0, "uncorrectable": 0, "pending": 0, "failure": 0,
+                                  "inactive_correctable": None, "inactive_uncorrectable": None,  # R595+ lines
                                   "histogram": {"max": 2560, "high": 0, "partial": 0, "low": 0, "none": 0}}
     assert (p["persistence_mode"], p["compute_mode"]) == (1, 0)
     assert p["encoder_stats"] == p["fbc_stats"] == {"sessions": 0, "average_fps": 0, "average_latency_us": 0}

@@ -269,7 +269,8 @@ def test_the_newer_fields_are_compared_with_what_is_exported(tmp_path):
         "Fabric/State": "completed", "Fabric/Status": 0, "Fabric/CliqueId": 32766,
         "Fabric/Health/Route Unhealthy": HEALTH, "Fabric/Health/Access Timeout Recovery": HEALTH,
         "Processes/Process ID/Type[pid=9012]": "compute",
-        "Processes/Process ID/Type[pid=7720]": None,  # its memory is not available: no series to label
+        # its memory is not available (WDDM), yet the process is served: gpu_process_info carries its type
+        "Processes/Process ID/Type[pid=7720]": "compute_graphics", "Processes/Process ID[pid=7720]": 1,
     }
     assert {k: rows[k].exported for k in exported} == exported
     assert all(rows[k].verdict == "match" for k in exported)

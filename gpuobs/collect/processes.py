@@ -114,7 +114,8 @@ class Processes(Family):
                    mig=mig if isinstance(mig, Mig) else None)
 
     def collect(self, gpu: GpuCtx) -> None:
-        """Emits c.PROCESS_MEMORY (bytes; per MIG device on a GPU in MIG mode) for the `cap` largest users,
+        """Emits c.PROCESS_INFO (1) and c.PROCESS_MEMORY (bytes, where NVML gives it; per MIG device on a GPU in
+        MIG mode) for the `cap` largest users,
         and their SM utilization over the last UTILIZATION_WINDOW_S seconds outside MIG mode; a process NVML gives no
         memory for is counted as dropped ("not_available")."""
         migs = self.mig.devices(gpu) if self.mig is not None else None
@@ -131,9 +132,11 @@ class Processes(Family):
         for pid, used, ids, kind in top:
             if pid not in names:
                 names[pid] = _name(gpu, pid)
+            labels = (str(pid), names[pid][:128], *ids, kind)
+            gpu.emit(c.PROCESS_INFO, 1, *labels)  # the process is listed, whether or not its memory is known
             if used is None:
                 gpu.dropped(c.PROCESS_MEMORY, "not_available")
-            gpu.emit(c.PROCESS_MEMORY, used, str(pid), names[pid][:128], *ids, kind)
+            gpu.emit(c.PROCESS_MEMORY, used, *labels)
         if top and not migs:  # per-process utilization is not available in MIG mode
             self._utilization(gpu, {rec[0] for rec in top})
 

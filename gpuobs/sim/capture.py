@@ -7,7 +7,8 @@ A capture (see shared/captures/README.md) is a series of sections, each opened b
     # $ nvidia-smi -q
     ################################################################################
 
-`sections` splits a file at these banners, `parse_query` turns one `nvidia-smi -q` text
+`sections` splits a file at these banners (gpuobs.sim.smi_tree, which also reads a bare
+`nvidia-smi -q` text; `-q -x` XML is refused), `parse_query` turns one `nvidia-smi -q` text
 into nested dicts, and `load_capture` maps those onto the profile schema the simulator is
 seeded from. Anything the capture shows as N/A, `[N/A]`, `Not available`, `[Not Supported]`,
 deprecated, or does not show at all becomes None (the simulator answers NVML_ERROR_NOT_SUPPORTED),
@@ -42,12 +43,12 @@ from .smi_text import (
     sram_uncorrected,
     tlimit,
 )
+from .smi_tree import GPU_KEY as _GPU_KEY
+from .smi_tree import QUERY, parse_query, read_sections, sections
+from .smi_tree import tree as _tree
 
 __all__ = ["field_paths", "load_capture", "parse_query", "pmon_usage", "sections", "unplaced"]
 
-_BANNER = re.compile(r"^#{20,}\n# ([\w-]+) :: (.+?)[ \t]*\n(?:#[^\n]*\n)*?#{20,}[ \t]*\n", re.M)
-_LINE = re.compile(r"^( *)(\S.*?)\s*:(?:\s+(.*?))?\s*$")  # "Key   : value" (value optional)
-_GPU_KEY = re.compile(r"^GPU [0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+\.[0-9A-Fa-f]+$")
 log = logging.getLogger(__name__)
 PHASES = ("idle", "load")  # the capture phases a -q section is taken in
 
@@ -60,66 +61,6 @@ _COUNTERS = {"power": "SW Power Capping", "sync_boost": "Sync Boost",
              "sw_thermal": "SW Thermal Slowdown", "hw_thermal": "HW Thermal Slowdown",
              "hw_power_brake": "HW Power Braking"}
 _COMPUTE_MODES = {"default": 0, "exclusive_thread": 1, "prohibited": 2, "exclusive_process": 3}
-
-
-# ---------------------------------------------------------------- generic tree parsing
-
-def _tree(text: str) -> dict[str, Any]:
-    """Parse an indented `Key : Value` text into nested dicts (see parse_query)."""
-    rows: list[tuple[int, str, str | None]] = []
-    for raw in text.splitlines():
-        if not raw.strip() or raw.lstrip().startswith(("#", "====")):
-            continue
-        m = _LINE.match(raw)
-        if m:
-            rows.append((len(m[1]), m[2], m[3] if m[3] is not None else ""))
-        else:  # a bare header such as "GPU 00000000:00:09.0" or "    PCI"
-            rows.append((len(raw) - len(raw.lstrip(" ")), raw.strip(), None))
-    root: dict[str, Any] = {}
-    stack: list[tuple[int, dict[str, Any]]] = [(-1, root)]
-    for i, (indent, key, value) in enumerate(rows):
-        while stack[-1][0] >= indent:
-            stack.pop()
-        parent = stack[-1][1]
-        node: Any = value if value is not None else ""
-        if i + 1 < len(rows) and rows[i + 1][0] > indent:  # opens a sub-block
-            node = {VALUE: value} if value else {}
-            stack.append((indent, node))
-        if key in parent:
-            if not isinstance(parent[key], list):
-                parent[key] = [parent[key]]
-            parent[key].append(node)
-        else:
-            parent[key] = node
-    return root
-
-
-def parse_query(text: str) -> list[dict]:
-    """Parse one `nvidia-smi -q` output into one tree per `GPU dddddddd:bb:dd.f` block.
-
-    Each tree maps keys to raw (stripped) value strings, to dicts for sub-blocks, or to lists
-    when a key repeats in the same block (e.g. several `MIG Device`, `Process ID`). A line with
-    both a value and a sub-block (`Process ID : 1234` + Type/Name, `HW Slowdown : Active` +
-    its sub-reasons) becomes a dict whose `"_value"` key holds the value. Trees keep input order.
-    Returns [] when the text holds no GPU block; never raises on odd lines (they are kept as keys).
-    """
-    return [v for k, v in _tree(text).items() if _GPU_KEY.match(k) and isinstance(v, dict)]
-
-
-def sections(text: str) -> dict[tuple[str, str], str]:
-    """Split a capture file into {(phase, title): body}, e.g. ("load", "query (-q)").
-
-    phase is the banner's first word ("capabilities", "idle", "load"), title the rest after
-    "::". The body is the text between the banner and the next one, without leading/trailing
-    blank lines. A repeated (phase, title) keeps the last body. Text before the first banner
-    (the file header) is dropped.
-    """
-    marks = list(_BANNER.finditer(text))
-    out: dict[tuple[str, str], str] = {}
-    for m, nxt in zip(marks, marks[1:] + [None]):
-        body = text[m.end(): nxt.start() if nxt else len(text)]
-        out[(m[1], m[2].strip())] = body.strip("\n")
-    return out
 
 
 # ---------------------------------------------------------------- profile pieces
@@ -150,24 +91,30 @@ def _temperature(t: Any, limit: int | None) -> dict[str, int | None]:
 
 LIMITS = ("Current Power Limit", "Enforced Power Limit", "Requested Power Limit", "Power Limit",
           "Default Power Limit", "Min Power Limit", "Max Power Limit")
-CEILING = "GPU Ceiling Power Limit"  # R610: the limits moved into this sub-block (or it is one line)
+CEILING = "GPU Ceiling Power Limit"  # R610: some or all limits moved into this sub-block (or it is one line)
+
+
+def _limit(p: Any, *keys: str) -> float | None:
+    """The first of `keys` with a value in the readings block `p`, else in its R610 ceiling sub-block:
+    R610 may print some limits (Min/Max) beside the block and the others inside it."""
+    return _num(_first(p, *((k,) for k in keys), *((CEILING, k) for k in keys)))
 
 
 def _power(g: dict) -> dict[str, float | None]:
-    """Power in W. R610 prints the limits inside a `GPU Ceiling Power Limit` block: they are read
-    there when the block's parent lacks them; a one-line ceiling is kept as `ceiling_limit`."""
+    """Power in W. Each limit is read from the readings block, else from R610's `GPU Ceiling Power
+    Limit` block (line by line: neither block needs to hold all of them); a one-line ceiling is kept
+    as `ceiling_limit`."""
     p = _get(g, "GPU Power Readings") or _get(g, "Power Readings")
     ceiling = _get(p, CEILING)
-    lim = ceiling if isinstance(ceiling, dict) and not any(_get(p, k) is not None for k in LIMITS) else p
     memory = _get(g, "GPU Memory Power Readings")
     return {"draw": _num(_first(p, ("Instantaneous Power Draw",), ("Power Draw",))),
             "average": _num(_get(p, "Average Power Draw")),
             "memory_average": _num(_get(memory, "Average Power Draw")),
-            "limit": _num(_first(lim, ("Requested Power Limit",), ("Power Limit",))),
-            "enforced_limit": _num(_first(lim, ("Current Power Limit",), ("Enforced Power Limit",))),
-            "default_limit": _num(_get(lim, "Default Power Limit")),
-            "min_limit": _num(_get(lim, "Min Power Limit")),
-            "max_limit": _num(_get(lim, "Max Power Limit")),
+            "limit": _limit(p, "Requested Power Limit", "Power Limit"),
+            "enforced_limit": _limit(p, "Current Power Limit", "Enforced Power Limit"),
+            "default_limit": _limit(p, "Default Power Limit"),
+            "min_limit": _limit(p, "Min Power Limit"),
+            "max_limit": _limit(p, "Max Power Limit"),
             "ceiling_limit": None if isinstance(ceiling, dict) else _num(ceiling)}
 
 
@@ -230,6 +177,9 @@ def _remapped(g: dict) -> dict[str, int | dict[str, int | None] | None] | None:
     histogram = {k: _int(_get(h, k.capitalize())) for k in ("max", "high", "partial", "low", "none")}
     return {"correctable": _int(_get(r, "Correctable Error")),
             "uncorrectable": _int(_get(r, "Uncorrectable Error")),
+            # R595+ (L40S 595.80) prints these beside the counts above; no NVML call in gpuobs reads them
+            "inactive_correctable": _int(_get(r, "Inactive Correctable Error")),
+            "inactive_uncorrectable": _int(_get(r, "Inactive Uncorrectable Error")),
             "pending": _flag(_get(r, "Pending")), "failure": _flag(_get(r, "Remapping Failure Occurred")),
             "histogram": None if all(v is None for v in histogram.values()) else histogram}
 
@@ -461,21 +411,23 @@ def load_capture(path: str | Path, phase: str = "load", warn: bool = True) -> li
     both phases agree. Units are in the key names (MiB, W, C, MHz, KB/s, us, %); unavailable values
     are None. Each profile's `unplaced` lists the lines the importer could not place (each also
     logged once as a warning, unless `warn` is False).
+    A bare `nvidia-smi -q` text (no banners) is read as the load phase's `-q` section
+    (gpuobs.sim.smi_tree.read_sections), whichever phase is asked for.
     Raises FileNotFoundError for a missing file, ValueError for a phase other than idle/load,
-    when neither phase has a `-q` section, or when a GPU block has no Product Name.
+    when neither phase has a `-q` section, for `-q -x` XML (not read), or when a GPU block has no Product Name.
     """
     if phase not in PHASES:
         raise ValueError(f"phase must be one of {', '.join(PHASES)}, got {phase!r}")
-    secs = sections(Path(path).read_text(encoding="utf-8", errors="replace"))
+    secs = read_sections(Path(path).read_text(encoding="utf-8", errors="replace"))
     other = PHASES[1 - PHASES.index(phase)]
-    used = phase if (phase, "query (-q)") in secs else other
-    body = secs.get((used, "query (-q)"))
+    used = phase if (phase, QUERY) in secs else other
+    body = secs.get((used, QUERY))
     if body is None:
-        raise ValueError(f"{path}: no '{phase}' or '{other}' query (-q) section")
+        raise ValueError(f"{path}: no '{phase}' or '{other}' query (-q) section, and not a bare nvidia-smi -q text")
     root = _tree(body)
     top, usage = _versions(root, secs), _pmon(secs, used)
     names = _mig_names(secs.get(("capabilities", "list (-L)"), ""))
-    idle = _gpus(_tree(secs.get(("idle", "query (-q)"), "")))
+    idle = _gpus(_tree(secs.get(("idle", QUERY), "")))
     lost = unplaced(root)
     for name in lost if warn else ():
         log.warning("%s: nvidia-smi -q line not understood, ignored: %s", Path(path).name, name)

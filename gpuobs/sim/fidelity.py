@@ -10,7 +10,9 @@ sampler and the renderer, i.e. the /metrics body) and compares, line by line of 
 - a field in EXPORTED must be exported with the capture's value after unit conversion, and be
   absent where the capture says N/A, `[N/A]`, `Not available` or `[Not Supported]`;
 - a field matching NOT_EXPORTED is listed with the reason it is not exported;
-- any other field is UNKNOWN, and fails the check like a mismatch.
+- any other field is UNKNOWN, and fails the check like a mismatch;
+- a value the capture cannot show (energy, NVLink counters: SYNTHESIZED) must be absent, unless the
+  check was asked to synthesize it, and then its row says "synthesized" (not compared).
 
 `gpuobs sim check-capture FILE [--phase idle|load]` prints the report and exits 1 on a failure.
 The field tables (EXPORTED, NOT_EXPORTED, classify, known) live in gpuobs.sim.smi_fields, which the
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import catalog as c
 from . import capture
 from . import smi_text as smi
 from .smi_fields import CONTEXT, EXPORTED, GPU_TREE, NOT_EXPORTED, Export, classify, known
@@ -119,11 +122,36 @@ def _pmon_rows(profile: dict, samples: list[Sample]) -> list[Row]:
     return rows
 
 
-def check(path: str | Path, phase: str, exported: Exported) -> list[Row]:
+# What the simulator can make up where a capture shows nothing (scenario.SYNTHESIZABLE) -> its metrics.
+SYNTHESIZED: dict[str, tuple[c.Metric, ...]] = {
+    "energy": (c.ENERGY,),
+    "nvlink_counters": (c.NVLINK_TX, c.NVLINK_RX, c.NVLINK_ERRORS, c.NVLINKS_TX, c.NVLINKS_RX, c.NVLINKS_ERRORS),
+}
+
+
+def _synthesized_rows(samples: list[Sample], synthesize: tuple[str, ...]) -> list[Row]:
+    """One row per SYNTHESIZED metric of GPU 0: absent unless `synthesize` names its group (a value nvidia-smi
+    does not print is never invented: served, it fails), and then labelled "synthesized" (not compared)."""
+    rows = []
+    for name, metrics in SYNTHESIZED.items():
+        for metric in metrics:
+            got = next((v for n, lab, v in samples if n == metric.exposed_name and lab.get("gpu", "0") == "0"), None)
+            field = f"(not in the capture)/{metric.exposed_name}"
+            if name in synthesize:
+                rows.append(Row(field, "-", got, f"synthesized: made up by the simulator ({name}), not compared"))
+            else:
+                rows.append(Row(field, "-", got, "match" if got is None else
+                                f"mismatch (invented: the capture has no {name}; synthesize it to serve it)"))
+    return rows
+
+
+def check(path: str | Path, phase: str, exported: Exported, synthesize: tuple[str, ...] = ()) -> list[Row]:
     """One Row per value-bearing line of the first GPU's `-q` block of `phase` (and the top of the
     `-q` output), plus the pmon per-process rows; see the module docstring. `exported(spec)` runs
     the real exporter on a simulated node seeded from a scenario mapping and returns its samples
-    (gpuobs.smi.exported_samples: the exporter is a higher layer than the simulator).
+    (gpuobs.smi.exported_samples: the exporter is a higher layer than the simulator). `synthesize` names
+    what the simulator may make up (scenario.SYNTHESIZABLE): those rows say "synthesized"; the others
+    must be absent, since nvidia-smi prints no energy or NVLink counter.
 
     Raises FileNotFoundError, ValueError (as load_capture) or ScenarioError when the capture cannot
     be imported, and whatever `exported` raises."""
@@ -131,21 +159,21 @@ def check(path: str | Path, phase: str, exported: Exported) -> list[Row]:
     profiles = capture.load_capture(path, phase, warn=False)  # the scenario's import warns; the rows say it too
     if not profiles:
         raise ValueError(f"{path}: no GPU in the {phase} query (-q) section")
-    secs = capture.sections(path.read_text(encoding="utf-8", errors="replace"))
+    secs = capture.read_sections(path.read_text(encoding="utf-8", errors="replace"))
     other = "load" if phase == "idle" else "idle"  # load_capture's fallback
-    root = capture._tree(secs.get((phase, "query (-q)")) or secs[(other, "query (-q)")])
+    root = capture._tree(secs.get((phase, capture.QUERY)) or secs[(other, capture.QUERY)])
     gpu = next(v for k, v in root.items() if capture._GPU_KEY.match(k) and isinstance(v, dict))
     profile = profiles[0] | {"tlimit": _tlimit(secs, gpu), GPU_TREE: gpu}
-    samples = exported({"gpus": [{"capture": str(path.resolve()), "phase": phase}]})
+    samples = exported({"gpus": [{"capture": str(path.resolve()), "phase": phase, "synthesize": list(synthesize)}]})
     rows = [_row(key, value, {}, profile, samples) for key, value in root.items()
             if not capture._GPU_KEY.match(key) and not isinstance(value, dict)]
     rows += [_row(p, raw, ctx, profile, samples) for p, raw, ctx in capture.field_paths(gpu)]
-    return rows + _pmon_rows(profile, samples)
+    return rows + _pmon_rows(profile, samples) + _synthesized_rows(samples, synthesize)
 
 
 def _tlimit(secs: dict, gpu: dict) -> int | None:
     """The absolute T.Limit the importer uses for the first GPU: its idle reading, else this one."""
-    idle = [v for k, v in capture._tree(secs.get(("idle", "query (-q)"), "")).items()
+    idle = [v for k, v in capture._tree(secs.get(("idle", capture.QUERY), "")).items()
             if capture._GPU_KEY.match(k) and isinstance(v, dict)]
     limit = smi.tlimit(smi._get(idle[0], "Temperature")) if idle else None
     return smi.tlimit(smi._get(gpu, "Temperature")) if limit is None else limit
@@ -159,6 +187,6 @@ def report(rows: list[Row]) -> list[str]:
         got = "(absent)" if r.exported is None else f"{r.exported:g}" if isinstance(r.exported, float) else r.exported
         lines.append(f"{r.field:<{w}}  {r.capture[:28]:<28}  {str(got)[:22]:<22}  {r.verdict}")
     counts = {k: sum(1 for r in rows if r.verdict.startswith(k)) for k in ("match", "mismatch", "not exported",
-                                                                          "unknown")}
+                                                                          "unknown", "synthesized")}
     lines.append(", ".join(f"{n} {k}" for k, n in counts.items()))
     return lines

@@ -14,6 +14,7 @@ gpus:
     overrides: {power_w: {limit: 600}}          # deep-merged into the profile
   - capture: shared/captures/linux-x86_64__nvidia-h200__590.48.01.txt   # ... or a real capture
     phase: load                   # idle | load
+    synthesize: [energy]          # optional: energy, nvlink_counters (made up: a capture shows neither)
 processes:                        # optional, per GPU slot
   - {gpu: 0, pid: 4242, name: python train.py, used_mib: 30000, sm_util: 90}
 topology: nvswitch                # optional: nvswitch | nvlink-pairs | pcie, or a mapping (gpuobs.sim.topology)
@@ -58,6 +59,9 @@ MIG_SMS = {1: 16, 2: 32, 3: 60, 4: 64, 7: 132}
 HGX_BUSES = [0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB]  # an HGX H100 board's, then the rest
 BUSES = HGX_BUSES + [b for b in range(0x01, 0x100) if b not in HGX_BUSES]
 MIG_MEMORY_MIB = {10: 9984, 20: 20096, 40: 40448, 80: 80768}  # H100 80GB, from the MIG capture
+# Values the simulator makes up where its source shows none: a built-in profile (no "synthesize" key) gets
+# them all; a capture (which prints neither) none, unless its entry lists them in `synthesize`.
+SYNTHESIZABLE = ("energy", "nvlink_counters")
 
 
 class ScenarioError(ValueError):
@@ -141,8 +145,9 @@ def _power_thermal_clocks(g: Gpu, p: dict) -> None:
     _num(g.default_limit_mw, power.get("default_limit"), 1000)
     _num(g.min_limit_mw, power.get("min_limit"), 1000)
     _num(g.max_limit_mw, power.get("max_limit"), 1000)
-    if "nvmlDeviceGetTotalEnergyConsumption" in p.get("unsupported", []) or draw is None:
-        set_val(g.energy_mj, None)
+    if "nvmlDeviceGetTotalEnergyConsumption" in p.get("unsupported", []) or draw is None \
+            or "energy" not in p.get("synthesize", SYNTHESIZABLE):
+        set_val(g.energy_mj, None)  # a capture shows no energy counter: absent unless asked to synthesize it
     else:  # energy since driver load: start at an hour's worth, growing at the draw
         set_val(g.energy_mj, draw * 3600 * 1000, "counter", amp=draw * 1000)
     _num(g.temp_gpu, temp.get("gpu"))
@@ -235,10 +240,12 @@ def _nvlink(g: Gpu, p: dict, slot: int) -> None:
         set_val(link.state, 1)
         set_val(link.version, nv.get("version", 4))
         set_val(link.speed_mbps, nv.get("speed_mbps", 53125))
-        set_val(link.tx_bytes, 0.0, "counter", amp=nv.get("tx_bytes_per_s", 0.0))
-        set_val(link.rx_bytes, 0.0, "counter", amp=nv.get("rx_bytes_per_s", 0.0))
+        # nvidia-smi -q and nvlink -s print no traffic or error counter: absent unless asked to synthesize
+        counters = "nvlink_counters" in p.get("synthesize", SYNTHESIZABLE)
+        set_val(link.tx_bytes, 0.0 if counters else None, "counter", amp=nv.get("tx_bytes_per_s", 0.0))
+        set_val(link.rx_bytes, 0.0 if counters else None, "counter", amp=nv.get("rx_bytes_per_s", 0.0))
         for v in (link.crc_errors, link.replay_errors, link.recovery_errors, link.ecc_errors):
-            set_val(v, 0.0, "counter")
+            set_val(v, 0.0 if counters else None, "counter")
         _str(link.remote_bus_id, f"00000000:{0xC0 + i // 4:02X}:{i % 4:02X}.0")  # NVSwitch ports
 
 
@@ -526,6 +533,7 @@ def _entry_profile(n: int, entry: object, base: Path | None, spec: dict, info: d
         raise ScenarioError(f"gpus[{n}] must be a mapping, got {entry!r}")
     if "capture" in entry:
         profile = _capture_profile(_resolve(entry["capture"], base), entry.get("phase", "load"))
+        profile["synthesize"] = _synthesize(n, entry.get("synthesize"))
         for key in ("driver_version", "cuda_version"):
             if profile.get(key) and key not in spec and not named:
                 info[key] = profile[key]
@@ -540,6 +548,14 @@ def _entry_profile(n: int, entry: object, base: Path | None, spec: dict, info: d
     if entry.get("mig"):
         profile["mig"] = mig_layout(profile, list(entry["mig"]))
     return profile
+
+
+def _synthesize(n: int, asked: object) -> list[str]:
+    """A capture entry's `synthesize` list (absent: nothing), checked against SYNTHESIZABLE."""
+    names = [] if asked is None else [asked] if isinstance(asked, str) else asked
+    if not isinstance(names, list) or any(name not in SYNTHESIZABLE for name in names):
+        raise ScenarioError(f"gpus[{n}]: synthesize takes a list of {', '.join(SYNTHESIZABLE)}, got {asked!r}")
+    return list(names)
 
 
 def _place_processes(spec: dict, slots: list[tuple[dict, str, float]]) -> None:

@@ -69,11 +69,14 @@ _PROCESS_TYPES = {"C": "compute", "G": "graphics", "C+G": "compute_graphics"}
 
 
 def _process_type(raw: str, p: dict) -> str | None:
-    """The type is a label of the process's memory series, absent where the memory is not available
-    (WDDM): then the label has no series to show on."""
+    """nvidia-smi's C, G, C+G as the process_type label gpuobs uses."""
     s = text._s(raw)
-    memory = _n(text._get(p.get(CONTEXT, {}).get("process"), "Used GPU Memory"))
-    return None if s is None or memory is None else _PROCESS_TYPES.get(s, s)
+    return None if s is None else _PROCESS_TYPES.get(s, s)
+
+
+def _listed(raw: Any, p: dict) -> float | None:
+    """A `Process ID` line: its process must be served (gpu_process_info is 1), memory known or not."""
+    return None if _n(raw) is None else 1.0
 
 
 def _fabric_completed(p: dict) -> bool:
@@ -195,8 +198,10 @@ EXPORTED: dict[str, Export] = {
     "MIG Device/Shared BAR1 Memory/Used": Export(c.MIG_BAR1_USED, convert=_scaled(MIB)),
     **dict.fromkeys([f"MIG Device/Device Attributes/Shared/{key}" for key in ("Multiprocessor count", "SM count")],
                     Export(c.MIG_SMS)),
-    "Processes/Process ID/Type": Export(c.PROCESS_MEMORY, label="process_type",
-                                        convert=_process_type),
+    # every listed process is served (WDDM ones too, whose memory is "Not available"): a lost one fails
+    "Processes/Process ID": Export(c.PROCESS_INFO, convert=_listed),
+    "Processes/Process ID/Type": Export(c.PROCESS_INFO, label="process_type", convert=_process_type),
+    "Processes/Process ID/Name": Export(c.PROCESS_INFO, label="process_name", convert=_text),
     "Fabric/State": Export(c.FABRIC_STATE, label="state", one_hot=True, convert=_snake),
     "Fabric/Status": Export(c.FABRIC_STATUS, convert=_fabric_status),
     "Fabric/CliqueId": Export(c.FABRIC_CLIQUE, convert=_fabric_clique),
@@ -232,7 +237,8 @@ EXPORTED: dict[str, Export] = {
     "pmon/sm": Export(c.PROCESS_SM, convert=_scaled(0.01)),
     **{f"{block}/Instantaneous Power Draw": Export(c.POWER_USAGE)
        for block in ("GPU Power Readings", "Power Readings")},
-    "Power Readings/Power Draw": Export(c.POWER_USAGE),
+    # R470-R550 print the draw as "Power Draw" (under "Power Readings", from R535 "GPU Power Readings")
+    **{f"{block}/Power Draw": Export(c.POWER_USAGE) for block in ("GPU Power Readings", "Power Readings")},
     **{f"{block}/Average Power Draw": Export(c.POWER_AVERAGE)
        for block in ("GPU Power Readings", "Power Readings")},
     # NVML's "power management limit" (R470's Power Limit) is the requested one; the enforced one may be lower
@@ -295,6 +301,9 @@ NOT_EXPORTED: dict[str, str] = {
     "MIG Device/ECC Errors/*": "a MIG device's own ECC counts: gpuobs exports ECC per GPU, not per MIG device",
     "ECC Errors/*/Single Bit/*": "pre-R470 per-unit ECC counts: only device memory is exported",
     "ECC Errors/*/Double Bit/*": "pre-R470 per-unit ECC counts: only device memory is exported",
+    **dict.fromkeys(["Remapped Rows/Inactive Correctable Error", "Remapped Rows/Inactive Uncorrectable Error"],
+                    "inactive remapped-row counts (R595+, e.g. L40S 595.80), beside the counts exported as "
+                    f"{c.REMAPPED_ROWS.exposed_name}: " + _UNREAD),
     "ECC Errors/Channel Repair Pending": _UNREAD, "ECC Errors/TPC Repair Pending": _UNREAD,
     "ECC Errors/Unrepairable Memory": _UNREAD,
     "MIG Device/Index": "orders the MIG devices; their series are keyed by GPU and compute instance id",
@@ -304,7 +313,6 @@ NOT_EXPORTED: dict[str, str] = {
     "MIG Device/Shared FB Memory Usage/Free": "total − reserved − used",
     "MIG Device/Shared FB Memory Usage/Reserved": _UNREAD,
     "BAR1 Memory Usage/Free": "total − used",
-    "Processes/Process ID": _LABEL, "Processes/Process ID/Name": _LABEL,
     "Processes/GPU instance ID": _LABEL, "Processes/Compute instance ID": _LABEL,
     "Fabric/ClusterUUID": "the NVLink cluster's UUID: an identifier, not a metric (masked in captures)",
     "Fabric/Health/Partition Assigned": "whether the GPU is in a fabric partition: a health-mask field gpuobs "
