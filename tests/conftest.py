@@ -249,3 +249,27 @@ def stop(proc: subprocess.Popen, timeout: float = 10) -> None:
         proc.wait()
 
 
+
+
+# The live training tests run real multi-rank jobs (each file about 20 torch processes for two
+# minutes): run side by side on the two workers, their ~40 processes starve each other on a 2-core
+# machine and their alert timing slips past the watch. One xdist scope for both: under `--dist
+# loadfile` they run one after the other on one worker while the other worker runs the rest.
+SERIAL_SCOPES = {"tests/test_training_alerts_live.py": "live-training",
+                 "tests/test_training_acceptance_live.py": "live-training"}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's loadfile scheduler with the files of SERIAL_SCOPES sharing a scope; None (xdist's own)
+    for another --dist mode."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SerialLiveScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return SERIAL_SCOPES.get(scope, scope)
+
+    return SerialLiveScheduling(config, log)

@@ -18,51 +18,17 @@ jobs measured and exported.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import time
-import urllib.parse
-import urllib.request
-from dataclasses import dataclass, field
 
 import pytest
-from conftest import REPO, free_port, require_tool, stop
+from conftest import require_tool, stop
+from live_jobs import SECONDS, Job, start_prometheus, write_targets
 
-from gpuobs.alerts.build import write_fast_rules
-from gpuobs.ports import free_ports
+from gpuobs import records
 
 pytest.importorskip("torch")  # CI installs the CPU build; without torch these real jobs cannot run
 
-WORKLOAD = REPO / "tests" / "workloads" / "ddp_job.py"
-SECONDS = 100  # every job process lives this long
 DIE_AFTER = 35
-
-
-@dataclass
-class Job:
-    job_id: str
-    ranks: int
-    args: list[str] = field(default_factory=list)
-    ports: list[int] = field(default_factory=list)
-    procs: list[subprocess.Popen] = field(default_factory=list)
-
-    def start(self, logs) -> None:
-        master, *ports = free_ports(1 + self.ranks)  # distinct: no rank's metrics server on the store's port
-        master = str(master)
-        for rank, port in enumerate(ports):
-            self.ports.append(port)
-            env = {**{k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "GPUOBS_"))},
-                   "RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": str(self.ranks), "MASTER_ADDR": "127.0.0.1",
-                   "MASTER_PORT": master, "GPUOBS_JOB_ID": self.job_id, "GPUOBS_PROMETHEUS_PORT": str(port),
-                   "GPUOBS_PROMETHEUS_ADDR": "127.0.0.1", "GPUOBS_QUANTILE_WINDOW_S": "10",
-                   "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-            self.procs.append(subprocess.Popen([sys.executable, str(WORKLOAD), "--seconds", str(SECONDS), *self.args],
-                                               env=env, stdout=logs, stderr=subprocess.STDOUT))
-
-    def targets(self, skip_rank: int | None = None) -> list[str]:
-        return [f"127.0.0.1:{p}" for r, p in enumerate(self.ports) if r != skip_rank]
 
 
 JOBS = [
@@ -78,35 +44,6 @@ JOBS = [
 ]
 
 
-def write_targets(path, jobs: list[Job], removed: dict[str, int]) -> None:
-    groups = [{"targets": job.targets(removed.get(job.job_id)), "labels": {"node": "test-node"}} for job in jobs]
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(groups))
-    tmp.replace(path)  # atomic: Prometheus never reads half a file
-
-
-def start_prometheus(tmp_path, sd):
-    """A real Prometheus scraping the targets in sd every second and evaluating the fast rule profile,
-    built here (it is not committed). Returns (its process, query(promql) -> result vector)."""
-    rules = write_fast_rules(tmp_path)
-    port = free_port()
-    (tmp_path / "prometheus.yml").write_text(
-        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
-        f"rule_files: ['{rules}']\n"
-        "scrape_configs:\n"
-        f"  - job_name: training\n    file_sd_configs: [{{files: ['{sd}'], refresh_interval: 1s}}]\n")
-    prom = subprocess.Popen([require_tool("prometheus"), f"--config.file={tmp_path / 'prometheus.yml'}",
-                             f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-    def query(promql: str) -> list[dict]:
-        url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return json.load(r)["data"]["result"]
-
-    return prom, query
-
-
 def watch(query, sd) -> tuple[set[tuple[str, str, str]], dict[tuple[str, str], list[float]]]:
     """Poll the firing training alerts and the straggler ratios until every expected alert fired
     (and the loader alert resolved) or the jobs' time is up; takes the crashed rank of dead-removed
@@ -119,7 +56,7 @@ def watch(query, sd) -> tuple[set[tuple[str, str, str]], dict[tuple[str, str], l
         time.sleep(2)
         try:
             alerts = query('ALERTS{alertstate="firing", alertname=~"Training.*"}')
-            for r in query("job_id_rank:gpuobs_training_compute_seconds:ratio_to_others"):
+            for r in query(records.STRAGGLER_RATIO.name):
                 key = (r["metric"]["job_id"], r["metric"]["rank"])
                 ratios.setdefault(key, []).append(float(r["value"][1]))
         except OSError:
