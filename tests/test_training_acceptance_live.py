@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from conftest import require_tool, stop
+from conftest import REPO, require_tool, stop
 from live_jobs import Job, start_prometheus, write_targets
 
 from gpuobs import records
@@ -56,8 +56,8 @@ JOBS = [
     Job("gtimeout", 2, ["--hang-rank", "1", "--hang-after", "25", "--pg-timeout-s", "5", "--uncaught"],
         seconds=SECONDS, env={"GPUOBS_EXIT_GRACE_S": str(GRACE_S)}),
     Job("normalend", 2, seconds=NORMAL_END_S),
-    # TODO(fsdp-strag): FSDP2 2-rank straggler via tests/workloads/fsdp_job.py, e.g.
-    # Job("fsdp-strag", 2, ["--slow-rank", "1"], seconds=SECONDS, workload=REPO / "tests/workloads/fsdp_job.py"),
+    # FSDP2 (fully_shard), timed by run.watch(model) alone: no user code around its collectives
+    Job("fsdp-strag", 2, ["--slow-rank", "1"], seconds=SECONDS, workload=REPO / "tests" / "workloads" / "fsdp_job.py"),
 ]
 
 # Exactly the (alert, rank) pairs that must fire for each job ("" for a job-wide alert); any other
@@ -69,7 +69,7 @@ EXPECTED: dict[str, set[tuple[str, str]]] = {
     "equal4": set(),
     "gtimeout": {("TrainingCollectiveTimeout", "0"), ("TrainingTargetDown", "0"), ("TrainingStalled", "1")},
     "normalend": set(),
-    # TODO(fsdp-strag): "fsdp-strag": {("TrainingStragglerRank", "1")},
+    "fsdp-strag": {("TrainingStragglerRank", "1")},
 }
 
 # The records sampled for the report and the ratio assertions
