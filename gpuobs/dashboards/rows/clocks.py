@@ -31,8 +31,10 @@ def row(L: k.Layout) -> None:
         "Clock-event reasons holding each GPU's clocks down (idle excluded); see the next panel for which.",
         thresholds=[{"color": "green", "value": None}, {"color": "red", "value": 1}]), 8, 8)
     L.add(k.timeseries("Throttle time by reason", [target(
-        f"sum by (gpu, reason) ({rate(m(c.CLOCK_EVENT_DURATION))})", GPU + " {{reason}}")], "percentunit",
-        "Share of time clocks were held down, per reason (nvidia-smi's clock event reason counters).",
+        f"sum by (gpu, reason) ({rate(m(c.CLOCK_EVENT_DURATION))})", GPU + " {{reason}}"),
+        target(f"sum by (gpu) ({rate(m(c.THERMAL_POLICY_VIOLATION))})", GPU + " thermal policy")], "percentunit",
+        "Share of time clocks were held down, per reason (nvidia-smi's clock event reason counters), and "
+        "under the thermal policy (NVML's violation counter that DCGM_FI_DEV_THERMAL_VIOLATION reads).",
         min=0, stack=True), 8, 8)
     L.add(k.table("Active clock-event reasons", [target(f"{m(c.CLOCK_EVENT_ACTIVE, NOT_IDLE)} == 1")], "short",
                   "Every clock-event reason holding clocks down now (gpu_idle left out). The default profile "

@@ -16,3 +16,7 @@ def row(L: k.Layout) -> None:
                   hide=("cluster", "node", "uuid"), rename={"Value": "memory"}), 12, 8)
     L.add(k.timeseries("Process SM utilization", [target(m(c.PROCESS_SM), GPU + " pid {{pid}}")], "percentunit",
                        "SM utilization per process.", min=0, max=1), 12, 8)
+    L.add(k.table("Processes listed", [target(m(c.PROCESS_INFO))], "short",
+                  "Every process NVML lists on the GPUs, with its type and name: also those without a memory "
+                  "figure (Windows WDDM) that the table above cannot show (detail: the full profile).",
+                  hide=("Value", "cluster", "node", "uuid")), 24, 6)
