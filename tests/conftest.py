@@ -160,6 +160,18 @@ def require_tool(name: str) -> str:
     return path
 
 
+
+def prometheus_query(port: int):
+    """query(promql) -> the result vector of an instant query to the Prometheus on 127.0.0.1:port
+    (OSError until it listens; AssertionError naming the error when the query fails)."""
+    def query(promql: str) -> list[dict]:
+        url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+        with urllib.request.urlopen(url, timeout=5) as r:
+            body = json.load(r)
+        assert body["status"] == "success", body
+        return body["data"]["result"]
+    return query
+
 @pytest.fixture
 def prometheus(tmp_path):
     """Factory: prometheus(["host:port", ...], rule_files=(), alertmanager="host:port", exemplars=False)
@@ -191,13 +203,7 @@ def prometheus(tmp_path):
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         procs.append(proc)
 
-        def query(promql: str) -> list[dict]:
-            url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
-            with urllib.request.urlopen(url, timeout=5) as r:
-                body = json.load(r)
-            assert body["status"] == "success", body
-            return body["data"]["result"]
-
+        query = prometheus_query(port)
         query.url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:

@@ -10,13 +10,11 @@ import json
 import os
 import subprocess
 import sys
-import urllib.parse
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Callable
 
-from conftest import REPO, free_port, require_tool
+from conftest import REPO, free_port, prometheus_query, require_tool, stop
 
 from gpuobs.alerts.build import write_fast_rules
 from gpuobs.ports import free_ports
@@ -82,9 +80,13 @@ def start_prometheus(tmp_path: Path, sd: Path) -> tuple[subprocess.Popen, Callab
                              f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
-    def query(promql: str) -> list[dict]:
-        url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return json.load(r)["data"]["result"]
+    return prom, prometheus_query(port)
 
-    return prom, query
+
+def stop_all(jobs: list[Job], prom: subprocess.Popen | None) -> None:
+    """Stop every rank of every job (5 s each before a kill), then Prometheus if it started."""
+    for job in jobs:
+        for proc in job.procs:
+            stop(proc, timeout=5)
+    if prom is not None:
+        stop(prom)

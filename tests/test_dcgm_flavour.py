@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import subprocess
 import time
-import urllib.parse
-import urllib.request
 
 import pytest
-from conftest import REPO, free_port, require_tool, stop
+from conftest import REPO, free_port, prometheus_query, require_tool, stop
 from test_dashboards import VALUES, load, queries, substitute
 
 from gpuobs import catalog as c
@@ -85,13 +83,7 @@ class Prom:
 
     def query(self, promql: str) -> list[dict]:
         """Instant query (OSError until Prometheus listens)."""
-        import json
-
-        url = f"http://127.0.0.1:{self.port}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
-        with urllib.request.urlopen(url, timeout=5) as r:
-            body = json.load(r)
-        assert body["status"] == "success", body
-        return body["data"]["result"]
+        return prometheus_query(self.port)(promql)
 
     def wait(self, predicate, timeout: float, what):
         """Poll predicate() until true or fail with what()."""

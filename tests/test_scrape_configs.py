@@ -7,16 +7,13 @@ exporter's, or nobody's (docs/scrape-configs.md says which client needs which co
 
 from __future__ import annotations
 
-import json
 import subprocess
 import time
-import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, free_port, require_tool, stop
+from conftest import REPO, free_port, prometheus_query, require_tool, stop
 from test_attribution import FAST, kubelet  # noqa: F401 - kubelet is a fixture
 
 from gpuobs.catalog import ALL
@@ -65,14 +62,7 @@ def start_prometheus(name: str, target: str, directory: Path):
                              f"--storage.tsdb.path={directory / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
-    def query(promql: str) -> list[dict]:
-        url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
-        with urllib.request.urlopen(url, timeout=5) as r:
-            body = json.load(r)
-        assert body["status"] == "success", body
-        return body["data"]["result"]
-
-    return proc, query
+    return proc, prometheus_query(port)
 
 
 def wait_scraped(proc: subprocess.Popen, query, promql: str) -> None:

@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from conftest import REPO, require_tool, stop
-from live_jobs import Job, start_prometheus, write_targets
+from conftest import REPO, require_tool
+from live_jobs import Job, start_prometheus, stop_all, write_targets
 
 from gpuobs import records
 
@@ -160,11 +160,7 @@ def test_each_real_fault_pages_its_alert_for_its_job_and_rank_and_the_controls_s
         seen = watch(query, start)
         codes = {job.job_id: [p.poll() for p in job.procs] for job in JOBS}
     finally:
-        for job in JOBS:
-            for proc in job.procs:
-                stop(proc, timeout=5)
-        if prom is not None:
-            stop(prom)
+        stop_all(JOBS, prom)
         for f in logs.values():
             f.close()
     text = report(seen, tmp_path) + f"\nexit codes at the end: {codes}"

@@ -21,8 +21,8 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import require_tool, stop
-from live_jobs import SECONDS, Job, start_prometheus, write_targets
+from conftest import require_tool
+from live_jobs import SECONDS, Job, start_prometheus, stop_all, write_targets
 
 from gpuobs import records
 
@@ -87,11 +87,7 @@ def test_training_alerts_fire_on_real_faults_and_stay_quiet_otherwise(tmp_path):
         loader_at_end = {a["metric"].get("job_id") for a in query(
             'ALERTS{alertstate="firing", alertname="TrainingDataLoaderBound"}')}
     finally:
-        for job in JOBS:
-            for proc in job.procs:
-                stop(proc, timeout=5)
-        if prom is not None:
-            stop(prom)
+        stop_all(JOBS, prom)
         logs.close()
     report = (f"fired: {sorted(fired)}\nstraggler ratios (median per rank): "
               f"{ {k: round(sorted(v)[len(v) // 2], 3) for k, v in sorted(ratios.items())} }\n"

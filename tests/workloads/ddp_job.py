@@ -32,24 +32,10 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from device_time import DeviceTime  # beside this script: its directory is on sys.path
 
 from gpuobs import instrument, logs
 from gpuobs.instrument.timing import WallTimer
-
-
-class DeviceTime(torch.autograd.Function):
-    """Identity whose forward and backward take fwd_s and bwd_s seconds."""
-
-    @staticmethod
-    def forward(ctx, x, fwd_s: float, bwd_s: float):
-        ctx.bwd_s = bwd_s
-        time.sleep(fwd_s)
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, grad):
-        time.sleep(ctx.bwd_s)
-        return grad, None, None
 
 
 class Model(torch.nn.Module):

@@ -22,6 +22,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from device_time import DeviceTime  # beside this script: its directory is on sys.path
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather
@@ -29,21 +30,6 @@ from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGath
 from gpuobs import catalog as c
 from gpuobs import instrument
 from gpuobs.instrument.timing import WallTimer
-
-
-class DeviceTime(torch.autograd.Function):
-    """Identity whose forward and backward take fwd_s and bwd_s seconds."""
-
-    @staticmethod
-    def forward(ctx, x, fwd_s: float, bwd_s: float):
-        ctx.bwd_s = bwd_s
-        time.sleep(fwd_s)
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, grad):
-        time.sleep(ctx.bwd_s)
-        return grad, None, None
 
 
 class Model(torch.nn.Module):
