@@ -1248,7 +1248,7 @@ def test_every_catalog_metric_has_one_recorder_chosen_per_metric(mem):
 
     observed = {q.name for q in c.QUANTILES.values()} | {c.SPANS_DROPPED.name, c.LOGS_DROPPED.name,
                                                           c.LOG_LINES_TRUNCATED.name, c.LOG_PATTERN_MATCHES.name,
-                                                          c.RUN_END.name, c.RUN_CRASH.name}
+                                                          c.RUN_END.name, c.RUN_CRASH.name, c.RANK_INFO.name}
     for m in c.OTEL:
         if m.name in observed:
             with pytest.raises(TypeError):
@@ -1370,3 +1370,67 @@ def test_a_multi_rank_run_without_a_timed_collective_warns_once(caplog, world_si
     said = [r for r in caplog.records if "no timed collective" in r.getMessage()]
     assert len(said) == (1 if warned else 0)
     mem.tel.shutdown(timeout_s=2)
+
+
+# ------------------------------------------------ issue 30: where a rank runs, for the slowdown records
+
+
+def test_rank_info_is_one_series_per_rank_naming_host_pod_and_gpu():
+    """gpuobs_training_rank_info: 1, with the rank's job and rank, its host, pod and GPU UUID (what the
+    slowdown records join to the exporter's GPU series); empty labels where the environment says nothing."""
+    env = RunEnv(rank=3, job_id="job-7", node="n4", pod="trainer-3", namespace="ml", gpu_uuid="GPU-abc")
+    mem = Mem(env=env)
+    (point,) = mem.points(c.RANK_INFO)
+    assert point.value == 1
+    assert dict(point.attributes) == {**TRAIN_LABELS, "host": "n4", "k8s_namespace": "ml", "k8s_pod": "trainer-3",
+                                      "uuid": "GPU-abc"}
+    mem.tel.shutdown(timeout_s=2)
+    bare = Mem(env=RunEnv(rank=0, job_id="j", node="box"))
+    (point,) = bare.points(c.RANK_INFO)
+    assert dict(point.attributes) == {"rank": "0", "job_id": "j", "host": "box", "k8s_namespace": "",
+                                      "k8s_pod": "", "uuid": ""}
+    bare.tel.shutdown(timeout_s=2)
+
+
+class _FakeCuda:
+    """torch.cuda as _torch_uuid reads it: n devices whose properties carry a uuid."""
+
+    def __init__(self, uuids: list[str], available: bool = True):
+        self.uuids, self.available = uuids, available
+
+    def is_available(self):
+        return self.available
+
+    def device_count(self):
+        return len(self.uuids)
+
+    def current_device(self):
+        return 0
+
+    def get_device_properties(self, i):
+        return type("Props", (), {"uuid": self.uuids[i]})()
+
+
+@pytest.mark.parametrize("env, cuda, want", [
+    ({"CUDA_VISIBLE_DEVICES": "GPU-1111"}, None, "GPU-1111"),  # the only visible device
+    ({"CUDA_VISIBLE_DEVICES": "GPU-1111,GPU-2222", "LOCAL_RANK": "1"}, None, "GPU-2222"),  # the local rank's
+    ({"CUDA_VISIBLE_DEVICES": "MIG-3333"}, None, "MIG-3333"),
+    ({"CUDA_VISIBLE_DEVICES": "0,1", "LOCAL_RANK": "1"}, ["aaaa-0", "bbbb-1"], "GPU-bbbb-1"),  # indexes: torch's
+    ({"CUDA_VISIBLE_DEVICES": "0", "LOCAL_RANK": "0"}, ["GPU-cccc"], "GPU-cccc"),  # already NVML-formatted
+    ({"GPUOBS_GPU_UUID": "GPU-sim-1", "CUDA_VISIBLE_DEVICES": "GPU-1111"}, ["dddd"], "GPU-sim-1"),  # explicit wins
+    ({"CUDA_VISIBLE_DEVICES": "0"}, None, None),  # an index and no CUDA: unknown
+    ({}, [], None),
+])
+def test_the_rank_s_gpu_uuid_comes_from_each_source_in_order(monkeypatch, env, cuda, want):
+    """RunEnv.gpu_uuid: GPUOBS_GPU_UUID, else a UUID entry of CUDA_VISIBLE_DEVICES (the local rank's of
+    several), else torch.cuda's device properties (only where torch is imported; GPU-<uuid> as NVML
+    writes it), else None."""
+    from gpuobs import runenv
+
+    if cuda is None:
+        monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=_FakeCuda([], available=False)))
+    else:
+        monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=_FakeCuda(cuda)))
+    assert runenv.RunEnv.detect(env).gpu_uuid == want
+    monkeypatch.delitem(sys.modules, "torch")  # never imported by detection: no torch, no UUID from it
+    assert runenv.gpu_uuid({"LOCAL_RANK": "0"}, 0) is None

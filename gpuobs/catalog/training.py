@@ -75,3 +75,9 @@ STEP_QUANTILE = _quantile(STEP_DURATION, "gpuobs.training.step.duration.quantile
 DATA_WAIT_QUANTILE = _quantile(DATA_WAIT, "gpuobs.training.data_wait.duration.quantile", "the data waits")
 CHECKPOINT_QUANTILE = _quantile(CHECKPOINT_DURATION, "gpuobs.training.checkpoint.duration.quantile",
                                 "the checkpoint saves")
+RANK_INFO = _otel("gpuobs.training.rank.info", "gauge", "", "gpuobs_training_rank_info",
+                  "Always 1: where the rank runs, which the slowdown records join to the GPUs' series: host (the "
+                  "run's host.name, which must equal the exporter's `node` label), k8s_namespace and k8s_pod "
+                  "(empty off Kubernetes) and uuid (the GPU the rank drives: GPUOBS_GPU_UUID, a UUID entry of "
+                  "CUDA_VISIBLE_DEVICES or torch's device properties; empty when unknown).", "training",
+                  labels=RUN_LABELS + ("host", "k8s_namespace", "k8s_pod", "uuid"))

@@ -50,7 +50,8 @@ DROPS = frozenset((c.SPANS_DROPPED.name, c.LOGS_DROPPED.name, c.LOG_LINES_TRUNCA
 # observed from gpuobs.logs's process-wide counts, like the dropped log records, and from how the
 # process ended (gpuobs.instrument.ending)
 ENDING = (c.RUN_END, c.RUN_CRASH)
-OBSERVED = DROPS | {c.LOG_PATTERN_MATCHES.name} | {m.name for m in ENDING}
+# and from the run environment: where the rank runs (host, pod, GPU UUID), one series per process
+OBSERVED = DROPS | {c.LOG_PATTERN_MATCHES.name, c.RANK_INFO.name} | {m.name for m in ENDING}
 EXIT_TIMEOUT_S = 3.0  # the exit hook's bound on the final flush and export
 _QUANTILE_OF = {q.name: d for d, q in c.QUANTILES.items()}  # quantile gauge -> its duration histogram
 
@@ -179,6 +180,8 @@ class Telemetry:
             return meter.create_observable_counter(name, callbacks=[self._patterns_observer], **kw)
         if m in ENDING:
             return meter.create_observable_gauge(name, callbacks=[self._ending_observer(m)], **kw)
+        if m is c.RANK_INFO:
+            return meter.create_observable_gauge(name, callbacks=[self._rank_info_observer], **kw)
         if m.name in HELD:
             make = meter.create_observable_counter if m.kind == "counter" else meter.create_observable_gauge
             return make(name, callbacks=[self._held_observer(m)], **kw)
@@ -225,6 +228,10 @@ class Telemetry:
         attrs = self.env.metric_attributes()
         return [Observation(n, {**attrs, "pattern": name}) for name, n in pattern_matches_total().items()]
 
+
+    def _rank_info_observer(self, _options):
+        """gpuobs_training_rank_info: 1, with where this rank runs (RunEnv.rank_info_attributes)."""
+        return [Observation(1, self.env.rank_info_attributes())]
 
     def _ending_observer(self, metric: c.Metric):
         """RUN_END or RUN_CRASH: 0 while the process runs, its end's Unix time once marked."""
