@@ -766,9 +766,15 @@ def ranks(n: int, per_step: dict[int, list[float]], end: dict[int, str] | None =
     return out
 
 
-def _strag(rank: str, ratio: str) -> list:
-    return [({"job_id": "j1", "rank": rank}, f"Rank {rank} of job j1 computes {ratio}x as long per step as the "
-                                            "job's other ranks, which wait for it in their collectives.")]
+NO_CAUSE = " No cause found on its GPUs: look at the host (CPU, memory, NIC, other jobs)."
+
+
+def _strag(rank: str, ratio: str, cause: str = "none", gpu: str = "") -> list:
+    """The straggler alert on rank `rank` of j1, with the cause the slowdown records name."""
+    labels = {"job_id": "j1", "rank": rank, "cause": cause, **({"cause_gpu": gpu} if gpu else {})}
+    why = NO_CAUSE if cause == "none" else f" Likely cause: {cause}" + (f" on GPU {gpu}." if gpu else ".")
+    return [(labels, f"Rank {rank} of job j1 computes {ratio}x as long per step as the job's other ranks, which "
+                     "wait for it in their collectives." + why)]
 
 
 case("TrainingStragglerRank", "fires", "4 ranks; rank 2 computes 1.3x as long per step (1.04 vs 0.8 s)",
@@ -838,9 +844,9 @@ def waits(n: int, per_min: dict[int, list[float]], minutes: int, job: str = "j1"
 
 
 def _loader_exp(rank: str, ratio: str) -> list:
-    return [({"job_id": "j1", "rank": rank}, f"Rank {rank} of job j1 waits {ratio}x as long for its batches as the "
-                                            "job's other ranks, which wait for it in their collectives: its data "
-                                            "loader (storage, workers, host) is slow.")]
+    return [({"job_id": "j1", "rank": rank, "cause": "data_loader"},
+             f"Rank {rank} of job j1 waits {ratio}x as long for its batches as the job's other ranks, which wait for "
+             "it in their collectives: its data loader (storage, workers, host) is slow. Likely cause: data_loader.")]
 
 
 case("TrainingDataLoaderStraggler", "fires", "4 ranks at 2.5 % data wait; from minute 10 rank 3 waits 23 % (the "
@@ -897,9 +903,10 @@ def _phased(per_phase: list[list[float]], gap: str) -> str:
 
 
 def _coll_exp(pct: str) -> list:
-    return [({"job_id": "j1"}, f"The ranks of job j1 spend {pct} of their time blocked in collectives, over 1.5x "
-                               "their median of the last 6h, while their compute per step is unchanged: the network "
-                               "(or a collective's algorithm or peers) slowed down.")]
+    return [({"job_id": "j1", "cause": "none"},
+             f"The ranks of job j1 spend {pct} of their time blocked in collectives, over 1.5x their median of the "
+             "last 6h, while their compute per step is unchanged: the network (or a collective's algorithm or peers) "
+             "slowed down. No cause found on its GPUs: look at the hosts.")]
 
 
 _base = (120, 0.8, 0.1, 0.1)  # 2h: 1.0 s steps, 10 % of them in collectives

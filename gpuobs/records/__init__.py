@@ -32,6 +32,7 @@ from . import (
     placement,
     power,
     reliability,
+    slowdown,
     thermal,
     training,
     weekly,
@@ -47,6 +48,7 @@ from .inventory import *  # noqa: F403
 from .placement import *  # noqa: F403
 from .power import *  # noqa: F403
 from .reliability import *  # noqa: F403
+from .slowdown import *  # noqa: F403
 from .thermal import *  # noqa: F403
 from .training import *  # noqa: F403
 from .weekly import *  # noqa: F403
@@ -54,7 +56,7 @@ from .weekly import WEEKLY_GROUP
 
 # the families in the order their rules appear in the rule files (the order of the single module before)
 FAMILIES: tuple[ModuleType, ...] = (inventory, power, thermal, interconnect, reliability, idle_gpus, errors, training,
-                                    inference, weekly, placement, allocation)
+                                    slowdown, inference, weekly, placement, allocation)
 
 
 def _defined(families: tuple[ModuleType, ...]) -> dict[str, Record]:

@@ -89,6 +89,34 @@ class Windows(Protocol):
     def gpu_hour_cost_default(self) -> float:
         """Cost per GPU-hour of a GPU no regex of gpu_hour_costs matches."""
 
+    @property
+    def cause_min_share(self) -> float:
+        """Share of rate_window (0-1) a clock-event reason must hold the clocks down to be a slowdown cause."""
+
+    @property
+    def ecc_corrected_per_s(self) -> float:
+        """Corrected ECC errors per second above which ECC is a slowdown cause."""
+
+    @property
+    def nvlink_errors_per_s(self) -> float:
+        """NVLink data-link errors per second (all of a GPU's links) above which NVLink is a slowdown cause."""
+
+    @property
+    def pcie_replays_per_s(self) -> float:
+        """PCIe replays per second above which PCIe is a slowdown cause."""
+
+    @property
+    def pcie_busy_utilization(self) -> float:
+        """Utilization (0-1) above which a PCIe link below its maximum is a fault, not power saving."""
+
+    @property
+    def data_wait_straggler(self) -> float:
+        """A rank's data-wait share over the mean of its job's other ranks' that names its data loader."""
+
+    @property
+    def data_wait_straggler_share(self) -> float:
+        """The least data-wait share (0-1) of a rank whose data loader is named."""
+
 
 Source = Union[c.Metric, "Record", str]
 

@@ -9,6 +9,29 @@ from ... import catalog as c
 from ... import records
 from ..common import Alert, Thresholds, _seconds
 
+# The cause the slowdown records name (gpuobs.records.slowdown), as it reads in a description
+_RANK_CAUSE_TEXT = ('{{ if eq $labels.cause "none" }} No cause found on its GPUs: look at the host (CPU, memory, '
+                    "NIC, other jobs).{{ else if $labels.cause }} Likely cause: {{ $labels.cause }}{{ if "
+                    "$labels.cause_gpu }} on GPU {{ $labels.cause_gpu }}{{ end }}.{{ end }}")
+_JOB_CAUSE_TEXT = ('{{ if eq $labels.cause "none" }} No cause found on its GPUs: look at the hosts.{{ else if '
+                   "$labels.cause }} Likely cause: {{ $labels.cause }}{{ if $labels.cause_rank }} on rank "
+                   "{{ $labels.cause_rank }}{{ end }}{{ if $labels.cause_gpu }} (GPU {{ $labels.cause_gpu }})"
+                   "{{ end }}.{{ end }}")
+
+
+def _with_cause(expr: str, on: tuple[str, ...], cause: records.Record, base: records.Record) -> str:
+    """expr (one series per `on`, a condition on the record base, whose series are one per `on`)
+    with the cause record's labels other than `on` added (cause, cause_gpu and for a job
+    cause_rank), its value unchanged; where the record has no series for it (no rank info, no
+    steps), with none: base stands in for the cause, so that expr is evaluated once."""
+    labels = records.CAUSE_BY if cause is records.RANK_CAUSE else records.JOB_CAUSE_BY
+    added = ", ".join(label for label in labels if label not in on)
+    keys = ", ".join(on)
+    return f"({expr}) + on ({keys}) group_left ({added}) (0 * {cause.name} or on ({keys}) 0 * {base.name})"
+
+
+RANK = ("job_id", "rank")
+
 
 def training(t: Thresholds) -> list[Alert]:
     """Training jobs: stalled, slower than their baseline, input bound, ranks lost, checkpoints, stragglers."""
@@ -24,10 +47,12 @@ def training(t: Thresholds) -> list[Alert]:
               description="Rank {{ $labels.rank }} of job {{ $labels.job_id }} has not finished a step for "
                           + t.training_stall + "."),
         alert(name="TrainingStepTimeRegression",
-              expr=f"{p50} > {t.step_regression:g} * quantile_over_time(0.5, {p50}[{t.baseline_window}])",
+              expr=_with_cause(f"{p50} > {t.step_regression:g} * quantile_over_time(0.5, {p50}[{t.baseline_window}])",
+                               ("job_id",), records.JOB_CAUSE, records.JOB_STEP_P50),
               for_=t.for_medium, severity="warning", summary="Training steps are slower than their own baseline.",
               description="Job {{ $labels.job_id }} steps take {{ $value | humanize }} s, over "
-                          + f"{t.step_regression:g}" + "x its median of the last " + t.baseline_window + "."),
+                          + f"{t.step_regression:g}" + "x its median of the last " + t.baseline_window + "."
+                          + _JOB_CAUSE_TEXT),
         alert(name="TrainingDataLoaderBound", expr=f"{records.DATA_WAIT_RATIO.name} > {t.data_wait_share:g}",
               for_=t.for_medium, severity="warning", summary="Training waits on its data loader.",
               description="Rank {{ $labels.rank }} of job {{ $labels.job_id }} spent {{ $value | humanizePercentage "
@@ -49,10 +74,13 @@ def training(t: Thresholds) -> list[Alert]:
               description="Job {{ $labels.job_id }} rank {{ $labels.rank }} checkpoints take {{ $value | humanize }} "
                           "s on average."),
         *_failing_and_slow(t),
-        alert(name="TrainingStragglerRank", expr=f"{records.STRAGGLER_RATIO.name} > {t.straggler:g}",
+        alert(name="TrainingStragglerRank",
+              expr=_with_cause(f"{records.STRAGGLER_RATIO.name} > {t.straggler:g}", RANK, records.RANK_CAUSE,
+                               records.STRAGGLER_RATIO),
               for_=t.for_medium, severity="warning", summary="One rank computes slower than the rest of its job.",
               description="Rank {{ $labels.rank }} of job {{ $labels.job_id }} computes {{ $value | printf \"%.2f\" "
-                          "}}x as long per step as the job's other ranks, which wait for it in their collectives."),
+                          "}}x as long per step as the job's other ranks, which wait for it in their collectives."
+                          + _RANK_CAUSE_TEXT),
     ]
 
 
@@ -69,21 +97,23 @@ def _failing_and_slow(t: Thresholds) -> list[Alert]:
                           "{{ $labels.job_id }} raised an exception over the last " + t.rate_window
                           + ": the loop catches it and goes on, but those steps train nothing."),
         alert(name="TrainingDataLoaderStraggler",
-              expr=f"{records.DATA_WAIT_TO_OTHERS.name} > {t.data_wait_straggler:g} and on (job_id, rank) "
-                   f"{records.DATA_WAIT_RATIO.name} > {t.data_wait_straggler_share:g}",
+              expr=_with_cause(f"{records.DATA_WAIT_TO_OTHERS.name} > {t.data_wait_straggler:g} and on (job_id, rank) "
+                               f"{records.DATA_WAIT_RATIO.name} > {t.data_wait_straggler_share:g}", RANK,
+                               records.RANK_CAUSE, records.DATA_WAIT_TO_OTHERS),
               for_=t.for_medium, severity="warning", summary="One rank waits for its data longer than the rest "
                                                              "of its job.",
               description="Rank {{ $labels.rank }} of job {{ $labels.job_id }} waits {{ $value | printf \"%.1f\" }}x "
                           "as long for its batches as the job's other ranks, which wait for it in their "
-                          "collectives: its data loader (storage, workers, host) is slow."),
+                          "collectives: its data loader (storage, workers, host) is slow." + _RANK_CAUSE_TEXT),
         alert(name="TrainingCollectivesSlowing",
-              expr=f"{share} > {t.collective_rise:g} * {share_base} and {share} > {share_base} + "
-                   f"{t.collective_rise_share:g} and on (job_id) {base} < {t.compute_steady:g} * {compute_base} "
-                   f"and on (job_id) {base} > {compute_base} / {t.compute_steady:g}",
+              expr=_with_cause(f"{share} > {t.collective_rise:g} * {share_base} and {share} > {share_base} + "
+                               f"{t.collective_rise_share:g} and on (job_id) {base} < {t.compute_steady:g} * "
+                               f"{compute_base} and on (job_id) {base} > {compute_base} / {t.compute_steady:g}",
+                               ("job_id",), records.JOB_CAUSE, records.JOB_COLLECTIVE_WAIT_RATIO),
               for_=t.for_medium, severity="warning", summary="A training job spends more of its time in "
                                                              "collectives than it used to.",
               description="The ranks of job {{ $labels.job_id }} spend {{ $value | humanizePercentage }} of their "
                           "time blocked in collectives, over " + f"{t.collective_rise:g}" + "x their median of the "
                           "last " + t.baseline_window + ", while their compute per step is unchanged: the "
-                          "network (or a collective's algorithm or peers) slowed down."),
+                          "network (or a collective's algorithm or peers) slowed down." + _JOB_CAUSE_TEXT),
     ]
