@@ -41,6 +41,7 @@ SERVE = {"cluster": "c1", "node": "n2", "instance": "n2:9464", "job": "inference
          "gen_ai_operation_name": "chat", "gen_ai_request_model": "llama", "job_id": "s1", "rank": "0"}
 
 REASON = "gpuobs_gpu_clock_event_reason_active"
+RANK_INFO, GPU_INFO = "gpuobs_training_rank_info", "gpuobs_gpu_info"
 XID = "gpuobs_gpu_xid_errors_total"
 ECC = "gpuobs_gpu_ecc_errors_total"
 STEP = "gpuobs_training_step_duration_seconds"
@@ -724,6 +725,16 @@ case("TrainingStepTimeRegression", "flap", "a 10-minute slowdown: shorter than i
 case("TrainingStepTimeRegression", "gone", "fires, then the job ends and its series vanish: resolves",
      [s(STEP_Q, _p50, "0.8x120 1.04x40 stale")], (158, _reg_exp), (161, _reg_exp), (163, []))
 
+_reg_cause = [({"job_id": "j1", "cause": "thermal", "cause_gpu": "GPU-b", "cause_rank": "1"},
+               "Job j1 steps take 1.04 s, over 1.2x its median of the last 6h. Likely cause: thermal on rank 1 "
+               "(GPU GPU-b).")]
+case("TrainingStepTimeRegression", "fires", "after 2h steps 1.3x slower while rank 1's GPU-b is in HW thermal "
+     "slowdown: the job's cause names rank and GPU",
+     [s(STEP_Q, _p50, "0.8x120 1.04x60"), s(RANK_INFO, {**_r0, "rank": "1", "host": "n1", "uuid": "GPU-b"}, "1x180"),
+      s(RANK_INFO, {**_r0, "host": "n1", "uuid": "GPU-a"}, "1x180"), s(GPU_INFO, GPU0, "1x180"),
+      s(GPU_INFO, GPU1, "1x180"), s(REASON, {**GPU1, "reason": "hw_thermal_slowdown"}, "0x120 1x60")],
+     (128, []), (140, _reg_cause), (180, _reg_cause))
+
 BAD = "gpuobs_training_badput_seconds_total"
 _wait = {**_r0, "cause": "data_wait"}
 _wait_exp = [({"job_id": "j1", "rank": "0"}, "Rank 0 of job j1 spent 40% of the last 5m waiting for data.")]
@@ -792,6 +803,59 @@ case("TrainingStragglerRank", "gone", "fires, then the slow rank dies and its se
      # the dead rank's rate() still reads its last 5 minutes of samples
      ranks(4, {2: [1.04] * 31}, end={2: " stale"}), (28, _strag("2", "1.30")), (30, _strag("2", "1.30")),
      (37, []))
+
+# ---- slowdown causes (gpuobs.records.slowdown): the straggler names its GPU's cause through each path
+N2 = {**NODE, "node": "n2", "instance": "n2:9445"}
+
+
+def placed(rank: int, n: int, host: str = "n1", **where) -> dict:
+    """Rank `rank` of j1's info gauge over n samples: its host and, where given, uuid, k8s_namespace, k8s_pod."""
+    return s(RANK_INFO, {**TRAIN, "rank": str(rank), "host": host, **where}, f"1x{n}")
+
+
+def gpu_state(labels: dict, n: int, **reasons: str) -> list[dict]:
+    """A GPU's info series and its clock-event reasons (reason -> values; every other default reason 0)."""
+    out = [s(GPU_INFO, labels, f"1x{n}")]
+    for reason in ("sw_power_cap", "hw_thermal_slowdown", "sw_thermal_slowdown", "hw_power_brake_slowdown"):
+        out.append(s(REASON, {**labels, "reason": reason}, reasons.get(reason, f"0x{n}")))
+    return out
+
+
+_slow = ranks(2, {1: [1.04] * 41})  # rank 1 computes 1.3x as long as rank 0
+_pod = {"k8s_namespace": "ml"}
+case("TrainingStragglerRank", "fires", "rank 1 on GPU-b (its UUID) in HW thermal slowdown, also at its power cap: "
+     "thermal; rank 0's GPU-a and n2's GPU throttle at their power cap (not its GPUs, lower too)",
+     _slow + [placed(0, 41, uuid="GPU-a"), placed(1, 41, uuid="GPU-b")]
+     + gpu_state(GPU0, 41, sw_power_cap="1x41") + gpu_state(GPU1, 41, hw_thermal_slowdown="1x41", sw_power_cap="1x41")
+     + gpu_state({**N2, "gpu": "0", "uuid": "GPU-c"}, 41, hw_thermal_slowdown="1x41"),
+     (17, _strag("1", "1.30", "thermal", "GPU-b")), (40, _strag("1", "1.30", "thermal", "GPU-b")))
+case("TrainingStragglerRank", "fires", "rank 1's GPU-b healthy while rank 0's GPU-a is in HW thermal slowdown: no "
+     "cause (the other rank's GPU is never named)",
+     _slow + [placed(0, 41, uuid="GPU-a"), placed(1, 41, uuid="GPU-b")]
+     + gpu_state(GPU0, 41, hw_thermal_slowdown="1x41") + gpu_state(GPU1, 41), (17, _strag("1", "1.30")),
+     (40, _strag("1", "1.30")))
+case("TrainingStragglerRank", "fires", "pod path (no UUIDs): rank 1 in pod ml/p1, whose GPU-b is in SW thermal "
+     "slowdown; pod ml/p0 (rank 0) holds GPU-a at its power cap",
+     _slow + [placed(0, 41, k8s_pod="p0", **_pod), placed(1, 41, k8s_pod="p1", **_pod)]
+     + gpu_state({**GPU0, "k8s_pod": "p0", **_pod}, 41, sw_power_cap="1x41")
+     + gpu_state({**GPU1, "k8s_pod": "p1", **_pod}, 41, sw_thermal_slowdown="1x41"),
+     (17, _strag("1", "1.30", "thermal", "GPU-b")))
+case("TrainingStragglerRank", "fires", "Slurm path: job j1 holds GPU-a on n1 (at its power cap alone: named), "
+     "Slurm job j9 holds GPU-b in HW thermal slowdown (another job's: never named)",
+     _slow + [placed(0, 41), placed(1, 41)] + gpu_state({**GPU0, "hpc_job": "j1"}, 41, sw_power_cap="1x41")
+     + gpu_state({**GPU1, "hpc_job": "j9"}, 41, hw_thermal_slowdown="1x41"),
+     (17, _strag("1", "1.30", "power_cap", "GPU-a")))
+case("TrainingStragglerRank", "fires", "bare-host path: rank 1 on host n2, whose GPU-c brakes (HW power brake); n1's "
+     "GPUs (rank 0's) are held by a pod and in thermal slowdown",
+     _slow + [placed(0, 41), placed(1, 41, host="n2")]
+     + gpu_state({**GPU0, "k8s_pod": "other", **_pod}, 41, hw_thermal_slowdown="1x41")
+     + gpu_state({**N2, "gpu": "0", "uuid": "GPU-c"}, 41, hw_power_brake_slowdown="1x41"),
+     (17, _strag("1", "1.30", "power_brake", "GPU-c")))
+case("TrainingStragglerRank", "fires", "rank 1's GPU-b throttles (HW thermal) for one 30 s scrape at minute 16: "
+     "under the evidence share (cause_min_share of 5m), no cause",
+     ranks(2, {1: [1.04] * 82}) + [placed(0, 82, uuid="GPU-a"), placed(1, 82, uuid="GPU-b")]
+     + gpu_state(GPU0, 82) + gpu_state(GPU1, 82, hw_thermal_slowdown="0x31 1 0x50"),
+     (17, _strag("1", "1.30")), (18, _strag("1", "1.30")), interval="30s")
 
 FAILED = "gpuobs_training_steps_failed_total"
 

@@ -73,8 +73,8 @@ class Thresholds:
     # at least this share of its time (a rise from 1 % to 3 % is no slowdown)
     data_wait_straggler: float = 2.0
     data_wait_straggler_share: float = 0.1
-    # slowdown causes (gpuobs.records' slowdown family): a clock-event reason holding the clocks down in
-    # at least this share of rate_window's samples is a cause (a blip of a scrape or two is not)
+    # slowdown causes (gpuobs.records' slowdown family): a clock-event reason holding the clocks down in more
+    # than this share of rate_window's samples is a cause (a blip of one 30 s scrape in 5m is not)
     cause_min_share: float = 0.1
     # a job slowed in its collectives: its ranks' collective-wait share over collective_rise times its
     # median over baseline_window and collective_rise_share more of wall time than that median, while the

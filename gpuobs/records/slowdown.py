@@ -67,10 +67,10 @@ def _cause(name: str, per_gpu: str, evidence: str) -> str:
 
 def _share(reasons: tuple[str, ...], t: Windows) -> str:
     """Per GPU, the share of rate_window's samples in which one of reasons held the clocks down, where
-    it reaches cause_min_share. The 0/1 gauge, not the duration counter: the default profile serves
+    it is over cause_min_share. The 0/1 gauge, not the duration counter: the default profile serves
     it (the counter is detail) and so does the dcgm-exporter adapter."""
     active = f'{c.CLOCK_EVENT_ACTIVE.name}{{reason=~"{"|".join(reasons)}"}}'
-    return f"avg_over_time({active}[{t.rate_window}]) >= {t.cause_min_share:g}"
+    return f"avg_over_time({active}[{t.rate_window}]) > {t.cause_min_share:g}"
 
 
 def _gpu_causes(t: Windows) -> str:
@@ -146,7 +146,7 @@ def _rank_gpus(t: Windows) -> str:
         else:
             per_rank = f"max by (job_id, rank, {keys}) ({ranks})"
             one = f"{per_rank} and on ({keys}) (count by ({keys}) ({per_rank}) == 1)"
-            pairs = f"{one} * on ({keys}) group_right (job_id, rank) {info}{gpus}"
+            pairs = f"({one}) * on ({keys}) group_right (job_id, rank) {info}{gpus}"
         found = f"max by (job_id, rank, node, gpu, uuid) ({pairs})"
         mapped = " or ".join(f"{r} and on ({_by(o)}) {info}{g}" for _, r, o, g in paths[:i])
         terms.append(f"({found} unless on (job_id, rank) ({mapped}))" if mapped else f"({found})")
