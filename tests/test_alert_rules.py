@@ -1604,3 +1604,38 @@ def test_log_pattern_alerts_fire_in_the_fast_profile(tmp_path):
     (tmp_path / "fast_test.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
     out = promtool("test", "rules", "fast_test.yml", cwd=tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_rank_gpus_maps_each_rank_through_the_first_path_that_finds_it(tmp_path):
+    """RANK_GPUS (gpuobs.records.slowdown): job a's ranks by UUID (two ranks on one GPU), job b's rank by
+    its pod (every GPU of the pod), Slurm job c's one rank on n2 by hpc_job and host, job d's rank by its
+    bare host (the node's unheld GPU only); job e's two ranks share a pod without UUIDs (no pairs: PromQL
+    joins one-to-many only, RANK_CAUSE joins them at the pod); a UUID no GPU has falls to the next path."""
+    from gpuobs import records
+
+    n2, n3 = {**NODE, "node": "n2", "instance": "n2:9445"}, {**NODE, "node": "n3", "instance": "n3:9445"}
+    info = [({**GPU0}, "a"), ({**GPU1, "k8s_namespace": "ml", "k8s_pod": "pb"}, "b"),
+            ({**n2, "gpu": "0", "uuid": "GPU-c", "hpc_job": "c"}, "c"), ({**n3, "gpu": "0", "uuid": "GPU-d"}, "d"),
+            ({**n3, "gpu": "1", "uuid": "GPU-d1", "hpc_job": "other"}, "d"),
+            ({**n2, "gpu": "1", "uuid": "GPU-e", "k8s_namespace": "ml", "k8s_pod": "pe"}, "e"),
+            ({**n2, "gpu": "2", "uuid": "GPU-e2", "k8s_namespace": "ml", "k8s_pod": "pe"}, "e")]
+    ranks_ = [("a", "0", {"host": "n1", "uuid": "GPU-a"}), ("a", "1", {"host": "n1", "uuid": "GPU-a"}),
+              ("b", "0", {"host": "pb", "k8s_namespace": "ml", "k8s_pod": "pb", "uuid": "GPU-zz"}),
+              ("c", "0", {"host": "n2"}), ("d", "0", {"host": "n3"}),
+              ("e", "0", {"host": "pe", "k8s_namespace": "ml", "k8s_pod": "pe"}),
+              ("e", "1", {"host": "pe", "k8s_namespace": "ml", "k8s_pod": "pe"})]
+    series = [s(GPU_INFO, labels, "1x10") for labels, _ in info]
+    series += [s(RANK_INFO, {**TRAIN, "job_id": job, "rank": rank, **where}, "1x10") for job, rank, where in ranks_]
+    want = [("a", "0", "n1", "0", "GPU-a"), ("a", "1", "n1", "0", "GPU-a"), ("b", "0", "n1", "1", "GPU-b"),
+            ("c", "0", "n2", "0", "GPU-c"), ("d", "0", "n3", "0", "GPU-d")]
+    name = records.RANK_GPUS.name
+    samples = [{"labels": name + "{" + ",".join(f'{k}="{v}"' for k, v in zip(
+        ("job_id", "rank", "node", "gpu", "uuid"), row)) + "}", "value": 1} for row in want]
+    groups = subset(yaml.safe_load(rules_file(DEFAULT))["groups"], [name])
+    (tmp_path / "r.yml").write_text(yaml.safe_dump({"groups": groups}, sort_keys=False))
+    test = {"rule_files": ["r.yml"], "evaluation_interval": "1m", "group_eval_order": [g["name"] for g in groups],
+            "tests": [{"interval": "1m", "input_series": series,
+                       "promql_expr_test": [{"expr": name, "eval_time": "5m", "exp_samples": samples}]}]}
+    (tmp_path / "t.yml").write_text(yaml.safe_dump(test, sort_keys=False))
+    out = promtool("test", "rules", "t.yml", cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
