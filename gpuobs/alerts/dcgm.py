@@ -219,8 +219,8 @@ def _gpu_vanished(t: Thresholds) -> str:
 
 def replacements(t: Thresholds) -> list[Alert]:
     """The pack's alerts that DCGM's semantics break, rewritten on dcgm-exporter's series under the
-    same names, severities and runbooks (routes and inhibitions apply unchanged): the XID tiers and
-    GpuLost."""
+    same names, severities and runbooks (routes and inhibitions apply unchanged): the XID tiers,
+    GpuLost and the training alerts that name a slowdown's cause (without it)."""
     from .rules import alerts
 
     native = {a.name: a for a in alerts(t)}
@@ -233,6 +233,11 @@ def replacements(t: Thresholds) -> list[Alert]:
     out.append(dataclasses.replace(native["GpuLost"], expr=_gpu_vanished(t),
                                    description=f"{GPU}: dcgm-exporter stopped serving its series while the exporter "
                                                "is still scraped (the GPU fell off the bus or DCGM lost it)."))
+    # the slowdown causes read series dcgm-exporter does not serve (processes, NVLink links down, XID
+    # counters): the training alerts that name them run without the cause labels
+    from .families.training import slowdown_conditions
+
+    out += [dataclasses.replace(native[name], expr=expr) for name, expr in slowdown_conditions(t).items()]
     return out
 
 

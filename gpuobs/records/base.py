@@ -91,7 +91,7 @@ class Windows(Protocol):
 
     @property
     def cause_min_share(self) -> float:
-        """Share of rate_window (0-1) a clock-event reason must exceed holding the clocks down to be a slowdown cause."""
+        """Share of rate_window (0-1) over which a clock-event reason holding the clocks down is a slowdown cause."""
 
     @property
     def ecc_corrected_per_s(self) -> float:

@@ -183,8 +183,9 @@ def _rank_cause(t: Windows) -> str:
     return f"topk by (job_id, rank) (1, {' or '.join(terms)}) % {PATH_STEP}"
 
 
-# Per rank (with steps or data waits over rate_window, or mapped to a GPU), one series: its most likely slowdown cause and the GPU
-# it is on (cause_gpu, empty for data_loader and none), valued the cause's priority plus its evidence
+# Per rank (with steps or data waits over rate_window, or mapped to a GPU), one series: its most likely
+# slowdown cause and the GPU it is on (cause_gpu, empty for data_loader and none), valued the cause's
+# priority plus its evidence
 RANK_CAUSE = Record(RANK, "gpuobs_training_slowdown_cause", "top", _rank_cause)
 
 

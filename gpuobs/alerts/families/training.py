@@ -33,12 +33,33 @@ def _with_cause(expr: str, on: tuple[str, ...], cause: records.Record, base: rec
 RANK = ("job_id", "rank")
 
 
+def slowdown_conditions(t: Thresholds) -> dict[str, str]:
+    """{alert name: its condition without the cause labels} of the four alerts that name a slowdown's
+    cause (the dcgm flavour, which cannot record the causes, runs these)."""
+    p50 = records.JOB_STEP_P50.name
+    share, base = records.JOB_COLLECTIVE_WAIT_RATIO.name, records.JOB_COMPUTE_PER_STEP_MAX.name
+    share_base = f"quantile_over_time(0.5, {share}[{t.baseline_window}])"
+    compute_base = f"quantile_over_time(0.5, {base}[{t.baseline_window}])"
+    return {
+        "TrainingStepTimeRegression":
+            f"{p50} > {t.step_regression:g} * quantile_over_time(0.5, {p50}[{t.baseline_window}])",
+        "TrainingStragglerRank": f"{records.STRAGGLER_RATIO.name} > {t.straggler:g}",
+        "TrainingDataLoaderStraggler":
+            f"{records.DATA_WAIT_TO_OTHERS.name} > {t.data_wait_straggler:g} and on (job_id, rank) "
+            f"{records.DATA_WAIT_RATIO.name} > {t.data_wait_straggler_share:g}",
+        "TrainingCollectivesSlowing":
+            f"{share} > {t.collective_rise:g} * {share_base} and {share} > {share_base} + {t.collective_rise_share:g}"
+            f" and on (job_id) {base} < {t.compute_steady:g} * {compute_base} and on (job_id) {base} > "
+            f"{compute_base} / {t.compute_steady:g}",
+    }
+
+
 def training(t: Thresholds) -> list[Alert]:
     """Training jobs: stalled, slower than their baseline, input bound, ranks lost, checkpoints, stragglers."""
     alert = partial(Alert, family="training", scope="job")
     last_step = c.LAST_STEP.name
     last_seen = f"last_over_time({last_step}[{t.long_window}])"
-    p50 = records.JOB_STEP_P50.name
+    plain = slowdown_conditions(t)
     checkpoint = c.CHECKPOINT_DURATION.name
     ended = f"last_over_time({c.RUN_END.name}[{t.long_window}]) > 0"  # the last scrape marked a normal end
     return [
@@ -47,8 +68,8 @@ def training(t: Thresholds) -> list[Alert]:
               description="Rank {{ $labels.rank }} of job {{ $labels.job_id }} has not finished a step for "
                           + t.training_stall + "."),
         alert(name="TrainingStepTimeRegression",
-              expr=_with_cause(f"{p50} > {t.step_regression:g} * quantile_over_time(0.5, {p50}[{t.baseline_window}])",
-                               ("job_id",), records.JOB_CAUSE, records.JOB_STEP_P50),
+              expr=_with_cause(plain["TrainingStepTimeRegression"], ("job_id",), records.JOB_CAUSE,
+                               records.JOB_STEP_P50),
               for_=t.for_medium, severity="warning", summary="Training steps are slower than their own baseline.",
               description="Job {{ $labels.job_id }} steps take {{ $value | humanize }} s, over "
                           + f"{t.step_regression:g}" + "x its median of the last " + t.baseline_window + "."
@@ -75,8 +96,7 @@ def training(t: Thresholds) -> list[Alert]:
                           "s on average."),
         *_failing_and_slow(t),
         alert(name="TrainingStragglerRank",
-              expr=_with_cause(f"{records.STRAGGLER_RATIO.name} > {t.straggler:g}", RANK, records.RANK_CAUSE,
-                               records.STRAGGLER_RATIO),
+              expr=_with_cause(plain["TrainingStragglerRank"], RANK, records.RANK_CAUSE, records.STRAGGLER_RATIO),
               for_=t.for_medium, severity="warning", summary="One rank computes slower than the rest of its job.",
               description="Rank {{ $labels.rank }} of job {{ $labels.job_id }} computes {{ $value | printf \"%.2f\" "
                           "}}x as long per step as the job's other ranks, which wait for it in their collectives."
@@ -87,9 +107,7 @@ def training(t: Thresholds) -> list[Alert]:
 def _failing_and_slow(t: Thresholds) -> list[Alert]:
     """Steps failing on a rank, a rank slowed in its data loader, a job slowed in its collectives."""
     alert = partial(Alert, family="training", scope="job")
-    share, base = records.JOB_COLLECTIVE_WAIT_RATIO.name, records.JOB_COMPUTE_PER_STEP_MAX.name
-    share_base = f"quantile_over_time(0.5, {share}[{t.baseline_window}])"
-    compute_base = f"quantile_over_time(0.5, {base}[{t.baseline_window}])"
+    plain = slowdown_conditions(t)
     return [
         alert(name="TrainingStepsFailing", expr=f"{records.FAILED_STEP_RATIO.name} > {t.failed_step_share:g}",
               for_=t.for_medium, severity="warning", summary="A training rank's steps keep failing.",
@@ -97,19 +115,16 @@ def _failing_and_slow(t: Thresholds) -> list[Alert]:
                           "{{ $labels.job_id }} raised an exception over the last " + t.rate_window
                           + ": the loop catches it and goes on, but those steps train nothing."),
         alert(name="TrainingDataLoaderStraggler",
-              expr=_with_cause(f"{records.DATA_WAIT_TO_OTHERS.name} > {t.data_wait_straggler:g} and on (job_id, rank) "
-                               f"{records.DATA_WAIT_RATIO.name} > {t.data_wait_straggler_share:g}", RANK,
-                               records.RANK_CAUSE, records.DATA_WAIT_TO_OTHERS),
+              expr=_with_cause(plain["TrainingDataLoaderStraggler"], RANK, records.RANK_CAUSE,
+                               records.DATA_WAIT_TO_OTHERS),
               for_=t.for_medium, severity="warning", summary="One rank waits for its data longer than the rest "
                                                              "of its job.",
               description="Rank {{ $labels.rank }} of job {{ $labels.job_id }} waits {{ $value | printf \"%.1f\" }}x "
                           "as long for its batches as the job's other ranks, which wait for it in their "
                           "collectives: its data loader (storage, workers, host) is slow." + _RANK_CAUSE_TEXT),
         alert(name="TrainingCollectivesSlowing",
-              expr=_with_cause(f"{share} > {t.collective_rise:g} * {share_base} and {share} > {share_base} + "
-                               f"{t.collective_rise_share:g} and on (job_id) {base} < {t.compute_steady:g} * "
-                               f"{compute_base} and on (job_id) {base} > {compute_base} / {t.compute_steady:g}",
-                               ("job_id",), records.JOB_CAUSE, records.JOB_COLLECTIVE_WAIT_RATIO),
+              expr=_with_cause(plain["TrainingCollectivesSlowing"], ("job_id",), records.JOB_CAUSE,
+                               records.JOB_COLLECTIVE_WAIT_RATIO),
               for_=t.for_medium, severity="warning", summary="A training job spends more of its time in "
                                                              "collectives than it used to.",
               description="The ranks of job {{ $labels.job_id }} spend {{ $value | humanizePercentage }} of their "
