@@ -27,7 +27,8 @@ ATTRIBUTION_LEVELS = ("cluster_namespace", "cluster_hpc_job", "cluster_team")
 EXEMPT = {c.FAN_SPEED.name: "an H200 SXM has no fan", c.RETIRED_PAGES.name: "Hopper remaps rows, retires no pages",
           c.RETIRED_PAGES_PENDING.name: "Hopper remaps rows, retires no pages",
           c.FABRIC_HEALTH.name: "the simulated H200 has no NVSwitch fabric",
-          records.NODE_PCIE_DEGRADED.name: "no PCIe fault injected"}
+          records.NODE_PCIE_DEGRADED.name: "no PCIe fault injected",
+          records.RANK_GPUS.name: "no training ranks run on this node"}
 # the alerts this test injects a fault for: (alert, GPU slot)
 EXPECTED = {("GpuHwThermalSlowdown", 0), ("GpuXidRebootRequired", 1), ("GpuLost", 1), ("GpuAllocatedIdle", 2),
             ("GpuSwPowerCapSustained", 3), ("GpuEccUncorrectable", 3), ("GpuRowRemapPending", 3)}
