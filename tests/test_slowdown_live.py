@@ -23,6 +23,7 @@ the one its pod holds.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -143,6 +144,15 @@ def watch(query, want: set, start: float) -> Seen:
     return seen
 
 
+def descriptions(url: str) -> dict[tuple[str, str], str]:
+    """(alert, job_id) -> the description of our jobs' slowdown alerts now firing (what on-call reads)."""
+    with urllib.request.urlopen(f"{url}/api/v1/alerts", timeout=5) as r:
+        found = json.load(r)["data"]["alerts"]
+    return {(a["labels"]["alertname"], a["labels"]["job_id"]): a["annotations"].get("description", "")
+            for a in found if a["state"] == "firing" and a["labels"].get("job_id") in JOBS
+            and a["labels"]["alertname"] in ALERTS}
+
+
 def rank_gpus(query) -> dict[tuple[str, str], set[str]]:
     """(job_id, rank) -> the UUIDs the join record maps it to, for our jobs."""
     mapped: dict[tuple[str, str], set[str]] = {}
@@ -173,6 +183,7 @@ def test_each_slow_rank_pages_with_its_cause_joined_through_its_pod(tmp_path):
         want = expected(uuids)
         seen = watch(query, want, start)
         mapped = rank_gpus(query)
+        texts = descriptions(query.url)
         throttled = {r["metric"]["uuid"] for r in query(f'{records.GPU_CAUSES.name}{{cause="thermal"}}')}
     finally:
         stop_all(running, prom)
@@ -184,7 +195,7 @@ def test_each_slow_rank_pages_with_its_cause_joined_through_its_pod(tmp_path):
             sim.close()
         logs.close()
     report = (f"fired (s since start): {seen.fired}\nrank causes over time: {seen.causes}\nrank GPUs: {mapped}\n"
-              f"GPUs with the thermal cause: {throttled}\n"
+              f"GPUs with the thermal cause: {throttled}\ndescriptions: {texts}\n"
               f"UUIDs by slot: {uuids}\nlog tail: {(tmp_path / 'processes.log').read_text()[-3000:]}")
     print(report.split("\nlog tail")[0])
 
@@ -192,6 +203,10 @@ def test_each_slow_rank_pages_with_its_cause_joined_through_its_pod(tmp_path):
     # the join went through the pods: each rank to exactly its pod's GPU
     assert mapped == {(job, str(rank)): {uuids[slot]} for job, (_, slots) in JOBS.items()
                       for rank, slot in enumerate(slots)}, report
+    # the page says it: the cause and GPU in the description on-call reads
+    assert f"Likely cause: thermal on GPU {uuids[THROTTLED[0]]}." in texts[("TrainingStragglerRank", "thermal")], report
+    assert "Likely cause: data_loader." in texts[("TrainingDataLoaderStraggler", "loader")], report
+    assert "No cause found on its GPUs" in texts[("TrainingStragglerRank", "plain")], report
     # both throttled GPUs read as thermal (so GPU 6 was there to be wrongly named), no other GPU does
     assert throttled == {uuids[slot] for slot in THROTTLED}, report
     # no rank's cause ever named a GPU but its own (GPU 6, throttled, belongs to no rank)
