@@ -655,10 +655,12 @@ def render(client: Prometheus, window: Window, settings: Settings,
             f"<nav><ul>{toc}</ul></nav>{body}</body></html>\n")
 
 
-def write(url: str, window: Window, settings: Settings, out: str | Path) -> Path:
+def write(url: str, window: Window, settings: Settings, out: str | Path,
+          sections: tuple[SectionFn, ...] = SECTIONS) -> Path:
     """Render the report from the Prometheus at url and write it to out; ReportError on failure
-    (nothing is written then)."""
-    text = render(Prometheus(url), window, settings)
+    (nothing is written then). sections: `gpuobs report` adds gpuobs.explain's "Slow jobs" (a layer
+    above this module, which it reads from)."""
+    text = render(Prometheus(url), window, settings, sections)
     path = Path(out)
     path.write_text(text, encoding="utf-8")
     return path
