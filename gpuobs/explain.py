@@ -431,7 +431,7 @@ def section_slow_jobs(client: Prometheus, window, settings, t: Thresholds = DEFA
     span = f"{int(min(window.end - window.start, 3600))}s"
     jobs = slow_jobs(client, window.end, span, t)
     if not jobs:
-        return Section("slow-jobs", "Slow jobs", no_data("no training job had a slowdown cause or a straggler"))
+        return Section("slow_jobs", "Slow jobs", no_data("no training job had a slowdown cause or a straggler"))
     rows = []
     for job in jobs:
         try:
@@ -440,7 +440,7 @@ def section_slow_jobs(client: Prometheus, window, settings, t: Thresholds = DEFA
             continue
         top = d.findings[0] if d.findings else Finding(NO_CAUSE, "", "", "", "", 0.0)
         rows.append((job, [job, top.cause, top.rank, top.gpu or "-", top.node or "-", top.evidence]))
-    return Section("slow-jobs", "Slow jobs",
+    return Section("slow_jobs", "Slow jobs",
                    f"<p>Training jobs with a slowdown cause, a straggler or a data-loader outlier in the {esc(span)} "
                    "before the range's end, with their most likely cause (<code>gpuobs explain JOB</code> for "
                    "the whole diagnosis).</p>"
