@@ -261,7 +261,7 @@ def evidence(cause: str, rank: RankRow, gpu: GpuRow | None, t: Thresholds) -> st
     texts = {
         "data_loader": f"data-wait share {_percent(rank.data_wait_share)}, {_times(rank.data_wait_to_others)} the "
                        f"other ranks'",
-        "thermal": held(("hw_thermal_slowdown", "sw_thermal_slowdown")),
+        "thermal": held(records.slowdown.THERMAL_REASONS),
         "power_brake": held(("hw_power_brake_slowdown",)),
         "power_cap": held(("sw_power_cap",)),
         "shared_gpu": f"{g.processes or 0:.0f} processes on the GPU",
