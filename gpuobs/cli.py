@@ -475,15 +475,54 @@ def report(url: str, start: str | None, end: str | None, length: str, step: int 
     """A self-contained HTML report of a time range from Prometheus, for a weekly review: utilisation
     and waste by team, placement problems, MIG candidates, failures and MTBF, top alerts. Exits 2
     when Prometheus is unreachable or an option is wrong."""
+    from . import explain as explain_mod
     from . import report as report_mod
 
     try:
         window = report_mod.make_window(start, end, length, step)
-        path = report_mod.write(url, window, report_mod.load_settings(cost_file), out)
+        path = report_mod.write(url, window, report_mod.load_settings(cost_file), out,
+                                sections=report_mod.SECTIONS + (explain_mod.section_slow_jobs,))
     except report_mod.ReportError as e:
         click.echo(f"gpuobs report: {e}", err=True)
         raise SystemExit(2) from None
     click.echo(f"wrote {path}")
+
+
+@main.command()
+@click.argument("job")
+@click.option("--prometheus", "url", required=True, metavar="URL",
+              help="Prometheus base URL, e.g. http://prometheus:9090.")
+@click.option("--at", metavar="TIME", help="End of the window: Unix seconds or ISO 8601 (default: now).")
+@click.option("--window", default="15m", show_default=True, metavar="DURATION",
+              help="How far back from --at to look (s, m, h, d or w).")
+@click.option("--profile", type=click.Choice(["default", "fast"]), default="default", show_default=True,
+              help="The rule profile loaded in that Prometheus (its windows and thresholds).")
+@click.option("--trace-url", default=None, metavar="URL",
+              help="Tracing UI base for the slowest step's trace link (default: the demo's Jaeger).")
+def explain(job: str, url: str, at: str | None, window: str, profile: str, trace_url: str | None) -> None:
+    """Why training job JOB is slow: per rank (step time, compute, data and collective waits) and per
+    GPU (clock-event reasons, XIDs, ECC, PCIe, NVLink, other processes, utilization), the causes the
+    slowdown records name, most likely first, the slowest step's trace and how to confirm each cause.
+    Exits 1 for an unknown job or a malformed option, 2 when Prometheus is unreachable."""
+    from . import explain as explain_mod
+    from . import report as report_mod
+    from .alerts.rules import DEFAULT, FAST
+
+    try:
+        when = report_mod.parse_time(at) if at else None
+        report_mod.parse_duration(window)
+    except report_mod.ReportError as e:
+        click.echo(f"gpuobs explain: {e}", err=True)
+        raise SystemExit(1) from None
+    try:
+        d = explain_mod.diagnose(url, job, at=when, window=window, thresholds=FAST if profile == "fast" else DEFAULT)
+    except explain_mod.ExplainError as e:
+        click.echo(f"gpuobs explain: {e}", err=True)
+        raise SystemExit(1) from None
+    except report_mod.ReportError as e:
+        click.echo(f"gpuobs explain: {e}", err=True)
+        raise SystemExit(2) from None
+    click.echo(explain_mod.render(d, **({"trace_url": trace_url} if trace_url else {})), nl=False)
 
 
 def _prometheus_query(url: str, promql: str) -> list[dict]:

@@ -227,12 +227,13 @@ def serve_traces(host: str = "127.0.0.1", port: int = 4318, out=None) -> OTLPRec
     return OTLPReceiver(keep=0, on_traces=show, host=host, port=port)
 
 
-def slowest_exemplar(prometheus: str, query: str, window_s: float) -> dict | None:
-    """The exemplar with the largest value among those Prometheus stored for `query` over the last
-    window_s seconds, through its exemplar API (GET /api/v1/query_exemplars): a dict with value
-    (float, the observation), labels (its series') and trace_id/span_id (hex); None when there is
-    none. Raises OSError or ValueError when Prometheus does not answer or answers garbage."""
-    now = time.time()
+def slowest_exemplar(prometheus: str, query: str, window_s: float, end: float | None = None) -> dict | None:
+    """The exemplar with the largest value among those Prometheus stored for `query` over the
+    window_s seconds before `end` (Unix s; None: now), through its exemplar API (GET
+    /api/v1/query_exemplars): a dict with value (float, the observation), labels (its series') and
+    trace_id/span_id (hex); None when there is none. Raises OSError or ValueError when Prometheus
+    does not answer or answers garbage."""
+    now = time.time() if end is None else end
     params = urllib.parse.urlencode({"query": query, "start": now - window_s, "end": now})
     with urllib.request.urlopen(f"{prometheus}/api/v1/query_exemplars?{params}", timeout=5) as r:
         data = json.load(r)["data"]

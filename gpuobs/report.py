@@ -49,6 +49,9 @@ STEPS_S = (60, 300, 900, 3600)  # range-query steps: the finest one under MAX_PO
 MAX_POINTS = 2500
 DURATION = re.compile(r"^(\d+)([smhdw])$")
 UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+GROUP_WITHOUT_LABELS = re.compile(r"\b(group_left|group_right)\s+(?=[A-Za-z_:])")  # a modifier before a name
+SELECTOR = re.compile(r"([A-Za-z_:][A-Za-z0-9_:]*)(\{[^{}]*\})?")  # a name, with its matchers if any
+MATCHER = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*(!=|=)\s*"([^"\\]*)"\s*')  # l="v" or l!="v"
 
 
 class ReportError(Exception):
@@ -355,7 +358,30 @@ def inlined(record: records.Record, t: Thresholds) -> str:
     parentheses), recursively: the same quantity from raw series, for a Prometheus without the rules.
     Only for records that read records as instant vectors (the per-moment allocation records)."""
     by_name = {r.name: r for r in records.RECORDS}
-    return records.TOKEN.sub(lambda m: f"({inlined(by_name[m[0]], t)})" if m[0] in by_name else m[0], record.expr(t))
+    # `group_right x` with x a record: written `group_right (...)` it would read as a label list, so an
+    # empty one is made explicit first (the same matching)
+    expr = GROUP_WITHOUT_LABELS.sub(r"\1 () ", record.expr(t))
+
+    def one(m: re.Match) -> str:
+        if m[1] not in by_name:
+            return m[0]
+        return _filtered(f"({inlined(by_name[m[1]], t)})", m[2] or "")
+    return SELECTOR.sub(one, expr)
+
+
+def _filtered(expr: str, matchers: str) -> str:
+    """expr restricted as `{matchers}` would restrict a selector (PromQL has no matchers on an
+    expression): each `l="v"` as `and on (l)` a one-series vector labelled l="v", each `l!="v"` as
+    `unless on (l)` it (v may be "": no label). ValueError for a regex matcher, which this cannot write."""
+    inner = matchers.strip()[1:-1] if matchers else ""
+    for part in filter(str.strip, inner.split(",")):
+        m = MATCHER.fullmatch(part)
+        if m is None:
+            raise ValueError(f"cannot inline a record selected with {part.strip()!r}: only = and != to a string")
+        label, op, value = m.groups()
+        one = f'label_replace(vector(1), "{label}", "{value}", "", "")'
+        expr = f"({expr} {'and' if op == '=' else 'unless'} on ({label}) {one})"
+    return expr
 
 
 def record_hours(client: Prometheus, window: Window, settings: Settings, hours: records.Record) -> tuple[list, bool]:
@@ -655,10 +681,12 @@ def render(client: Prometheus, window: Window, settings: Settings,
             f"<nav><ul>{toc}</ul></nav>{body}</body></html>\n")
 
 
-def write(url: str, window: Window, settings: Settings, out: str | Path) -> Path:
+def write(url: str, window: Window, settings: Settings, out: str | Path,
+          sections: tuple[SectionFn, ...] = SECTIONS) -> Path:
     """Render the report from the Prometheus at url and write it to out; ReportError on failure
-    (nothing is written then)."""
-    text = render(Prometheus(url), window, settings)
+    (nothing is written then). sections: `gpuobs report` adds gpuobs.explain's "Slow jobs" (a layer
+    above this module, which it reads from)."""
+    text = render(Prometheus(url), window, settings, sections)
     path = Path(out)
     path.write_text(text, encoding="utf-8")
     return path

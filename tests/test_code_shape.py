@@ -75,6 +75,7 @@ LAYERS = {
     "exporter": 4, "alerts": 4, "dashboards": 4,
     "docs": 5, "smi": 5, "demo": 5, "report": 5,
     "generated": 6,  # `gpuobs generate` runs the alerts, dashboards and docs generators
+    "explain": 6,  # `gpuobs explain` reads through report's client and demo's exemplar lookup
     "cli": 7,
 }
 FORBIDDEN = {("dashboards", "alerts"), ("logs", "instrument")}

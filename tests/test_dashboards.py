@@ -566,9 +566,11 @@ def _serve_cluster_state(servers: list) -> dict[str, list[tuple[str, str, str]]]
     return jobs
 
 
-def _start_targets(nodes: list[Simulator], procs: list, node_a: int) -> dict[str, list[tuple[str, str, str]]]:
-    """Start the exporters of node-b and node-c, two training ranks (rank 1 the straggler) and an
-    inference server, appending each process to procs; the scrape jobs: (target, cluster, node)."""
+def _start_targets(nodes: list[Simulator], procs: list, node_a: int,
+                   rank_gpu: str = "") -> dict[str, list[tuple[str, str, str]]]:
+    """Start the exporters of node-b and node-c, two training ranks (rank 1 the straggler, both on the
+    GPU of UUID rank_gpu, for the slowdown-cause panels) and an inference server, appending each
+    process to procs; the scrape jobs: (target, cluster, node)."""
     exporters = {}
     for name, sim, extra in (("node-b", nodes[0], []), ("node-c", nodes[1], ["--expected-gpus", "2"])):
         exporters[name] = port = free_port()
@@ -579,7 +581,7 @@ def _start_targets(nodes: list[Simulator], procs: list, node_a: int) -> dict[str
     base = free_port_run(2)
     for rank, compute_ms in enumerate((20, 45)):  # rank 1 is the straggler
         env = {"PATH": "/usr/bin:/bin", "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
-               "GPUOBS_JOB_ID": "example-job", "GPUOBS_PROMETHEUS_PORT": str(base)}
+               "GPUOBS_JOB_ID": "example-job", "GPUOBS_PROMETHEUS_PORT": str(base), "GPUOBS_GPU_UUID": rank_gpu}
         procs.append(subprocess.Popen(
             [sys.executable, str(REPO / "examples" / "train.py"), "--steps", "100000", "--compute-ms",
              str(compute_ms), "--data-ms", "10", "--checkpoint-every", "30", "--eval-every", "10"],
@@ -674,7 +676,8 @@ def test_every_panel_query_returns_data(exporter, kubelet, tmp_path):
     nodes[1].state.fail_init(9)  # node-c: NVML_ERROR_DRIVER_NOT_LOADED
     procs, servers = [], []
     try:
-        prom = Prometheus(tmp_path, {**_start_targets(nodes, procs, run.exp.http.port),
+        h200 = next(l["uuid"] for n, l, _ in run.scrape() if n == c.GPU_INFO.exposed_name and l["gpu"] == "0")
+        prom = Prometheus(tmp_path, {**_start_targets(nodes, procs, run.exp.http.port, h200),  # at its power cap
                                      **_serve_cluster_state(servers)})
         procs.append(prom.proc)
         prom.ready()

@@ -31,8 +31,38 @@ def m(metric: c.Metric, *matchers: str, suffix: str = "") -> str:
     return sel(metric, *J, *matchers, suffix=suffix)
 
 
+def _why_slow(L: k.Layout) -> None:
+    """The row "Why is this job slow": the causes the slowdown records name (gpuobs.records.slowdown),
+    as `gpuobs explain` reads them, and the clock-event reasons of the ranks' GPUs."""
+    ranks_gpus = sel(r.RANK_GPUS, JOB, RANK)
+    L.row("Why is this job slow")
+    L.add(k.stat("Most likely cause", [target(sel(r.JOB_CAUSE, JOB), "{{cause}} rank {{cause_rank}} {{cause_gpu}}")],
+                 "short", "The job's most likely slowdown cause (recording rule): its name, the rank and the GPU's "
+                 "UUID; the value is the cause's priority plus its evidence (0: none found, look at the hosts). "
+                 "`gpuobs explain <job>` prints the evidence and how to confirm it.",
+                 text_mode="value_and_name", graph=False), 8, 7)
+    L.add(k.table("Cause per rank", [target(sel(r.RANK_CAUSE, JOB, RANK))], "short",
+                  "Each rank's most likely cause and the GPU it was found on (empty for data_loader and none); "
+                  "score: priority plus evidence.", hide=("job_id",), rename={"Value": "score"}, sort_by="score"),
+          16, 7)
+    L.add(k.timeseries("Clock-event reasons of the ranks' GPUs", [target(
+        f"max by (node, gpu, uuid, reason) (avg_over_time({sel(c.CLOCK_EVENT_ACTIVE)}[$__rate_interval])) > 0 "
+        f"and on (uuid) {ranks_gpus}", "{{node}} GPU {{gpu}} {{reason}}")], "percentunit",
+        "Share of the time each reason held the clocks of a GPU the selected ranks run on (the join of the "
+        "ranks' rank info to the GPUs): HW thermal or power brake slowdown slows the rank that runs there.",
+        min=0, max=1), 12, 8)
+    L.add(k.table("Causes on the ranks' GPUs", [target(
+        f"{sel(r.GPU_CAUSES)} and on (uuid) {ranks_gpus}")], "short",
+        "Every slowdown cause present on each GPU the selected ranks run on, with its score (none on every GPU).",
+        hide=("cluster", "instance", "k8s_namespace", "k8s_pod", "k8s_container", "hpc_job"),
+        rename={"Value": "score"}, sort_by="score"), 12, 8)
+    L.add(k.table("Where each rank runs", [target(m(c.RANK_INFO))], "short",
+                  "Each rank's host, pod and GPU UUID as it reports them (rank info): what the causes are joined "
+                  "on (docs/instrument.md, Why is my rank slow).", hide=("job_id", "Value")), 24, 6)
+
+
 def build():
-    """The Training job dashboard: rows Progress, Step time, Data loading and throughput,
+    """The Training job dashboard: rows Progress, Why is this job slow, Step time, Data loading and throughput,
     Optimization, Checkpoints and goodput, The job's GPUs; variables job_id (one job) and rank."""
     L = k.Layout()
     relative = sel(r.STRAGGLER_RATIO, JOB, RANK)
@@ -60,6 +90,8 @@ def build():
     L.add(k.stat("Since last step", [target(f"time() - max({m(c.LAST_STEP)})")], "s",
                  "Seconds since the most recent step of any selected rank finished: a stalled job keeps growing.",
                  thresholds=[{"color": "green", "value": None}, {"color": "red", "value": 600}]), 4, 5)
+
+    _why_slow(L)
 
     L.row("Step time")
     L.add(k.timeseries("Step time p50 by rank", [target(windowed(0.5, c.STEP_DURATION, J, RANK_NODE), BY_RANK)],
