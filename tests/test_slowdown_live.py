@@ -18,7 +18,7 @@ The faults, and what must fire:
 
 GPU 6 (the other pod's) is in HW thermal slowdown too: no job's alert may name it, nor any GPU
 but its own rank's. Nothing fires for any rank 0. Each rank's GPU, as the join record maps it, is
-the one its pod holds.
+the one its pod holds. `gpuobs explain` (diagnose() and the command) ranks the same cause first.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ from conftest import REPO, free_port, require_tool, stop
 from kubelet_server import serve_kubelet
 from live_jobs import Job, start_prometheus, stop_all, write_targets
 
-from gpuobs import records
+from gpuobs import explain, records
+from gpuobs.alerts.rules import FAST
 from gpuobs.sim import Simulator
 from gpuobs.sim.state import set_val
 
@@ -144,6 +145,21 @@ def watch(query, want: set, start: float) -> Seen:
     return seen
 
 
+def explained(url: str) -> dict[str, tuple[str, str, str, str]]:
+    """job_id -> (cause, rank, GPU) of `gpuobs explain`'s top finding, from diagnose() and, as the last
+    item, the first ranked line the command (`gpuobs explain JOB --prometheus URL`) prints."""
+    out = {}
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}
+    for job in JOBS:
+        top = explain.diagnose(url, job, thresholds=FAST).findings[0]
+        printed = subprocess.run([sys.executable, "-m", "gpuobs.cli", "explain", job, "--prometheus", url,
+                                  "--profile", "fast"], env=env, capture_output=True, text=True, timeout=60)
+        first = next((line for line in printed.stdout.splitlines() if line.startswith("  1. ")),
+                     f"no ranked line: {printed.stdout[-2000:]}{printed.stderr[-2000:]}")
+        out[job] = (top.cause, top.rank, top.gpu, first)
+    return out
+
+
 def descriptions(url: str) -> dict[tuple[str, str], str]:
     """(alert, job_id) -> the description of our jobs' slowdown alerts now firing (what on-call reads)."""
     with urllib.request.urlopen(f"{url}/api/v1/alerts", timeout=5) as r:
@@ -184,6 +200,7 @@ def test_each_slow_rank_pages_with_its_cause_joined_through_its_pod(tmp_path):
         seen = watch(query, want, start)
         mapped = rank_gpus(query)
         texts = descriptions(query.url)
+        diagnosed = explained(query.url)
         throttled = {r["metric"]["uuid"] for r in query(f'{records.GPU_CAUSES.name}{{cause="thermal"}}')}
     finally:
         stop_all(running, prom)
@@ -195,7 +212,7 @@ def test_each_slow_rank_pages_with_its_cause_joined_through_its_pod(tmp_path):
             sim.close()
         logs.close()
     report = (f"fired (s since start): {seen.fired}\nrank causes over time: {seen.causes}\nrank GPUs: {mapped}\n"
-              f"GPUs with the thermal cause: {throttled}\ndescriptions: {texts}\n"
+              f"GPUs with the thermal cause: {throttled}\ndescriptions: {texts}\nexplain: {diagnosed}\n"
               f"UUIDs by slot: {uuids}\nlog tail: {(tmp_path / 'processes.log').read_text()[-3000:]}")
     print(report.split("\nlog tail")[0])
 
@@ -209,6 +226,11 @@ def test_each_slow_rank_pages_with_its_cause_joined_through_its_pod(tmp_path):
     assert "No cause found on its GPUs" in texts[("TrainingStragglerRank", "plain")], report
     # both throttled GPUs read as thermal (so GPU 6 was there to be wrongly named), no other GPU does
     assert throttled == {uuids[slot] for slot in THROTTLED}, report
+    # gpuobs explain ranks the same cause first, from diagnose() and on the command's first ranked line
+    assert {job: d[:3] for job, d in diagnosed.items()} == {
+        "thermal": ("thermal", "1", uuids[THROTTLED[0]]), "loader": ("data_loader", "1", ""),
+        "plain": ("none", "1", "")}, report
+    assert all(d[3].startswith(f"  1. {d[0]} on rank {d[1]}") for d in diagnosed.values()), report
     # no rank's cause ever named a GPU but its own (GPU 6, throttled, belongs to no rank)
     for (job, rank), history in seen.causes.items():
         own = uuids[JOBS[job][1][int(rank)]] if job in JOBS else None
