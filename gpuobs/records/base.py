@@ -89,6 +89,15 @@ class Windows(Protocol):
     def gpu_hour_cost_default(self) -> float:
         """Cost per GPU-hour of a GPU no regex of gpu_hour_costs matches."""
 
+    @property
+    def grid_intensities(self) -> tuple[tuple[str, str, float], ...]:
+        """(label, regex, gCO2e per kWh) overrides of the grid's carbon intensity; the first match wins.
+        label: one of a GPU series' own labels (cluster, node) or a kube_node_labels label (label_...)."""
+
+    @property
+    def grid_intensity_default(self) -> float:
+        """Carbon intensity (gCO2e per kWh) of a GPU no override of grid_intensities matches."""
+
 
 Source = Union[c.Metric, "Record", str]
 
