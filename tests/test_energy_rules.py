@@ -150,3 +150,19 @@ def test_energy_and_co2e_by_namespace_team_and_job(tmp_path):
 def test_grid_intensity_settings_are_checked(bad):
     with pytest.raises(ValueError):
         Thresholds(**bad)
+
+
+def test_the_report_settings_file_reads_grid_intensity_in_order_and_refuses_bad_entries(tmp_path):
+    from gpuobs import report
+    good = tmp_path / "good.yaml"
+    good.write_text("grid_intensity:\n  label_zone=green: 50\n  cluster=east: 300\n  default: 123\n")
+    t = report.load_settings(good).thresholds()
+    assert (t.grid_intensities, t.grid_intensity_default) == ((("label_zone", "green", 50.0),
+                                                               ("cluster", "east", 300.0)), 123.0)
+    assert report.load_settings(None).thresholds().grid_intensity_default == DEFAULT.grid_intensity_default
+    for bad in ("grid_intensity: {east: 1}", "grid_intensity: {'cluster=(': 1}", "grid_intensity: {default: -1}",
+                "grid_intensity: {'no label=x': 1}", "grid_intensity: {default: lots}"):
+        path = tmp_path / "bad.yaml"
+        path.write_text(bad + "\n")
+        with pytest.raises(report.ReportError):
+            report.load_settings(path)
