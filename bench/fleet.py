@@ -391,9 +391,10 @@ class Node(Rows):
         return sum(1 + math.floor((t - first) / XID_PERIOD) for first in self.xids.values() if first <= t)
 
     def lost_by(self, t: float) -> int:
-        """GPUs of this node lost (fallen off the bus) up to time t."""
-        return sum(1 for j, (name, _, _) in enumerate(self.keys)
-                   if name == c.GPU_UP.name and self.coef[j, COEF.index("cut")] <= t)
+        """GPUs of this node lost (fallen off the bus) up to time t; once each, though a GPU's series are
+        copied per pod that held it."""
+        return len({gpu for j, (name, gpu, _) in enumerate(self.keys)
+                    if name == c.GPU_UP.name and self.coef[j, COEF.index("cut")] <= t})
 
     @staticmethod
     def _roles(rng: np.random.Generator, n: int) -> list[str]:
