@@ -367,6 +367,35 @@ class Node(Rows):
             extra = {"cluster": self.cluster, "instance": f"{self.node}:9445", "job": "gpuobs", "node": self.node}
         self.finish(rows, extra)
         self.xphase = rng.uniform(0, XID_PERIOD, size=len(self.prefix))
+        self.xids: dict[int, float] = {}   # GPU -> time of its first XID in span (the history's: born at 1)
+        if attributed:
+            self._born_xids(span)
+
+    def _born_xids(self, span: tuple[float, float]) -> None:
+        """The history's XID GPUs as the exporter serves them: a counter created at 1 by the GPU's first
+        XID in span (one more every XID_PERIOD), with its last-seen time; absent before. Their truth:
+        xid_events()."""
+        rows = [j for j, (name, _, _) in enumerate(self.keys) if name == c.XID_ERRORS.exposed_name]
+        for j in rows:
+            g = int(self.gpu[j])
+            k = math.ceil((span[0] - T0 + self.xphase[j]) / XID_PERIOD)   # the first step inside span
+            first = T0 - self.xphase[j] + k * XID_PERIOD
+            self.xids[g] = first
+            self.spans[j] = [(first, math.inf)]
+            self.coef[j, COEF.index("base")] = 1 - k
+            for i, (name, gpu, _) in enumerate(self.keys):
+                if gpu == g and name == c.XID_LAST_SEEN.name:
+                    self.spans[i] = [(first, math.inf)]
+
+    def xid_events(self, t: float) -> int:
+        """XIDs 79 the history's XID GPUs of this node reported up to time t (the injected truth)."""
+        return sum(1 + math.floor((t - first) / XID_PERIOD) for first in self.xids.values() if first <= t)
+
+    def lost_by(self, t: float) -> int:
+        """GPUs of this node lost (fallen off the bus) up to time t; once each, though a GPU's series are
+        copied per pod that held it."""
+        return len({gpu for j, (name, gpu, _) in enumerate(self.keys)
+                    if name == c.GPU_UP.name and self.coef[j, COEF.index("cut")] <= t})
 
     @staticmethod
     def _roles(rng: np.random.Generator, n: int) -> list[str]:
@@ -1114,10 +1143,53 @@ def check_energy(prom: str, h: History) -> list[dict]:
     return rows
 
 
-def report_check(h: History, workdir: Path) -> dict:
+FAILURE_CLASSES = ("xid_reboot", "gpu_lost")   # the failure classes the history injects (XID 79, lost GPUs)
+
+
+def check_failures(prom: str, h: History) -> dict:
+    """The weekly failure records at their last step against the failures the simulation injected up
+    to then: per cluster and class (FAILURE_CLASSES), the count (NODE_MODEL_FAILURES summed) and the
+    rate per 1,000 GPU-hours (CLUSTER_FAILURE_RATE) against 1,000 x the injected count over the
+    recorded GPU-hours up. XID counters are born at 1 with their GPU's first XID, as the exporter's."""
+    failures, rate = rec.NODE_MODEL_FAILURES.name, rec.CLUSTER_FAILURE_RATE.name
+    t_last = scalar(h.url, f"max(timestamp({failures}))", time=h.end)
+    got = {(r["metric"]["cluster"], r["metric"]["class"]): float(r["value"][1]) for r in api(
+        h.url, "/api/v1/query", query=f"sum by (cluster, class) ({failures})", time=t_last)["result"]}
+    rates = {(r["metric"]["cluster"], r["metric"]["class"]): float(r["value"][1]) for r in api(
+        h.url, "/api/v1/query", query=rate, time=t_last)["result"]}
+    hours = {r["metric"]["cluster"]: float(r["value"][1]) for r in api(
+        h.url, "/api/v1/query", query=f"sum by (cluster) ({rec.NODE_MODEL_GPU_HOURS.name})", time=t_last)["result"]}
+    rows = []
+    for cl in sorted({nd.cluster for nd in h.nodes}):
+        nodes = [nd for nd in h.nodes if nd.cluster == cl]
+        truth = {"xid_reboot": sum(nd.xid_events(t_last) for nd in nodes),
+                 "gpu_lost": sum(nd.lost_by(t_last) for nd in nodes)}
+        for cls in FAILURE_CLASSES:
+            want_rate = 1000 * truth[cls] / hours[cl] if hours.get(cl) else math.nan
+            rows.append({"cluster": cl, "class": cls, "recorded": got.get((cl, cls), 0.0), "injected": truth[cls],
+                         "rate": rates.get((cl, cls), math.nan), "rate_injected": want_rate})
+    exact = all(r["recorded"] == r["injected"] and math.isclose(r["rate"], r["rate_injected"], rel_tol=1e-9)
+                for r in rows)
+    return {"at": t_last, "rows": rows, "exact": exact}
+
+
+def _report_failures(rows: dict, want: list[dict]) -> dict:
+    """`gpuobs report`'s failure rates (its reliability table of CLUSTER_FAILURE_RATE, 4 digits) against
+    the rates of the injected failures (check_failures' rows): the largest relative difference."""
+    worst, missing = 0.0, 0
+    for r in want:
+        cells = rows.get(("reliability", f"{r['class']}/{r['cluster']}"))
+        if not cells:
+            missing += 1
+            continue
+        worst = max(worst, workload.close(float(cells[-1]), r["rate_injected"]))
+    return {"rate_error": worst, "missing": missing}
+
+
+def report_check(h: History, workdir: Path, failures: dict | None = None) -> dict:
     """`gpuobs report` (its CLI) over the whole history, teams from the history's kube_namespace_labels
     and prices the rules' own, as the recording rules take them: its per-team rows against the
-    simulation's truth, summed over clusters."""
+    simulation's truth, summed over clusters; its failure rates against failures' (check_failures)."""
     from gpuobs import report
 
     out = workdir / "report.html"
@@ -1139,6 +1211,8 @@ def report_check(h: History, workdir: Path) -> dict:
         got = {field: float(cells[i].split()[0].replace(",", ""))
                for field, i in zip(TRUTH_OF, (1, 2, 4, 5)) if cells}
         res["teams"].append({"team": team, **compared(got, want)})
+    if failures is not None:
+        res["failures"] = _report_failures(rows, failures["rows"])
     out.unlink()
     return res
 
@@ -1162,7 +1236,8 @@ def history_bench(workdir: Path, template: str, hnodes: int, step: int, scrape: 
         res["empty_records"] = check_records(prom, h.pairs, end)
         res["usage"] = check_usage(prom, h)
         res["energy"] = check_energy(prom, h)
-        res["report"] = report_check(h, workdir)
+        res["failures"] = check_failures(prom, h)
+        res["report"] = report_check(h, workdir, res["failures"])
         prom = h.serve()
         m0 = metrics(f"{prom}/metrics")
         values = {"cluster": ".*", "node": ".*", "model": ".*", "job": ".*", "__rate_interval": f"{4 * scrape}s",
@@ -1545,6 +1620,7 @@ def efficiency_report(h: dict) -> list[str]:
         L.append("")
         L.append(f"{d}: {x['queries']} queries, slowest {fmt(x['max_with'], 3)} s ({x['slowest_with']}); without data: "
                  + (", ".join(x["empty_with"]) or "none") + ".")
+    L += failures_report(h)
     rep = h.get("report", {})
     L.append("")
     if rep.get("exit") == 0:
@@ -1574,6 +1650,28 @@ def energy_report(h: dict) -> list[str]:
     worst, whole = _errors(rows, "kwh")
     L += ["", f"Per-team energy within 2 % of the simulation: **{'met' if worst <= 0.02 else 'missed'}** "
           f"(worst team {100 * worst:.2f} %, all teams {100 * whole:.2f} %)."]
+    return L
+
+
+def failures_report(h: dict) -> list[str]:
+    """The weekly failure records (count and rate per 1,000 GPU-hours) against the failures the
+    history injected: XIDs 79, each GPU's counter born at 1 with its first, and lost GPUs."""
+    f = h.get("failures")
+    if not f:
+        return []
+    L = ["", "### Weekly failure records against the injected failures", "",
+         "| cluster | class | failures (recorded / injected) | per 1,000 GPU-hours (recorded / injected) |",
+         "|---|---|---:|---:|"]
+    for r in f["rows"]:
+        L.append(f"| {r['cluster']} | {r['class']} | {r['recorded']:.0f} / {r['injected']} "
+                 f"| {fmt(r['rate'], 3)} / {fmt(r['rate_injected'], 3)} |")
+    rep = h.get("report", {}).get("failures")
+    line = (f"Failure counts and rates equal to the injected ones: **{'yes' if f['exact'] else 'no'}** (XID counters "
+            "created at 1 by their GPU's first XID, as the exporter creates them; read at the last weekly step).")
+    if rep:
+        missing = f" ({rep['missing']} rows missing)" if rep["missing"] else ""
+        line += f" `gpuobs report`'s failure rates within {100 * rep['rate_error']:.3f} % of them{missing}."
+    L += ["", line]
     return L
 
 

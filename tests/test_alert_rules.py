@@ -897,6 +897,19 @@ case("TrainingStepsFailing", "gone", "fires, then the job ends and its series va
      stepping(_r0, [30] * 35, [30] * 35, end=" stale"), (25, [_failing_exp("0", "50%")]),
      (35, [_failing_exp("0", "50%")]), (42, []))
 
+# Born at its first event: the rank's "other" series is at 0 from its start (gpuobs.instrument.train), a new
+# exception type's series appears at the steps that failed before the next scrape (here a burst of 20)
+_other = {**_r0, "exception": "other"}
+case("TrainingStepsFailing", "fires", "10 steps a minute; from minute 10 half fail, the ValueError series born at 20 "
+     "(a burst): counted from minute 10, so it fires at 25 (from increase() alone, at 26)",
+     [s(STEPS, _r0, "0+10x40"), s(FAILED, _other, "0x40"), s(FAILED, {**_r0, "exception": "ValueError"},
+                                                              "_x10 20+10x30")],
+     (9, []), (24, []), (25, [_failing_exp("0", "50%")]), (40, [_failing_exp("0", "50%")]))
+case("TrainingStepsFailing", "quiet", "a restarted Prometheus (or a newly found target) first sees a rank with 700 "
+     "failed steps of long ago beside its 0 series: born with the others, not counted",
+     [s(STEPS, _r0, "9000+10x30"), s(FAILED, _other, "0x30"), s(FAILED, {**_r0, "exception": "ValueError"}, "700x30")],
+     (0, []), (5, []), (16, []), (30, []))
+
 _dw = {"cause": "data_wait"}
 
 
@@ -1013,6 +1026,17 @@ _err = {**SERVE, "error_type": "timeout"}
 _err_exp = [({"gen_ai_request_model": "llama"}, "10% of requests to llama fail.")]
 case("InferenceErrorRate", "fires", "10 of 100 requests a minute fail",
      [s(f"{REQ}_count", SERVE, "0+100x30"), s(ERR, _err, "0+10x30")], (5, []), (10, _err_exp), (30, _err_exp))
+_err_zero = {**SERVE, "error_type": "_OTHER"}  # gpuobs.instrument.inference: at 0 from the model's first request
+case("InferenceErrorRate", "fires", "20 requests a minute; from minute 10 timeouts, their series born at 20 (a burst "
+     "before the next scrape) then 10 a minute: counted from minute 10, it fires at 15 (from increase() alone, at 16)",
+     [s(f"{REQ}_count", SERVE, "0+20x30"), s(ERR, _err_zero, "0x30"), s(ERR, _err, "_x10 20+10x20"),
+      s(f"{REQ}_count", _err, "_x10 20+10x20")],
+     (9, []), (14, []), (15, [({"gen_ai_request_model": "llama"}, "33.33% of requests to llama fail.")]),
+     (30, [({"gen_ai_request_model": "llama"}, "33.33% of requests to llama fail.")]))
+case("InferenceErrorRate", "quiet", "a restarted Prometheus first sees 900 timeouts of long ago beside the model's 0 "
+     "series: born with the others, not counted",
+     [s(f"{REQ}_count", SERVE, "5000+100x30"), s(ERR, _err_zero, "0x30"), s(ERR, _err, "900x30"),
+      s(f"{REQ}_count", _err, "900x30")], (0, []), (5, []), (10, []), (30, []))
 case("InferenceErrorRate", "quiet", "1 of 100 requests a minute fails, and a model with no error series",
      [s(f"{REQ}_count", SERVE, "0+100x30"), s(ERR, _err, "0+1x30"),
       s(f"{REQ}_count", {**SERVE, "gen_ai_request_model": "mistral"}, "0+100x30")], (10, []), (30, []))

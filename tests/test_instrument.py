@@ -238,7 +238,8 @@ def test_a_loop_whose_steps_raise_counts_failures_not_progress(mem):
     assert mem.value(c.STEPS) == done["steps"] and mem.point(c.STEP_DURATION).count == done["steps"]
     assert (mem.value(c.SAMPLES_TRAINED), mem.value(c.TOKENS_TRAINED)) == (done["samples"], done["tokens"])
     assert mem.value(c.FLOPS) == 10.0 * done["steps"]
-    assert {p.attributes["exception"]: p.value for p in mem.points(c.STEPS_FAILED)} == failed
+    # plus the rank's "other" series, at 0 from the start (the rules count a new type's first failures)
+    assert {p.attributes["exception"]: p.value for p in mem.points(c.STEPS_FAILED)} == {**failed, "other": 0}
     assert last_ok[0] <= mem.value(c.LAST_STEP) <= last_ok[1]  # the last completed step's, not a failed one's
     assert mem.point(c.DATA_WAIT).count == 30  # every batch was waited for, failed step or not
     bad = {p.attributes["cause"]: p.value for p in mem.points(c.BADPUT)}
@@ -718,7 +719,8 @@ def test_inference_request_metrics_and_span(mem):
     assert mem.value(c.INFERENCE_TOKENS, **genai, **{"gen_ai.token.type": "output"}) == 34
     batch = mem.point(c.BATCH_SIZE, **genai)
     assert tuple(batch.explicit_bounds) == BATCH_BUCKETS and batch.sum == 4 and batch.count == 1
-    assert mem.points(c.INFERENCE_ERRORS) == []
+    # no error: only the model's _OTHER series, at 0 since its first request (the rules' birth reference)
+    assert [(p.attributes["error.type"], p.value) for p in mem.points(c.INFERENCE_ERRORS)] == [("_OTHER", 0)]
     span = mem.spans("chat llama-3-8b")[0]
     assert span.kind is SpanKind.SERVER and span.status.status_code is not StatusCode.ERROR
     assert span.attributes["gen_ai.request.model"] == "llama-3-8b"
@@ -737,6 +739,28 @@ def test_inference_error_counts_and_marks_the_span(mem):
     span = mem.spans("text_completion m")[0]
     assert span.status.status_code is StatusCode.ERROR
     assert any(e.name == "exception" for e in span.events)
+
+
+def test_error_counters_exist_at_0_before_the_first_failure(mem):
+    """A rank's failed-step counter and a model's error counter are exported at 0 (exception "other",
+    error.type "_OTHER") from the run's start and the model's first request, before any failure: the
+    rules count the failures a new type's series is born with against them (records.born_watched).
+    One such series per rank and per model; the first real failure adds its own series at 1."""
+    run = instrument.TrainingRun(mem.tel, timer=WallTimer())
+    assert {p.attributes["exception"]: p.value for p in mem.points(c.STEPS_FAILED)} == {"other": 0}
+    with run.step(samples=1):
+        pass
+    assert {p.attributes["exception"]: p.value for p in mem.points(c.STEPS_FAILED)} == {"other": 0}
+    with pytest.raises(ValueError):
+        with run.step(samples=1):
+            raise ValueError("bad batch")
+    assert {p.attributes["exception"]: p.value for p in mem.points(c.STEPS_FAILED)} == {"other": 0, "ValueError": 1}
+    r = instrument.start_request(model="m3")
+    assert {p.attributes["error.type"]: p.value for p in mem.points(c.INFERENCE_ERRORS)} == {"_OTHER": 0}
+    r.finish()
+    instrument.start_request(model="m3").finish("timeout")
+    errors = {p.attributes["error.type"]: p.value for p in mem.points(c.INFERENCE_ERRORS)}
+    assert errors == {"_OTHER": 0, "timeout": 1}  # one zero series per model, not one per request
 
 
 def test_trace_request_decorator(mem):

@@ -252,17 +252,14 @@ def _job_lines(name: str, window: str, by: str = JOB_BY) -> str:
     """Lines of log pattern `name` that a job's training processes matched within window, summed by
     `by`: increase() of each process's counter (exported from 0, so a restarted trainer's counter back
     at 0 is a reset), and for a process that died of its error within the window (it marked the crash:
-    catalog RUN_CRASH) a series new within the window counts its largest value: dying before its first
-    scrape (a CUDA OOM at the first step, a timeout at start-up), it was first scraped at 1 during the
-    exit grace, which increase() cannot see. Only then: a series new to Prometheus (a restarted
-    Prometheus, a newly discovered target) may carry lines logged long before, which must not page."""
-    sel = _pattern(c.LOG_PATTERN_MATCHES, name)
+    catalog RUN_CRASH) a series new within the window counts its last value (records.born_counted):
+    dying before its first scrape (a CUDA OOM at the first step, a timeout at start-up), it was first
+    scraped at 1 during the exit grace, which increase() cannot see. Only then: a series new to
+    Prometheus (a restarted Prometheus, a newly discovered target) may carry lines logged long before,
+    which must not page."""
     crashed = f"last_over_time({c.RUN_CRASH.exposed_name}[{window}])"
-    # max_over_time, not the instant value: the process that counted is gone by now
-    born = f"max_over_time({sel}[{window}]) unless {sel} offset {window}"
-    counted = f"round(increase({sel}[{window}]))"
-    new = f"({counted} > ({born}) or ({born})) and on (cluster, job, instance) {crashed}"
-    return f"sum by ({by}) (({new}) or {counted})"
+    return records.born_counted(_pattern(c.LOG_PATTERN_MATCHES, name), window, by,
+                                f"on (cluster, job, instance) {crashed}")
 
 
 def _counted(sel: str, by: str, w: str, new: str) -> str:

@@ -37,6 +37,9 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
 from .. import catalog as c
 from .telemetry import Telemetry, current
 
+# OpenTelemetry's semantic conventions' error.type for an error without a more specific type: the
+# series each model's error counter shows at 0 from its first request
+OTHER_ERROR = "_OTHER"
 Parent = otel_context.Context | otel_trace.Span | None
 Linkable = otel_trace.Span | SpanContext | Link
 
@@ -108,7 +111,17 @@ class Request:
                                                 attributes=self.span_attrs, links=self.links)
         self._t0 = time.perf_counter()
         self.tel.instrument(c.ACTIVE_REQUESTS).add(1, self.attrs)
+        self._zero_errors()
         return self
+
+    def _zero_errors(self) -> None:
+        """At a model's first request in this process (per operation and run attributes), its error
+        counter's OTHER_ERROR series at 0: one series per model, which the rules need to count the
+        errors a new error type's series is created with (records.born_watched)."""
+        key = tuple(self.attrs.items())
+        if key not in self.tel.zeroed:
+            self.tel.zeroed.add(key)
+            self.tel.instrument(c.INFERENCE_ERRORS).add(0, {**self.attrs, "error.type": OTHER_ERROR})
 
     def link(self, target: Linkable, attributes: dict | None = None) -> None:
         """Link the started request's span to a span or span context, e.g. each decode step of a

@@ -85,6 +85,7 @@ class Telemetry:
         self.local: dict[str, list[LocalValues]] = {}  # metric name -> LocalValues handed out
         self.windows: dict[str, WindowedQuantiles] = {}  # duration metric name -> its window
         self.on_shutdown: list = []
+        self.zeroed: set[tuple] = set()  # attribute sets whose error counter is emitted at 0 (instrument.inference)
         self.exit_grace_s = 0.0
         self._closed = False
         self.instruments: dict[str, Any] = {m.name: self._create(m) for m in c.OTEL}  # name -> OTel instrument

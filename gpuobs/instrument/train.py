@@ -46,6 +46,7 @@ from .timing import CudaEventTimer, WallTimer, default_timer
 log = logging.getLogger("gpuobs.instrument")
 CAUSES = ("data_wait", "checkpoint", "startup", "idle", "failed_step")
 EXCEPTION_TYPES = 8  # exception types a run counts failed steps by; later ones are "other" (bounded series)
+OTHER_EXCEPTION = "other"  # the exception label of failed steps past EXCEPTION_TYPES types, emitted at 0 from the start
 
 
 def _failure(exc: BaseException | None) -> str | None:
@@ -191,7 +192,12 @@ class TrainingRun:
         bad = i(c.BADPUT)
         self._n_bad = {cause: bad.cell({**a, "cause": cause}) for cause in CAUSES}
         self._steps_failed = i(c.STEPS_FAILED)
-        self._n_failed: dict[str, Any] = {}  # exception type -> its cell, at most EXCEPTION_TYPES + "other"
+        self._n_failed: dict[str, Any] = {}  # exception type -> its cell, at most EXCEPTION_TYPES
+        # the rank's "other" series at 0 from the start (one series per rank): the rules count the
+        # steps a new exception type's series was created with, and tell such a birth from a restarted
+        # Prometheus by this series having been scraped before it (records.born_watched)
+        self._n_other = self._steps_failed.cell({**a, "exception": OTHER_EXCEPTION})
+        self._n_other.add(0)
         if self.peak_flops:
             i(c.PEAK_FLOPS).set(self.peak_flops, a)
         self._gauges = {"loss": i(c.LOSS), "grad_norm": i(c.GRAD_NORM), "lr": i(c.LEARNING_RATE)}
@@ -464,11 +470,9 @@ class TrainingRun:
         """The failed-steps cell of an exception type; past EXCEPTION_TYPES types, the "other" cell."""
         found = self._n_failed.get(exception)
         if found is None:
-            if len(self._n_failed) >= EXCEPTION_TYPES:
-                exception = "other"
-            found = self._n_failed.get(exception)
-            if found is None:
-                found = self._n_failed[exception] = self._steps_failed.cell({**self.attrs, "exception": exception})
+            if exception == OTHER_EXCEPTION or len(self._n_failed) >= EXCEPTION_TYPES:
+                return self._n_other
+            found = self._n_failed[exception] = self._steps_failed.cell({**self.attrs, "exception": exception})
         return found
 
     def micro_step(self) -> Any:

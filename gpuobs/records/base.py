@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Callable, Protocol, Union
 
@@ -173,6 +174,18 @@ class Record:
         return self.build(t)
 
 
+DURATION = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
+UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+
+
+def duration_seconds(duration: str) -> float:
+    """A Prometheus duration ("5m", "1h30m") in seconds; ValueError on anything else."""
+    parts = DURATION.findall(duration)
+    if not parts or "".join(n + u for n, u in parts) != duration:
+        raise ValueError(f"not a Prometheus duration: {duration!r}")
+    return sum(int(n) * UNIT_S[u] for n, u in parts)
+
+
 def _by(by: tuple[str, ...]) -> str:
     return ", ".join(by)
 
@@ -191,6 +204,32 @@ def aggregate(op: str, by: tuple[str, ...], source: c.Metric | Record, matchers:
     after it and its operation: a sum of sums is a sum, an average of ratios a ratio."""
     operation = source.operation if isinstance(source, Record) else op
     return Record(by, source, operation, lambda t: f"{op} by ({_by(by)}) ({_series(source)}{matchers})")
+
+
+def born_counted(sel: str, w: str, by: str, born_while: str) -> str:
+    """Events the series of counter selector `sel` counted within window w, summed by `by`, in whole
+    events: round(increase()) of each series; for a series new within w for which `born_while` holds
+    (the right operand of an `and`), its last value if larger. A counter created at its first event
+    (a failed step's exception type, an error type, a log pattern's first line) is first scraped at
+    1, or at N after a burst between two scrapes, and increase() misses those N. A series new to
+    Prometheus for another reason (a restarted Prometheus, a newly discovered target) may carry
+    events of long ago, which must not count: `born_while` tells them apart (born_watched, or a
+    crash mark). The alert pack's log-line counts and the training and inference error shares read it."""
+    born = f"last_over_time({sel}[{w}]) unless {sel} offset {w}"
+    counted = f"round(increase({sel}[{w}]))"
+    new = f"({counted} > ({born}) or ({born})) and {born_while}"
+    return f"sum by ({by}) (({new}) or {counted})"
+
+
+def born_watched(sel: str, w: str, label: str) -> str:
+    """born_counted's condition for a counter labelled by an event type (`label`) whose process emits
+    one series of it at 0 from its start (gpuobs.instrument: a rank's `other` exception type, a
+    model's `_OTHER` error type): the series of sel with fewer samples within w than another series
+    of sel that differs only in `label`. Those were born after Prometheus first scraped their
+    process within w, so every event they count happened since; after a Prometheus restart, or
+    for a newly discovered target, every series of the process has the same samples (none counts)."""
+    n = f"count_over_time({sel}[{w}])"
+    return f"({n} < ignoring ({label}) group_left () max without ({label}) ({n}))"
 
 
 def rate_of(by: tuple[str, ...], counter: c.Metric) -> Record:

@@ -8,7 +8,10 @@ from .base import (
     RANK,
     Record,
     Windows,
+    _by,
     _sum_rate,
+    born_counted,
+    born_watched,
     rate_of,
     windowed_quantile,
 )
@@ -24,9 +27,13 @@ def _to_others(rank: Record) -> str:
 
 
 def _failed_share(t: Windows) -> str:
+    # failed steps counted from a series' birth (records.born_counted): a rank's first failure of an
+    # exception type creates its series, at the number of steps that failed before the next scrape
+    sel, by = c.STEPS_FAILED.exposed_name, _by(RANK)
+    failed = born_counted(sel, t.rate_window, by, born_watched(sel, t.rate_window, "exception"))
     # a rank whose steps all fail has no step counter (it appears at the first completed step): 0 then
-    failed = _sum_rate(RANK, c.STEPS_FAILED.exposed_name, t)
-    return f"{failed} / ({failed} + ({_sum_rate(RANK, c.STEPS.exposed_name, t)} or {failed} * 0))"
+    steps = f"sum by ({by}) (increase({c.STEPS.exposed_name}[{t.rate_window}]))"
+    return f"{failed} / ({failed} + ({steps} or {failed} * 0))"
 
 
 # ------------------------------------------------------------------------------------------ training

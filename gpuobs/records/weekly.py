@@ -3,7 +3,6 @@ training goodput), from per-GPU step records."""
 
 from __future__ import annotations
 
-import re
 from typing import Callable
 
 from .. import catalog as c
@@ -18,6 +17,7 @@ from .base import (
     Record,
     Windows,
     _by,
+    duration_seconds,
 )
 from .errors import new_first
 from .power import CLUSTER_SM_ACTIVE
@@ -39,18 +39,6 @@ NOT_HARDWARE = ("xid_application",)  # contained application errors: no GPU fail
 
 
 WeeklyWindows = Windows  # the weekly records' windows: part of the one protocol (records.base.Windows)
-
-
-DURATION = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
-UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
-
-
-def duration_seconds(duration: str) -> float:
-    """A Prometheus duration ("5m", "1h30m") in seconds; ValueError on anything else."""
-    parts = DURATION.findall(duration)
-    if not parts or "".join(n + u for n, u in parts) != duration:
-        raise ValueError(f"not a Prometheus duration: {duration!r}")
-    return sum(int(n) * UNIT_S[u] for n, u in parts)
 
 
 def with_model(expr: str, t: Windows) -> str:

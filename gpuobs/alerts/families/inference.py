@@ -17,7 +17,8 @@ def inference(t: Thresholds) -> list[Alert]:
               severity="warning", summary="Inference p99 latency is high.",
               description="Model {{ $labels.gen_ai_request_model }} p99 latency is {{ $value | humanize }} s."),
         alert(name="InferenceErrorRate",
-              expr=f"sum by (gen_ai_request_model) (rate({c.INFERENCE_ERRORS.exposed_name}[{t.rate_window}])) / "
+              # errors counted from each series' birth, as MODEL_REQUESTS counts requests (records.born_rate)
+              expr=f"{records.born_rate(c.INFERENCE_ERRORS.exposed_name, t)} / "
                    f"{records.MODEL_REQUESTS.name} > {t.inference_error_ratio:g}",
               severity="critical", summary="Inference requests are failing.",
               description="{{ $value | humanizePercentage }} of requests to {{ $labels.gen_ai_request_model }} "
