@@ -1168,9 +1168,11 @@ def check_failures(prom: str, h: History) -> dict:
             want_rate = 1000 * truth[cls] / hours[cl] if hours.get(cl) else math.nan
             rows.append({"cluster": cl, "class": cls, "recorded": got.get((cl, cls), 0.0), "injected": truth[cls],
                          "rate": rates.get((cl, cls), math.nan), "rate_injected": want_rate})
-    exact = all(r["recorded"] == r["injected"] and math.isclose(r["rate"], r["rate_injected"], rel_tol=1e-9)
-                for r in rows)
-    return {"at": t_last, "rows": rows, "exact": exact}
+    # counts must be exact; a rate's denominator is the GPU-hours record, itself within its own tolerance
+    # of the simulation (check_usage), so the rate is held to the same 2 %
+    exact = all(r["recorded"] == r["injected"] for r in rows)
+    rate_error = max((workload.close(r["rate"], r["rate_injected"]) for r in rows if r["injected"]), default=0.0)
+    return {"at": t_last, "rows": rows, "exact": exact, "rate_error": rate_error}
 
 
 def _report_failures(rows: dict, want: list[dict]) -> dict:
@@ -1666,8 +1668,9 @@ def failures_report(h: dict) -> list[str]:
         L.append(f"| {r['cluster']} | {r['class']} | {r['recorded']:.0f} / {r['injected']} "
                  f"| {fmt(r['rate'], 3)} / {fmt(r['rate_injected'], 3)} |")
     rep = h.get("report", {}).get("failures")
-    line = (f"Failure counts and rates equal to the injected ones: **{'yes' if f['exact'] else 'no'}** (XID counters "
-            "created at 1 by their GPU's first XID, as the exporter creates them; read at the last weekly step).")
+    line = (f"Failure counts equal to the injected ones: **{'yes' if f['exact'] else 'no'}** (XID counters created at "
+            "1 by their GPU's first XID, as the exporter creates them; read at the last weekly step); rates within "
+            f"{100 * f.get('rate_error', math.nan):.2f} % of the injected count over the recorded GPU-hours.")
     if rep:
         missing = f" ({rep['missing']} rows missing)" if rep["missing"] else ""
         line += f" `gpuobs report`'s failure rates within {100 * rep['rate_error']:.3f} % of them{missing}."
