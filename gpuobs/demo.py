@@ -601,7 +601,7 @@ class Demo:
         assert self.children is not None, "start() spawns the children first"
         cmd = [sys.executable, "-m", "gpuobs.cli", "explain", JOB_ID, "--prometheus", self.prometheus,
                "--profile", "fast", "--window", EXPLAIN_WINDOW]
-        _say(f"EXPLAIN: gpuobs {' '.join(cmd[4:])}")
+        _say(f"EXPLAIN: gpuobs {' '.join(cmd[3:])}")
         log = self.workdir / "explain.log"
         proc = self.children.spawn(cmd, log)  # not in self.procs: it is meant to exit
         try:
