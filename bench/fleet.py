@@ -236,8 +236,9 @@ FOLLOW = {
     c.MEMORY_TEMPERATURE.name: (35, 45),
 }
 # Counters with a steady rate per second (bytes, joules, passes).
+# The energy counter is not among them: it is the simulated power integrated (Node.energy).
 RATE = {
-    c.ENERGY.exposed_name: 400.0, c.PCIE_TX.exposed_name: 2e9,
+    c.PCIE_TX.exposed_name: 2e9,
     c.PCIE_RX.exposed_name: 2e9, c.NVLINK_TX.exposed_name: 5e8,
     c.NVLINK_RX.exposed_name: 5e8, c.SAMPLES.exposed_name: 0.2,
     c.NVLINKS_TX.exposed_name: 9e9, c.NVLINKS_RX.exposed_name: 9e9,   # the default profile's per-GPU totals
@@ -303,12 +304,12 @@ class Rows:
 
 
 # a series' value at t: base + amp * utilization + rate * (t - T0) + step * floor((t - T0 + xphase) / XID_PERIOD)
-# + hold * (GPU held at t), times 0 from cut on
-COEF = ("base", "amp", "rate", "step", "hold", "cut")
+# + hold * (GPU held at t) + joules * (the GPU's simulated power integrated from T0 to t), times 0 from cut on
+COEF = ("base", "amp", "rate", "step", "hold", "cut", "joules")
 
 
-def _coef(base=0.0, amp=0.0, rate=0.0, step=0.0, hold=0.0, cut=math.inf) -> tuple:
-    return (base, amp, rate, step, hold, cut)
+def _coef(base=0.0, amp=0.0, rate=0.0, step=0.0, hold=0.0, cut=math.inf, joules=0.0) -> tuple:
+    return (base, amp, rate, step, hold, cut, joules)
 
 
 class Node(Rows):
@@ -409,6 +410,8 @@ class Node(Rows):
             return _coef(base, amp)
         if s.name in RATE:
             return _coef(s.value, rate=RATE[s.name])
+        if s.name == c.ENERGY.exposed_name:
+            return _coef(s.value, joules=1.0)
         if s.name == c.LAST_SUCCESS.name:
             return _coef(T0, rate=1.0)
         if s.name == c.MEMORY_USED.name:   # a process's memory while a pod holds the GPU
@@ -472,6 +475,30 @@ class Node(Rows):
         u = 0.62 + 0.3 * np.sin(w / 2820 + self.phase[0][:, None]) + 0.08 * np.sin(w / 420 + self.phase[1][:, None])
         return np.clip(u, 0.05, 1.0) * self.busy[:, None] * self.held(t, busy_only=True)
 
+    def power(self, t: np.ndarray) -> np.ndarray:
+        """(GPUS, len(t)) watts: the power gauge's simulated value (FOLLOW), the truth of the energy records."""
+        base, amp = FOLLOW[c.POWER_USAGE.name]
+        return base + amp * self.utilization(t)
+
+    def _wave(self, g: int, x: np.ndarray) -> np.ndarray:
+        """An antiderivative of GPU g's utilization wave (utilization() before clip, held and busy; the
+        clip never binds: the wave stays within 0.24..1)."""
+        w = 2 * math.pi * x
+        return (0.62 * x - 0.3 * 2820 / (2 * math.pi) * np.cos(w / 2820 + self.phase[0][g])
+                - 0.08 * 420 / (2 * math.pi) * np.cos(w / 420 + self.phase[1][g]))
+
+    def energy(self, t: np.ndarray) -> np.ndarray:
+        """(GPUS, len(t)) joules: power() integrated from T0 to t in closed form (the energy counter's
+        increase, as NVML counts it), over the spans a working pod holds each busy GPU."""
+        base, amp = FOLLOW[c.POWER_USAGE.name]
+        out = np.tile(base * (t - T0), (GPUS, 1))
+        for g in np.flatnonzero(self.busy):
+            spans = ([(h.start, h.end) for h in self.holds if g in h.gpus and not h.idle] if self.attributed
+                     else [(-math.inf, math.inf)])
+            for a, b in spans:
+                out[g] += amp * (self._wave(g, np.clip(t, a, b)) - self._wave(g, np.clip(np.array([T0]), a, b)))
+        return out
+
     def held(self, t: np.ndarray, busy_only: bool = False) -> np.ndarray:
         """(GPUS, len(t)) 0/1: a (working, with busy_only) pod holds the GPU at t; always without attribution."""
         if not self.attributed:
@@ -484,10 +511,12 @@ class Node(Rows):
         h = self.held(t)
         g = np.maximum(self.gpu, 0)
         per_gpu = (self.gpu >= 0)[:, None]
-        base, amp, rate, step, hold, cut = (self.coef[:, i][:, None] for i in range(len(COEF)))
+        base, amp, rate, step, hold, cut, joules = (self.coef[:, i][:, None] for i in range(len(COEF)))
         dt = t[None, :] - T0
         v = (base + amp * np.where(per_gpu, u[g], 0.0) + rate * dt + hold * np.where(per_gpu, h[g], 0.0)
              + step * np.floor((dt + self.xphase[:, None]) / XID_PERIOD))
+        if joules.any():
+            v = v + joules * np.where(per_gpu, self.energy(t)[g], 0.0)
         return np.round(np.where(t[None, :] < cut, v, 0.0), 3)
 
 
@@ -1007,6 +1036,11 @@ class History:
         price = Settings.from_thresholds(DEFAULT).cost(model)
         return workload.truth(self.nodes, window, price, DEFAULT.idle_utilization)
 
+    def energy_truth(self, window: tuple[float, float]) -> dict:
+        """The simulation's own energy (joules) per namespace, team and Slurm job over window
+        (bench.workload.energy_truth: its power values integrated over each holder's span)."""
+        return workload.energy_truth(self.nodes, window)
+
 
 def check_records(prom: str, pairs: list[tuple[str, str]], at: int) -> list[str]:
     """Recording rules with no series in the hour before `at`."""
@@ -1062,6 +1096,24 @@ def check_usage(prom: str, h: History) -> dict:
     return out
 
 
+def check_energy(prom: str, h: History) -> list[dict]:
+    """The weekly energy records per team at their last step against the simulation's power integrated
+    over each holder's span in the same window: [{cluster, team, kwh, kwh_truth, kwh_error}]."""
+    step, total = rec.TEAM_POWER_STEP.name, rec.TEAM_ENERGY.name
+    t_last = scalar(prom, f"max(timestamp({total}))", time=h.end)
+    times = {float(t) for row in api(prom, "/api/v1/query", query=f"{step}[{h.hours + 1}h]", time=t_last)["result"]
+             for t, _ in row["values"]}
+    window = (min(times) - _seconds(DEFAULT.weekly_interval), max(times))
+    truth = h.energy_truth(window)["team"]
+    got = {(row["metric"].get("cluster", ""), row["metric"].get("team", "")): float(row["value"][1])
+           for row in api(prom, "/api/v1/query", query=total, time=t_last)["result"]}
+    rows = []
+    for key in sorted(set(got) | set(truth)):
+        m, w = got.get(key, 0.0) / 3.6e6, truth.get(key, 0.0) / 3.6e6
+        rows.append({"cluster": key[0], "team": key[1], "kwh": m, "kwh_truth": w, "kwh_error": workload.close(m, w)})
+    return rows
+
+
 def report_check(h: History, workdir: Path) -> dict:
     """`gpuobs report` (its CLI) over the whole history, teams from the history's kube_namespace_labels
     and prices the rules' own, as the recording rules take them: its per-team rows against the
@@ -1109,6 +1161,7 @@ def history_bench(workdir: Path, template: str, hnodes: int, step: int, scrape: 
         res["recorded_ok"] = scalar(prom, "count(cluster:gpuobs_gpus_expected:sum)", time=end) == CLUSTERS
         res["empty_records"] = check_records(prom, h.pairs, end)
         res["usage"] = check_usage(prom, h)
+        res["energy"] = check_energy(prom, h)
         res["report"] = report_check(h, workdir)
         prom = h.serve()
         m0 = metrics(f"{prom}/metrics")
@@ -1481,6 +1534,7 @@ def efficiency_report(h: dict) -> list[str]:
              f"(worst team {100 * worst_team:.2f} %). A Slurm job's or a small namespace's row misses more: a job "
              "that starts or ends inside a 5 min weekly step is averaged over the step's 30 s evaluations, so each "
              "row is off by up to one evaluation per start and end, large against a job of a few minutes.")
+    L += energy_report(h)
     empty = [n for n in h.get("empty_records", [])]
     L.append("")
     L.append(f"Recording rules without a series on this history ({len(empty)}): "
@@ -1501,6 +1555,25 @@ def efficiency_report(h: dict) -> list[str]:
                  "of the simulation.")
     else:
         L.append(f"`gpuobs report` **failed**: {rep.get('error', 'not run')}")
+    return L
+
+
+def energy_report(h: dict) -> list[str]:
+    """The energy part of the Fleet efficiency section: kWh per team of the weekly energy records
+    against the simulation's own power integrated over each holder's span."""
+    if "energy" not in h:
+        return []
+    rows = h["energy"]
+    L = ["", "Energy per team: the simulated power (idle 70 W plus 600 W times utilization) is integrated over "
+         "each holder's span every 5 s (the truth); the exporter's energy counter is the same power integrated in "
+         f"closed form. The weekly energy records (`{rec.TEAM_ENERGY.name}`) are read at their last step.", "",
+         "| team | cluster | kWh (recorded / simulated) | error |", "|---|---|---:|---:|"]
+    for r in sorted(rows, key=lambda r: (r["cluster"], r["team"])):
+        L.append(f"| {r['team']} | {r['cluster']} | {fmt(r['kwh'])} / {fmt(r['kwh_truth'])} "
+                 f"| {100 * r['kwh_error']:.2f} % |")
+    worst, whole = _errors(rows, "kwh")
+    L += ["", f"Per-team energy within 2 % of the simulation: **{'met' if worst <= 0.02 else 'missed'}** "
+          f"(worst team {100 * worst:.2f} %, all teams {100 * whole:.2f} %)."]
     return L
 
 

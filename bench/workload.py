@@ -1,6 +1,6 @@
 """The fleet bench's workload: who holds which GPU when, what kube-state-metrics and Kueue say about
-it, and the ground truth (GPU-hours allocated, used and idle, and their cost, per namespace, team and
-Slurm job) that the recording rules and `gpuobs report` must reproduce.
+it, and the ground truth (GPU-hours allocated, used and idle, and their cost, and energy, per
+namespace, team and Slurm job) that the recording rules and `gpuobs report` must reproduce.
 
 Kubernetes clusters run pods of 1, 2, 4 or 8 GPUs from a few namespaces, one after another with gaps
 between them; GPUs the bench marks idle are never allocated and those it marks allocated-idle sit in
@@ -144,6 +144,24 @@ def truth(nodes, window: tuple[float, float], price: float, idle_utilization: fl
                         [("namespace", h.key("namespace")), ("team", team_of(h.key("namespace")))])
                 for kind, name in keys:
                     out[kind].setdefault((nd.cluster, name), Usage()).add(Usage(hours, used, wasted, wasted * price))
+    return out
+
+
+def energy_truth(nodes, window: tuple[float, float], grid_s: float = 5.0) -> dict:
+    """{'namespace' | 'team' | 'hpc_job': {(cluster, name): joules}} of the given bench nodes (each with
+    .cluster, .holds and .power(t) giving (GPUS, len(t)) watts, the simulated power values) over window:
+    each GPU's power integrated on a grid_s grid over the spans its holders hold it."""
+    t = np.arange(window[0] + grid_s / 2, window[1], grid_s)
+    out: dict = {"namespace": {}, "team": {}, "hpc_job": {}}
+    for nd in nodes:
+        watts = nd.power(t)
+        for h in nd.holds:
+            on = (t >= h.start) & (t < h.end)
+            joules = sum(watts[g][on].sum() for g in h.gpus) * grid_s
+            keys = ([("hpc_job", h.key("hpc_job"))] if h.key("hpc_job") else
+                    [("namespace", h.key("namespace")), ("team", team_of(h.key("namespace")))])
+            for kind, name in keys:
+                out[kind][(nd.cluster, name)] = out[kind].get((nd.cluster, name), 0.0) + joules
     return out
 
 

@@ -36,6 +36,7 @@ import yaml
 
 from . import catalog as c
 from . import mig, records
+from .alerts.common import check_grid_intensities
 from .alerts.rules import DEFAULT, Thresholds
 
 # Python names in gpuobs.records.NAMES of the records the MIG and reliability sections read, when the
@@ -114,12 +115,16 @@ class Settings:
     (a namespace without it is its own team). costs: {GPU model as gpuobs_gpu_info's `name`, or a regex
     matching whole names as Thresholds.gpu_hour_costs: cost per GPU-hour}, an exact name first, then
     the first regex that matches, then default_cost (None: no cost shown). idle_utilization: a held
-    GPU at or below this utilisation (ratio) is wasted. from_thresholds gives the rules' own settings."""
+    GPU at or below this utilisation (ratio) is wasted. grid_intensities and grid_intensity: the grid's
+    carbon intensity in gCO2e/kWh, as Thresholds.grid_intensities (first match) and grid_intensity_default.
+    from_thresholds gives the rules' own settings."""
     team_label: str = DEFAULT.team_label
     costs: dict[str, float] = field(default_factory=dict)
     default_cost: float | None = None
     currency: str = DEFAULT.currency
     idle_utilization: float = DEFAULT.idle_utilization
+    grid_intensities: tuple[tuple[str, str, float], ...] = DEFAULT.grid_intensities
+    grid_intensity: float = DEFAULT.grid_intensity_default
 
     @classmethod
     def from_thresholds(cls, t=DEFAULT, **overrides) -> "Settings":
@@ -127,6 +132,7 @@ class Settings:
         thresholds t: the report then agrees with the Fleet efficiency dashboard."""
         return cls(**{"costs": dict(t.gpu_hour_costs), "default_cost": t.gpu_hour_cost_default,
                       "currency": t.currency, "idle_utilization": t.idle_utilization, "team_label": t.team_label,
+                      "grid_intensities": t.grid_intensities, "grid_intensity": t.grid_intensity_default,
                       **overrides})
 
     def thresholds(self, t: Thresholds = DEFAULT) -> Thresholds:
@@ -136,7 +142,9 @@ class Settings:
         regexes = [(k.replace("\\", "\\\\"), v) for k, v in self.costs.items() if _valid(k)]  # backslashes, for PromQL
         return dataclasses.replace(t, team_label=self.team_label, idle_utilization=self.idle_utilization,
                                    gpu_hour_costs=tuple(exact + regexes),
-                                   gpu_hour_cost_default=self.default_cost or 0.0)
+                                   gpu_hour_cost_default=self.default_cost or 0.0,
+                                   grid_intensities=self.grid_intensities,
+                                   grid_intensity_default=self.grid_intensity)
 
     def cost(self, model: str) -> float | None:
         """Cost of one GPU-hour of this model, or None when no cost is known."""
@@ -173,9 +181,29 @@ def _fullmatch(pattern: str, text: str) -> bool:
         return False
 
 
+def _grid_intensity(table: Any) -> dict[str, Any]:
+    """Settings' grid intensity fields from the settings file's `grid_intensity` mapping ({"default" or
+    "LABEL=REGEX": gCO2e per kWh}, the first matching entry in file order wins); ValueError on a key
+    that is neither, an invalid label or regex, or an intensity that is negative or not a number."""
+    kw: dict[str, Any] = {}
+    overrides = []
+    for key, value in (table or {}).items():
+        if str(key) == "default":
+            kw["grid_intensity"] = float(value)
+            continue
+        label, sep, regex = str(key).partition("=")
+        if not sep:
+            raise ValueError(f"grid_intensity key {key!r} is neither default nor LABEL=REGEX")
+        overrides.append((label.strip(), regex.strip(), float(value)))
+    kw["grid_intensities"] = tuple(overrides)
+    check_grid_intensities(kw["grid_intensities"], kw.get("grid_intensity", DEFAULT.grid_intensity_default))
+    return kw
+
+
 def load_settings(path: str | Path | None, **overrides) -> Settings:
     """Settings from a YAML file (keys: cost_per_gpu_hour {model or "default": number}, currency,
-    team_label, idle_utilization), then overrides; ReportError if the file is unreadable, a value has
+    team_label, idle_utilization, grid_intensity {"default" or "LABEL=REGEX": gCO2e per kWh}), then
+    overrides; ReportError if the file is unreadable, a value has
     the wrong type, or it maps namespaces to teams (`teams`: teams are kube-state-metrics' namespace
     label, the recording rules' one source, so that the report and the dashboards agree). Without
     cost_per_gpu_hour (or without a file) GPU-hours are priced as the recording rules price them
@@ -199,6 +227,8 @@ def load_settings(path: str | Path | None, **overrides) -> Settings:
         kw.update({k: str(data[k]) for k in ("currency", "team_label") if k in data})
         if "idle_utilization" in data:
             kw["idle_utilization"] = float(data["idle_utilization"])
+        if "grid_intensity" in data:  # else the recording rules' (Thresholds' defaults)
+            kw.update(_grid_intensity(data["grid_intensity"]))
     except (AttributeError, TypeError, ValueError) as e:
         raise ReportError(f"{path}: {e} (see docs/report.md for its format)") from None
     kw.update({k: v for k, v in overrides.items() if v is not None})
@@ -384,8 +414,10 @@ def _filtered(expr: str, matchers: str) -> str:
     return expr
 
 
-def record_hours(client: Prometheus, window: Window, settings: Settings, hours: records.Record) -> tuple[list, bool]:
-    """(instant-query result, from the rules?) of a GPU-hours record over the report's range.
+def record_hours(client: Prometheus, window: Window, settings: Settings, hours: records.Record,
+                 unit_s: float = 3600) -> tuple[list, bool]:
+    """(instant-query result, from the rules?) of a GPU-hours record over the report's range (or of
+    another weekly total: unit_s 1 for the energy records' joules and grams).
 
     The record's own expression with weekly_window set to the range, evaluated at its end: it sums the
     record's step record (read by name, the recording rules' results), so over a range of
@@ -401,15 +433,15 @@ def record_hours(client: Prometheus, window: Window, settings: Settings, hours: 
         return result, True
     now = _step_of(hours).source  # the per-moment record its step record averages
     assert isinstance(now, records.Record)
-    raw = f"sum_over_time(({inlined(now, t)})[{rng}:{window.step}s]) * {window.step} / 3600"
+    raw = f"sum_over_time(({inlined(now, t)})[{rng}:{window.step}s]) * {window.step} / {unit_s:g}"
     # half a step early: each evaluation then sits on a step's start and stands for that step, the
     # range's first included and none past its end
     return client.instant(raw, window.end - window.step / 2), False
 
 
 def _step_of(hours: records.Record) -> records.Record:
-    """The step record a weekly GPU-hours record sums (its pair in WEEKLY_USAGE)."""
-    for pairs in records.WEEKLY_USAGE.values():
+    """The step record a weekly GPU-hours (or energy) record sums (its pair in WEEKLY_USAGE or WEEKLY_ENERGY)."""
+    for pairs in (*records.WEEKLY_USAGE.values(), *records.WEEKLY_ENERGY.values()):
         for step, total in zip(pairs[0::2], pairs[1::2]):
             if total is hours:
                 return step
@@ -500,6 +532,71 @@ def section_usage(client: Prometheus, window: Window, settings: Settings) -> Sec
         parts.append("<p>No cost per GPU-hour configured (--cost-file has an empty cost_per_gpu_hour): "
                      "idle time is not priced.</p>")
     return Section("usage", "Utilisation and waste by team", "".join(parts))
+
+
+# ------------------------------------------------------------------------------ energy and carbon
+ENERGY_FIELDS = ("joules", "grams")  # Energy's fields: the totals of WEEKLY_ENERGY, in its order
+
+
+@dataclass
+class Energy:
+    """Of one team, namespace or Slurm job over the range: the energy its GPUs drew (joules) and its
+    CO2e (grams) at the configured grid intensity."""
+    joules: float = 0.0
+    grams: float = 0.0
+
+    def add(self, other: "Energy") -> None:
+        """Add other's energy and CO2e to this one (bench.workload sums its truth with it)."""
+        self.joules += other.joules
+        self.grams += other.grams
+
+
+def energy(client: Prometheus, window: Window, settings: Settings, level: str) -> tuple[dict[str, Energy], bool]:
+    """({team, namespace or job: Energy}, from the rules?) over the window, from the level's weekly
+    energy records (gpuobs.records.WEEKLY_ENERGY; clusters summed), evaluated as record_hours does."""
+    out: dict[str, Energy] = defaultdict(Energy)
+    from_rules = True
+    for name, record in zip(ENERGY_FIELDS, records.WEEKLY_ENERGY[WEEKLY_LEVEL[level]][1::2]):
+        result, ruled = record_hours(client, window, settings, record, unit_s=1)
+        from_rules = from_rules and ruled
+        for series in result:
+            row = out[series["metric"].get(LEVELS[level], "")]
+            setattr(row, name, getattr(row, name) + float(series["value"][1]))
+    return dict(out), from_rules
+
+
+def kwh(joules: float) -> str:
+    """Energy in kWh as the tables show it."""
+    return f"{joules / records.JOULES_PER_KWH:,.2f}"
+
+
+def co2e(grams: float) -> str:
+    """CO2e in kg as the tables show it."""
+    return f"{grams / 1000:,.2f}"
+
+
+def section_energy(client: Prometheus, window: Window, settings: Settings) -> Section:
+    """Energy and carbon: kWh and kg CO2e of the GPUs each team, namespace and Slurm job held (the
+    weekly energy records over this range, or their definitions from raw series without the rules)."""
+    levels = {level: energy(client, window, settings, level) for level in LEVELS}
+    if not any(rows for rows, _ in levels.values()):
+        return Section("energy", "Energy and carbon by team",
+                       no_data(f"no GPU held by a pod or Slurm job drew power in this range "
+                               f"({c.ENERGY.exposed_name} or {c.POWER_USAGE.name})"))
+    ruled = all(r for rows, r in levels.values() if rows)
+    overrides = ", ".join(f"{label}=~{regex}: {value:g}" for label, regex, value in settings.grid_intensities)
+    source = ("From the recording rules (the weekly energy records over this range)" if ruled else
+              "Computed from raw series with the recording rules' definitions: the weekly energy records have "
+              "no series in this range (are the rules loaded?)")
+    intensity = f"{settings.grid_intensity:g} gCO2e/kWh" + (f" ({overrides} first)" if overrides else "")
+    parts = [f"<p>{esc(source)}. Grid intensity {esc(intensity)}: a configured average, not live; embodied "
+             "carbon (manufacturing) is not counted.</p>"]
+    for level, (rows, _) in levels.items():
+        if rows:
+            ranked = sorted(rows.items(), key=lambda kv: -kv[1].joules)
+            parts += [f"<h3>By {esc(level)}</h3>", table([level, "energy kWh", "CO2e kg"],
+                                                          [(n, [n, kwh(e.joules), co2e(e.grams)]) for n, e in ranked])]
+    return Section("energy", "Energy and carbon by team", "".join(parts))
 
 
 # --------------------------------------------------------------------------------------- alerts
@@ -637,16 +734,17 @@ def section_reliability(client: Prometheus, window: Window, settings: Settings) 
 
 def records_read() -> tuple[records.Record, ...]:
     """Every record whose series the report reads, for backfills and the check that every record
-    has a reader: the GPU-hour records (and the step records their expressions sum), MIG advice and
+    has a reader: the GPU-hour and energy records (and the step records their expressions sum), MIG advice and
     the peaks that explain its absence, and the reliability records this version defines."""
-    usage = tuple(x for level in LEVELS for x in records.WEEKLY_USAGE[WEEKLY_LEVEL[level]])
+    usage = tuple(x for level in LEVELS for x in (*records.WEEKLY_USAGE[WEEKLY_LEVEL[level]],
+                                                  *records.WEEKLY_ENERGY[WEEKLY_LEVEL[level]]))
     named = tuple(records.NAMES[n] for names in RECORDS.values() for n in names if n in records.NAMES)
     return usage + (records.GPU_MIG_ADVICE, records.GPU_MEMORY_PEAK) + named
 
 
 SectionFn = Callable[[Prometheus, Window, Settings], Section]
-SECTIONS: tuple[SectionFn, ...] = (section_usage, section_placement, section_mig, section_reliability,
-                                   section_alerts)
+SECTIONS: tuple[SectionFn, ...] = (section_usage, section_energy, section_placement, section_mig,
+                                   section_reliability, section_alerts)
 
 # --------------------------------------------------------------------------------------- the page
 STYLE = """

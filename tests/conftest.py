@@ -259,10 +259,11 @@ def stop(proc: subprocess.Popen, timeout: float = 10) -> None:
 
 # The live training tests run real multi-rank jobs (each file about 20 torch processes for two
 # minutes): run side by side on the two workers, their ~40 processes starve each other on a 2-core
-# machine and their alert timing slips past the watch. One xdist scope for both: under `--dist
+# machine and their alert timing slips past the watch. One xdist scope for all: under `--dist
 # loadfile` they run one after the other on one worker while the other worker runs the rest.
 SERIAL_SCOPES = {"tests/test_training_alerts_live.py": "live-training",
-                 "tests/test_training_acceptance_live.py": "live-training"}
+                 "tests/test_training_acceptance_live.py": "live-training",
+                 "tests/test_slowdown_live.py": "live-training"}
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -26,8 +26,9 @@ SECONDS = 100  # a job process lives this long unless its Job says otherwise
 @dataclass
 class Job:
     """One training job: job_id, its number of ranks, the workload's arguments (its faults), how long
-    its processes live (seconds, passed as --seconds), extra environment (e.g. GPUOBS_EXIT_GRACE_S)
-    and the workload script. start() fills ports (one metrics port per rank) and procs."""
+    its processes live (seconds, passed as --seconds), extra environment (e.g. GPUOBS_EXIT_GRACE_S;
+    `{rank}` in a value is replaced by the rank, e.g. POD_NAME "train-{rank}") and the workload
+    script. start() fills ports (one metrics port per rank) and procs."""
     job_id: str
     ranks: int
     args: list[str] = field(default_factory=list)
@@ -47,7 +48,8 @@ class Job:
                    "RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": str(self.ranks), "MASTER_ADDR": "127.0.0.1",
                    "MASTER_PORT": str(master), "GPUOBS_JOB_ID": self.job_id, "GPUOBS_PROMETHEUS_PORT": str(port),
                    "GPUOBS_PROMETHEUS_ADDR": "127.0.0.1", "GPUOBS_QUANTILE_WINDOW_S": "10",
-                   "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), **self.env}
+                   "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO),
+                   **{k: v.replace("{rank}", str(rank)) for k, v in self.env.items()}}
             self.procs.append(subprocess.Popen(
                 [sys.executable, str(self.workload), "--seconds", str(self.seconds), *self.args],
                 env=env, stdout=logs, stderr=subprocess.STDOUT))
@@ -57,30 +59,40 @@ class Job:
         return [f"127.0.0.1:{p}" for r, p in enumerate(self.ports) if r != skip_rank]
 
 
-def write_targets(path: Path, jobs: list[Job], removed: dict[str, int]) -> None:
-    """The file_sd file: every job's targets, less the rank removed[job_id] (a deleted pod's)."""
-    groups = [{"targets": job.targets(removed.get(job.job_id)), "labels": {"node": "test-node"}} for job in jobs]
+def write_targets(path: Path, jobs: list[Job], removed: dict[str, int], node: str = "test-node") -> None:
+    """The file_sd file: every job's targets, less the rank removed[job_id] (a deleted pod's), with
+    target label node."""
+    groups = [{"targets": job.targets(removed.get(job.job_id)), "labels": {"node": node}} for job in jobs]
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(groups))
     tmp.replace(path)  # atomic: Prometheus never reads half a file
 
 
-def start_prometheus(tmp_path: Path, sd: Path) -> tuple[subprocess.Popen, Callable[[str], list[dict]]]:
-    """A real Prometheus scraping the targets in sd every second and evaluating the fast rule profile,
-    built here (it is not committed). Returns (its process, query(promql) -> result vector; OSError
-    while it is not up yet)."""
+def start_prometheus(tmp_path: Path, sd: Path, exporters: dict[str, str] | None = None,
+                     ) -> tuple[subprocess.Popen, Callable[[str], list[dict]]]:
+    """A real Prometheus scraping the targets in sd (job training) and the exporters (job gpuobs,
+    {host:port: its node label}) every second and evaluating the fast rule profile, built here (it is
+    not committed). Returns (its process, query(promql) -> result vector, with query.url its base URL;
+    OSError while it is not up yet)."""
     rules = write_fast_rules(tmp_path)
     port = free_port()
     (tmp_path / "prometheus.yml").write_text(
         "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
         f"rule_files: ['{rules}']\n"
         "scrape_configs:\n"
-        f"  - job_name: training\n    file_sd_configs: [{{files: ['{sd}'], refresh_interval: 1s}}]\n")
+        f"  - job_name: training\n    file_sd_configs: [{{files: ['{sd}'], refresh_interval: 1s}}]\n"
+        + (f"  - job_name: gpuobs\n    static_configs: {_static(exporters)}\n" if exporters else ""))
     prom = subprocess.Popen([require_tool("prometheus"), f"--config.file={tmp_path / 'prometheus.yml'}",
                              f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    query = prometheus_query(port)
+    query.url = f"http://127.0.0.1:{port}"  # type: ignore[attr-defined]  (as conftest's prometheus fixture)
+    return prom, query
 
-    return prom, prometheus_query(port)
+
+def _static(targets: dict[str, str]) -> str:
+    """A static_configs list (flow YAML) of one group per target, labelled its node."""
+    return "[" + ", ".join(f"{{targets: ['{t}'], labels: {{node: '{n}'}}}}" for t, n in targets.items()) + "]"
 
 
 def stop_all(jobs: list[Job], prom: subprocess.Popen | None) -> None:

@@ -1,21 +1,16 @@
-"""Pod and Slurm job attribution: a real gRPC server on a unix socket implements the kubelet's
-PodResourcesLister from the same generated code the exporter uses."""
+"""Pod and Slurm job attribution: a real gRPC server on a unix socket (tests/kubelet_server.py) implements
+the kubelet's PodResourcesLister from the same generated code the exporter uses."""
 
 from __future__ import annotations
 
 import shutil
-import tempfile
-import threading
 import time
-from concurrent import futures
-from pathlib import Path
 
-import grpc
 import pytest
+from kubelet_server import serve_kubelet
 
 from gpuobs.attribution import PodResourcesWatcher, SlurmJobMap
 from gpuobs.attribution import podresources_v1_pb2 as pb
-from gpuobs.attribution import podresources_v1_pb2_grpc as pb_grpc
 from gpuobs.attribution.podresources import build_mapping
 
 H100 = "h100-sxm-80gb"
@@ -23,50 +18,12 @@ FAST = dict(interval=0.1, attribution_refresh=0.2, attribution_timeout=0.3)
 POD_KEYS = ("k8s_pod", "k8s_namespace", "k8s_container")
 
 
-class Kubelet(pb_grpc.PodResourcesListerServicer):
-    """A PodResourcesLister whose answer, and delay, the test changes; counts List() calls."""
-
-    def __init__(self):
-        self.pods: list[tuple[str, str, str, str, list[str]]] = []  # (pod, ns, container, resource, ids)
-        self.delay = 0.0
-        self.calls = 0
-        self.released = threading.Event()  # set at teardown: stalled calls return at once
-
-    def List(self, request, context):
-        self.calls += 1
-        if self.delay:
-            self.released.wait(self.delay)
-        resp = pb.ListPodResourcesResponse()
-        for pod, ns, container, resource, ids in self.pods:
-            pr = resp.pod_resources.add(name=pod, namespace=ns)
-            c = pr.containers.add(name=container)
-            c.devices.add(resource_name=resource, device_ids=ids)
-            c.devices.add(resource_name="example.com/nic", device_ids=["GPU-not-a-gpu"])  # ignored
-        return resp
-
-
 @pytest.fixture
 def kubelet():
-    """(servicer, socket path, stop()) of a kubelet PodResources server on a short unix socket path."""
-    directory = tempfile.mkdtemp(prefix="kl", dir="/tmp")
-    path = str(Path(directory) / "kubelet.sock")
-    servicer = Kubelet()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
-    pb_grpc.add_PodResourcesListerServicer_to_server(servicer, server)
-    server.add_insecure_port(f"unix://{path}")
-    server.start()
-    stopped = []
-
-    def stop():
-        if not stopped:
-            servicer.released.set()
-            server.stop(grace=None)
-            Path(path).unlink(missing_ok=True)
-            stopped.append(1)
-
+    """(servicer, socket path, stop()) of a kubelet PodResources server (kubelet_server.serve_kubelet)."""
+    servicer, path, stop = serve_kubelet()
     yield servicer, path, stop
     stop()
-    shutil.rmtree(directory, ignore_errors=True)
 
 
 # What pod_of gives for a series missing from a scrape: a busy machine's pass may withhold a GPU

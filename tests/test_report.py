@@ -200,7 +200,7 @@ def test_report_ranks_alerts_by_time_firing_and_count(rendered):
 
 def test_sections_whose_records_have_no_series_say_no_data(rendered):
     text = rendered.read_text()
-    assert re.findall(r'<section id="(\w+)"', text) == ["usage", "placement", "mig", "reliability", "alerts", "slow_jobs"]
+    assert re.findall(r'<section id="(\w+)"', text) == ["usage", "energy", "placement", "mig", "reliability", "alerts", "slow_jobs"]
     mig = text[text.index('<section id="mig"'):text.index('<section id="reliability"')]
     assert "No data" in mig and "<table" not in mig
 
@@ -322,7 +322,7 @@ CONSOLE_ERROR = re.compile(r"CONSOLE\(\d+\)|Uncaught")  # what Chromium logs of 
 def test_the_report_renders_in_headless_chromium(rendered, tmp_path):
     check, dom, log = _open_in_chromium(rendered.read_text(), tmp_path)
     assert int(check.group(1)) >= 2 and check.group(2) == "0"
-    assert check.group(3).split(",") == ["usage", "placement", "mig", "reliability", "alerts", "slow_jobs"]
+    assert check.group(3).split(",") == ["usage", "energy", "placement", "mig", "reliability", "alerts", "slow_jobs"]
     assert not JS_ERROR.search(dom)
     assert not CONSOLE_ERROR.search(log), log[-2000:]
 
@@ -404,7 +404,7 @@ def test_report_on_the_fleet_simulation_renders_in_headless_chromium(fleet, tmp_
     check, dom, log = _open_in_chromium(fleet[1], tmp_path)
     # every plot loaded (the history has no ALERTS series: no alerts plot)
     assert int(check.group(1)) == fleet[1].count("<img") >= 1 and check.group(2) == "0"
-    assert check.group(3).split(",") == ["usage", "placement", "mig", "reliability", "alerts", "slow_jobs"]
+    assert check.group(3).split(",") == ["usage", "energy", "placement", "mig", "reliability", "alerts", "slow_jobs"]
     assert not JS_ERROR.search(dom) and not CONSOLE_ERROR.search(log), log[-2000:]
 
 

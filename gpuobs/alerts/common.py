@@ -12,6 +12,8 @@ more than `flap_share` of the last `long_window`'s samples and at least once in 
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -33,6 +35,25 @@ def check_runbook_base(url: str) -> str:
             or any(ch.isspace() for ch in url):
         raise ValueError(f"runbook base must be an absolute http(s) URL without query or fragment, not {url!r}")
     return url.rstrip("/")
+
+
+LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+
+
+def check_grid_intensities(overrides: tuple[tuple[str, str, float], ...], default: float) -> None:
+    """ValueError unless every override is (a Prometheus label name, a valid regex, a finite
+    intensity >= 0 in gCO2e/kWh) and the default is a finite intensity >= 0."""
+    for label, regex, value in overrides:
+        if not LABEL_NAME.fullmatch(label):
+            raise ValueError(f"grid intensity override: {label!r} is no label name")
+        try:
+            re.compile(regex)
+        except re.error as e:
+            raise ValueError(f"grid intensity override {label}={regex!r}: not a regex ({e})") from None
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"grid intensity override {label}={regex!r}: {value!r} is no intensity (gCO2e/kWh >= 0)")
+    if not (math.isfinite(default) and default >= 0):
+        raise ValueError(f"grid_intensity_default: {default!r} is no intensity (gCO2e/kWh >= 0)")
 
 
 SEVERITIES = ("critical", "warning", "info")
@@ -120,12 +141,21 @@ class Thresholds:
     gpu_hour_costs: tuple[tuple[str, float], ...] = ((".*(H100|H200).*", 3.0), (".*A100.*", 1.5))
     gpu_hour_cost_default: float = 1.0
     currency: str = "USD"
+    # energy and carbon (gpuobs.records' energy section; gpuobs.report reads the same): the grid's carbon
+    # intensity in gCO2e per kWh, a configured average (not a live feed), per GPU the first
+    # (label, regex, intensity) of grid_intensities whose regex matches fully, else
+    # grid_intensity_default. label is a label of the GPU's own series (cluster, node) or, starting with
+    # label_, one of kube-state-metrics' kube_node_labels (e.g. label_topology_kubernetes_io_region).
+    # Illustrative default (about a world average), not a measurement: set your grid's.
+    grid_intensities: tuple[tuple[str, str, float], ...] = ()
+    grid_intensity_default: float = 400.0
     exporter_job: str = "gpuobs"
     exporter_daemonset: str = "gpuobs-exporter"  # exporters/kubernetes/daemonset.yaml, as kube-state-metrics names it
     runbook_base: str = DEFAULT_RUNBOOK_BASE  # absolute http(s) URL of docs/runbooks
 
     def __post_init__(self):
         object.__setattr__(self, "runbook_base", check_runbook_base(self.runbook_base))
+        check_grid_intensities(self.grid_intensities, self.grid_intensity_default)
 
     def runbook_url(self, alert: str) -> str:
         """The runbook of the alert named alert: <runbook_base>/<alert>.md (an absolute http(s) URL,

@@ -1,6 +1,7 @@
 """Fleet efficiency: who holds GPUs and leaves them idle, what that idle time costs, GPUs allocated
 against GPUs used by team, namespace and Slurm job, pending GPU demand (kube-state-metrics) and
-Kueue's quota use against each cluster queue's nominal quota (its fair share).
+Kueue's quota use against each cluster queue's nominal quota (its fair share), and the energy and
+CO2e of the GPUs each holder has.
 
 Everything reads the allocation records of gpuobs/records.py: "wasted" GPUs are allocated ones at or
 under the idle threshold, and costs are per hour in the cost table's currency (Thresholds.currency,
@@ -75,6 +76,30 @@ def allocation(L: k.Layout) -> None:
         sort_by="wasted cost"), 24, 7)
 
 
+def _unit(column: str, unit: str) -> dict:
+    return {"matcher": {"id": "byName", "options": column}, "properties": [{"id": "unit", "value": unit}]}
+
+
+def energy(L: k.Layout) -> None:
+    """Append the 'Energy and carbon' row to L: watts drawn now, and energy (kWh) and CO2e (grams) over
+    the review window, by team, namespace and Slurm job (gpuobs.records' energy section)."""
+    L.row("Energy and carbon")
+    L.add(k.timeseries("Power drawn by team", [
+        target(sel(r.TEAM_POWER, C), "{{team}}"), target(sel(r.JOB_POWER, C), "job {{hpc_job}}")], "watt",
+        "Watts the GPUs each team and Slurm job holds draw (the rate of the GPUs' energy counters; the power "
+        "gauge for a GPU without one).", min=0, stack=True), 24, 8)
+    kwh = f"/ {r.JOULES_PER_KWH:g}"
+    for title, level, label in (("team", "TEAM", "team"), ("namespace", "NAMESPACE", "k8s_namespace"),
+                                ("Slurm job", "JOB", "hpc_job")):
+        L.add(k.table(f"Energy and CO2e over the review window by {title}", [
+            target(f"sum by (cluster, {label}) ({sel(r.NAMES[f'{level}_ENERGY'], C)}) {kwh}"),
+            target(f"sum by (cluster, {label}) ({sel(r.NAMES[f'{level}_CO2E'], C)})")], "kwatth",
+            f"Energy of the GPUs each {title} held, over the weekly review window (Thresholds.weekly_window), "
+            "and its CO2e at the configured grid intensity (an average, not live; embodied carbon not counted).",
+            merge=True, rename={"Value #A": "energy", "Value #B": "CO2e"}, sort_by="energy",
+            overrides=[_unit("CO2e", "massg")]), 8, 8)
+
+
 def demand(L: k.Layout) -> None:
     """Append the 'Demand and quota' row to L: pending GPU demand and Kueue quota use."""
     L.row("Demand and quota")
@@ -95,15 +120,17 @@ def demand(L: k.Layout) -> None:
 
 
 def build():
-    """The Fleet efficiency dashboard: rows Now, Waste over time, Allocated and used, Demand and
-    quota; variable cluster."""
+    """The Fleet efficiency dashboard: rows Now, Waste over time, Allocated and used, Energy and
+    carbon, Demand and quota; variable cluster."""
     L = k.Layout()
     now(L)
     waste(L)
     allocation(L)
+    energy(L)
     demand(L)
     variables = [k.variable("cluster", f"label_values({r.NAMESPACE_GPUS_ALLOCATED.name}, cluster)", "Cluster")]
     links = [k.dashboard_link("Fleet overview", "fleet"), k.dashboard_link("Training job", "training")]
     return k.dashboard("gpuobs / Fleet efficiency", "efficiency",
-                       "GPUs allocated against used, idle holders and their cost, pending demand and Kueue quota "
-                       "use, by team, namespace and Slurm job.", L, variables, links, time_from="now-24h")
+                       "GPUs allocated against used, idle holders and their cost, energy and CO2e, pending demand "
+                       "and Kueue quota use, by team, namespace and Slurm job.", L, variables, links,
+                       time_from="now-24h")

@@ -24,6 +24,7 @@ from types import ModuleType
 from .. import catalog as c
 from . import (
     allocation,
+    energy,
     errors,
     idle_gpus,
     inference,
@@ -40,6 +41,7 @@ from . import (
 from .allocation import *  # noqa: F403 (re-exports: records.X keeps working for every family's names)
 from .base import *  # noqa: F403
 from .base import Record, Windows  # noqa: F401 (named for readers and type checkers)
+from .energy import *  # noqa: F403
 from .errors import *  # noqa: F403
 from .idle_gpus import *  # noqa: F403
 from .inference import *  # noqa: F403
@@ -56,7 +58,7 @@ from .weekly import WEEKLY_GROUP
 
 # the families in the order their rules appear in the rule files (the order of the single module before)
 FAMILIES: tuple[ModuleType, ...] = (inventory, power, thermal, interconnect, reliability, idle_gpus, errors, training,
-                                    slowdown, inference, weekly, placement, allocation)
+                                    slowdown, inference, weekly, placement, allocation, energy)
 
 
 def _defined(families: tuple[ModuleType, ...]) -> dict[str, Record]:
@@ -72,8 +74,9 @@ def _defined(families: tuple[ModuleType, ...]) -> dict[str, Record]:
 
 NAMES: dict[str, Record] = _defined(FAMILIES)  # by Python name
 RECORDS: tuple[Record, ...] = tuple(NAMES.values())
-# the weekly group: the weekly family's records and the allocation family's GPU-hours
-WEEKLY = weekly.REVIEW + tuple(x for recs in allocation.WEEKLY_USAGE.values() for x in recs)
+# the weekly group: the weekly family's records, the allocation family's GPU-hours and the energy family's totals
+WEEKLY = weekly.REVIEW + tuple(x for recs in (*allocation.WEEKLY_USAGE.values(), *energy.WEEKLY_ENERGY.values())
+                                  for x in recs)
 
 TOKEN = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")  # a PromQL identifier: metric, record, label or function
 

@@ -13,7 +13,7 @@ from .base import (
     _by,
 )
 from .placement import HPC_JOB
-from .weekly import WeeklyWindows, _hours, duration_seconds
+from .weekly import WeeklyWindows, _integral, duration_seconds
 
 # ------------------------------------------------------------------- allocation, use and cost (fleet efficiency)
 # Per namespace, per team and per Slurm job: GPUs allocated (carrying the attribution label: a pod or a
@@ -106,17 +106,18 @@ def _by_team(source: Record) -> Record:
                             f"{_teams(t)}) or on (k8s_namespace) {own})")
 
 
-def _weekly(now: Record, hours_of: str) -> tuple[Record, Record]:
+def _weekly(now: Record, hours_of: str, unit_s: float = 3600) -> tuple[Record, Record]:
     """A step record of `now` (its average over weekly_interval, an evaluation without a series
     counting as 0: a pod or job present for part of the step counts for that part, where
-    avg_over_time would count it for the whole step) and its sum over weekly_window in hours."""
+    avg_over_time would count it for the whole step) and its sum over weekly_window per unit_s
+    seconds (hours by default; 1: watts become joules, grams per second grams)."""
     def average(t: WeeklyWindows) -> str:
         step = duration_seconds(t.weekly_interval)
         # (t - step, t]: a 1 ms shorter range, so that Prometheus 2 (which includes a sample exactly at
         # t - step) and 3 (which does not) both see one step's evaluations when the groups tick together
         return f"sum_over_time({now.name}[{round(step * 1000) - 1}ms]) / {step / duration_seconds(t.eval_interval):g}"
     step = Record(now.by, now, "avg", average)
-    return step, Record(now.by, hours_of, "sum", _hours(step))
+    return step, Record(now.by, hours_of, "sum", _integral(step, unit_s))
 
 
 (NAMESPACE_GPUS_ALLOCATED, NAMESPACE_GPUS_USED, NAMESPACE_GPUS_WASTED,

@@ -117,6 +117,15 @@ class Windows(Protocol):
     def data_wait_straggler_share(self) -> float:
         """The least data-wait share (0-1) of a rank whose data loader is named."""
 
+    @property
+    def grid_intensities(self) -> tuple[tuple[str, str, float], ...]:
+        """(label, regex, gCO2e per kWh) overrides of the grid's carbon intensity; the first match wins.
+        label: one of a GPU series' own labels (cluster, node) or a kube_node_labels label (label_...)."""
+
+    @property
+    def grid_intensity_default(self) -> float:
+        """Carbon intensity (gCO2e per kWh) of a GPU no override of grid_intensities matches."""
+
 
 Source = Union[c.Metric, "Record", str]
 

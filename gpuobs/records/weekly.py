@@ -85,9 +85,18 @@ def _by_model(expr: str, t: Windows) -> str:
     return f"sum by ({_by(MODEL_BY)}) ({with_model(expr, t)})"
 
 
+def _integral(step: Record, unit_s: float = 1) -> Callable[[WeeklyWindows], str]:
+    """A step record's integral over weekly_window (each step's value standing for one weekly_interval),
+    per unit_s seconds: watts give joules with unit_s 1, GPUs give GPU-hours with 3600."""
+    def expr(t: WeeklyWindows) -> str:
+        total = f"sum_over_time({step.name}[{t.weekly_window}]) * {duration_seconds(t.weekly_interval):g}"
+        return total if unit_s == 1 else f"{total} / {unit_s:g}"
+    return expr
+
+
 def _hours(step: Record) -> Callable[[WeeklyWindows], str]:
     """GPU-hours over weekly_window of a record of GPUs (counted once per step of the group)."""
-    return lambda t: f"sum_over_time({step.name}[{t.weekly_window}]) * {duration_seconds(t.weekly_interval):g} / 3600"
+    return _integral(step, 3600)
 
 
 def _counted(step: Record, t: WeeklyWindows, matchers: str = "") -> str:
