@@ -57,8 +57,11 @@ class Sgd:
 class FaultFile:
     """Faults a test or the demo asks this rank to play, one name per line of a file (--fault-file),
     each played once when it appears: `collective_timeout` logs the message PyTorch's NCCL watchdog
-    logs when a collective times out (the job would then abort; this example carries on). Checked
-    once a step by the file's size, so a step without a new fault costs one stat()."""
+    logs when a collective times out (the job would then abort; this example carries on);
+    `gpu_throttled` makes each step's compute take `throttled` times as long (its GPU's clocks held
+    down, e.g. in HW thermal slowdown) until `gpu_recovered` puts it back (compute_scale: the
+    factor now, 1.0 unthrottled). Checked once a step by the file's size, so a step without a new
+    fault costs one stat()."""
 
     MESSAGES = {
         "collective_timeout": "[PG ID 0 PG GUID 0(default_pg) Rank {rank}] Watchdog caught collective operation "
@@ -66,11 +69,16 @@ class FaultFile:
                               "NumelOut=1048576, Timeout(ms)=600000) ran for 600021 milliseconds before timing out.",
     }
 
-    def __init__(self, path: str | None):
+    STATES = ("gpu_throttled", "gpu_recovered")  # faults that change how the rank computes until undone
+
+    def __init__(self, path: str | None, throttled: float = 1.4):
         self.path, self.read = path, 0
+        self.throttled = throttled
+        self.compute_scale = 1.0
 
     def play(self, rank: int, step: int) -> None:
-        """Log each fault added to the file since the last call (unknown names are logged as such)."""
+        """Play each fault added to the file since the last call: log its message, or set compute_scale
+        (STATES); unknown names are logged as such."""
         try:
             if self.path is None or os.stat(self.path).st_size <= self.read:
                 return
@@ -82,7 +90,10 @@ class FaultFile:
         self.read += len(new.encode())
         for name in new.split():
             message = self.MESSAGES.get(name)
-            if message is None:
+            if name in self.STATES:
+                self.compute_scale = self.throttled if name == "gpu_throttled" else 1.0
+                log.warning("compute per step now x%.2f", self.compute_scale, extra={"fault": name})
+            elif message is None:
                 log.warning("unknown fault in the fault file", extra={"fault": name})
             else:
                 log.error(message.format(rank=rank, step=step))
@@ -113,6 +124,8 @@ def main() -> None:
     p.add_argument("--slow-every", type=int, default=0, help="every Nth step is slow (0: none), e.g. a straggler")
     p.add_argument("--slow-ms", type=float, default=100.0, help="extra compute time of a slow step")
     p.add_argument("--fault-file", help="a file of fault names to play, e.g. collective_timeout (see FaultFile)")
+    p.add_argument("--throttled", type=float, default=1.4,
+                   help="compute time factor while the fault file says gpu_throttled (its GPU's clocks held down)")
     args = p.parse_args()
 
     telemetry = instrument.configure(service_name="gpuobs-example-train")
@@ -123,13 +136,13 @@ def main() -> None:
     rank = telemetry.env.rank or 0
     log.info("training starts", extra={"steps": args.steps, "rank": rank})
     data = run.data(batches(args.features, args.batch_size, args.data_ms, seed=rank))
-    faults = FaultFile(args.fault_file)
+    faults = FaultFile(args.fault_file, args.throttled)
     for step, (xs, ys) in zip(range(1, args.steps + 1), data):
         with run.step(samples=len(xs), tokens=len(xs) * args.tokens_per_sample):
             with run.phase("forward_backward"):
                 for _ in range(args.accumulate):  # gradient accumulation: micro-steps inside the step
                     with run.micro_step():
-                        time.sleep(args.compute_ms / 1000 / args.accumulate)
+                        time.sleep(args.compute_ms * faults.compute_scale / 1000 / args.accumulate)
                 if args.slow_every and step % args.slow_every == 0:  # a slow step: its trace is an exemplar
                     time.sleep(args.slow_ms / 1000)
             with run.phase("optimizer"):

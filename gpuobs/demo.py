@@ -1,11 +1,14 @@
 """`gpuobs demo`: the whole stack on loopback, without Docker, and a scripted incident.
 
-A simulated node (4 H100s), the exporter, the example trainer on two ranks (traces to an OTLP
-receiver here), Prometheus with the fast alert profile and exemplar storage, Alertmanager, and a
-webhook receiver that prints notifications as on-call sees them. The incident: GPU 0 throttles for
-HW thermal reasons, GPU 2 is held but idle, GPU 1 reports XID 79 and falls off the bus, rank 1 logs
-an NCCL watchdog timeout, and GPU 3's corrected ECC errors climb; then the slowest step is followed
-from its exemplar to its trace, every fault is cleared and the alerts resolve.
+A simulated node (4 H100s), the exporter, the example trainer on two ranks (rank 0 on GPU 3, rank 1
+on GPU 0, each told its GPU's UUID; traces to an OTLP receiver here), Prometheus with the fast alert
+profile and exemplar storage, Alertmanager, and a webhook receiver that prints notifications as
+on-call sees them. The incident: GPU 0 throttles for HW thermal reasons and rank 1, which runs on
+it, computes 1.4x as long per step (one straggler ticket, naming GPU 0 and cause thermal), GPU 2 is
+held but idle, GPU 1 reports XID 79 and falls off the bus, rank 1 logs an NCCL watchdog timeout,
+and GPU 3's corrected ECC errors climb; then `gpuobs explain demo-job` prints the diagnosis while
+the straggler fires, the slowest step is followed from its exemplar to its trace, every fault is
+cleared (rank 1 computes at full speed again) and the alerts resolve, the straggler's included.
 """
 
 from __future__ import annotations
@@ -41,9 +44,19 @@ REPO = Path(__file__).resolve().parents[1]
 GIB = 1024 ** 3
 NODE = {"gpus": [{"profile": "h100-sxm-80gb", "count": 4}]}
 EXPECTED = ("GpuHwThermalSlowdown", "GpuAllocatedIdle", "GpuXidRebootRequired", "GpuLost",
-            "TrainingCollectiveTimeout", "GpuEccCorrectedRising")
-# alerts that stay while the demo runs: the dead man's switch, and rank 1's slowness (on purpose)
-STEADY = ("Watchdog", "TrainingStragglerRank")
+            "TrainingCollectiveTimeout", "GpuEccCorrectedRising", "TrainingStragglerRank")
+STEADY = ("Watchdog",)  # the alert that stays while the demo runs: the dead man's switch
+JOB_ID = "demo-job"  # the trainer's job id (GPUOBS_JOB_ID), which `gpuobs explain` takes
+# The host name the ranks see (NODE_NAME) and the `node` label Prometheus puts on every target: the
+# slowdown records join a rank to its node's GPUs through it (and to its own GPU by UUID)
+NODE_NAME = "demo-node"
+RANK_GPUS = (3, 0)  # the simulated GPU slot each rank drives (GPUOBS_GPU_UUID): rank 1 on GPU 0, which overheats
+COMPUTE_MS = 20  # each rank's compute per step, unthrottled
+# Rank 1's compute per step while its GPU throttles, x its own: over the straggler threshold (1.2x the
+# other rank), while the job's median step (the mean of 2 ranks' medians, data waits included) stays
+# under the step-time regression's 1.2x, so the straggler is the one training notification
+THROTTLED = 1.4
+EXPLAIN_WINDOW = "1m"  # what `gpuobs explain` reads: the incident's last minute, the straggler firing
 JAEGER = "http://localhost:16686"  # docker-compose.yml's Jaeger: where the printed trace link points
 STEP_BUCKETS = c.STEP_DURATION.prometheus_samples[0]  # the step-duration histogram's _bucket series
 ECC_CLIMB_PER_S = 2.0  # GPU 3's corrected ECC errors a second during the incident (none before)
@@ -96,6 +109,8 @@ class OnCall:
             where += f" GPU {labels['gpu']} ({labels.get('uuid', '')})"
         if labels.get("job_id"):
             where += f" job {labels['job_id']} rank {labels.get('rank', '')}"
+        if labels.get("cause"):  # the slowdown alerts' most likely cause, and the GPU it was found on
+            where += f" cause {labels['cause']}" + (f" on {labels['cause_gpu']}" if labels.get("cause_gpu") else "")
         summary = alert.get("annotations", {}).get("summary", "")
         _say(f"[{receiver:>8}] {status.upper():8} {labels.get('severity', ''):8} {name:22} {where}  {summary}")
 
@@ -449,13 +464,20 @@ class Demo:
                                  "--port", str(exporter_port), "--interval", "1"], env=self.sim.env())
         assert self.tracing is not None, "start() creates the receiver first"
         for rank in (0, 1):
-            env = {"PATH": "/usr/bin:/bin", "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
-                   "GPUOBS_JOB_ID": "demo-job", "GPUOBS_PROMETHEUS_PORT": str(train_base),
+            # PYTHONPATH: the trainer imports the gpuobs the demo runs from
+            env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "RANK": str(rank), "LOCAL_RANK": str(rank),
+                   "WORLD_SIZE": "2", "GPUOBS_JOB_ID": JOB_ID, "GPUOBS_PROMETHEUS_PORT": str(train_base),
+                   "NODE_NAME": NODE_NAME, "GPUOBS_GPU_UUID": self._uuid(RANK_GPUS[rank]),
                    "OTEL_EXPORTER_OTLP_ENDPOINT": self.tracing.url, "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}
             self._fault_file(rank).touch()
             self._spawn(f"trainer{rank}", [py, str(REPO / "examples" / "train.py"), "--steps", "1000000",
-                                           "--compute-ms", str(20 + 25 * rank),
+                                           "--compute-ms", str(COMPUTE_MS), "--throttled", str(THROTTLED),
                                            "--fault-file", str(self._fault_file(rank))], env=env)
+
+    def _uuid(self, slot: int) -> str:
+        """The NVML UUID of the simulated GPU in slot (what the exporter's `uuid` label holds)."""
+        assert self.sim is not None, "start() creates the simulator first"
+        return self.sim.state.gpu(slot).uuid.s.decode()
 
     def _write_prometheus_config(self, path: Path, targets: list[str], alertmanager: str, rules: Path | None) -> None:
         """Prometheus's configuration: 1 s scrapes of the exporter (job gpuobs) and the trainers (job
@@ -464,7 +486,7 @@ class Demo:
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "external_labels": {"cluster": "demo"}},
             "rule_files": [str(rules)] if rules else [],
             "alerting": {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]},
-            "scrape_configs": [{"job_name": job, "static_configs": [{"targets": some, "labels": {"node": "demo-node"}}]}
+            "scrape_configs": [{"job_name": job, "static_configs": [{"targets": some, "labels": {"node": NODE_NAME}}]}
                                for job, some in (("gpuobs", targets[:1]), ("training", targets[1:]))],
         }))
 
@@ -503,19 +525,21 @@ class Demo:
         if not self._wait(lambda: "Watchdog" in on_call.status, 60):
             raise DemoError(f"no Watchdog notification: the alert pipeline is not up (see {self.workdir})")
         _say("pipeline up (Watchdog received); letting the exporter learn the node for a few seconds")
-        _say("rank 1 of the trainer computes 45 ms per step against rank 0's 20 ms, on purpose: "
-             "TrainingStragglerRank arrives as a ticket and stays while the demo runs")
+        _say(f"job {JOB_ID}: rank 0 runs on GPU {RANK_GPUS[0]} ({self._uuid(RANK_GPUS[0])}), rank 1 on GPU "
+             f"{RANK_GPUS[1]} ({self._uuid(RANK_GPUS[1])}), both computing {COMPUTE_MS} ms per step: no straggler")
         time.sleep(5)
         self._break()
-        # each in its own time: the timeout at once, the ECC trend after a minute of quiet baseline
+        # each in its own time: the timeout at once, the straggler once its compute ratio and cause hold
+        # for the rule's `for`, the ECC trend after a minute of quiet baseline
         fired = self._wait(lambda: all(on_call.first(n) is not None for n in EXPECTED), 150)
         _say("all expected alerts fired" if fired else "not every expected alert fired in 150 s")
+        self._explain()
         self._follow_slowest_step()
         self._fix()
         resolved = self._wait(self._all_resolved, 150)
         if resolved:
             _say("all incident alerts resolved, as Alertmanager and on-call see it "
-                 "(TrainingStragglerRank stays: rank 1 is slow on purpose)")
+                 "(TrainingStragglerRank too: rank 1 is as fast as rank 0 again)")
         else:
             _say(f"not every incident alert resolved in 150 s: Alertmanager still has "
                  f"{sorted(active_alerts(self.alertmanager) or ['(no answer)'])}")
@@ -537,8 +561,9 @@ class Demo:
     def _break(self) -> None:
         assert self.sim is not None, "start() creates the simulator first"
         st = self.sim.state
-        _say("INCIDENT: GPU 0 overheats (HW thermal slowdown), GPU 2 sits idle while allocated, "
-             "GPU 1 reports XID 79 and falls off the bus, rank 1 logs an NCCL watchdog timeout, "
+        _say(f"INCIDENT: GPU 0 overheats (HW thermal slowdown) and rank 1, which runs on it, computes {THROTTLED:g}x "
+             "as long per step; GPU 2 sits idle while allocated, GPU 1 reports XID 79 and falls off the bus, "
+             "rank 1 logs an NCCL watchdog timeout, "
              f"GPU 3's corrected ECC errors start climbing ({ECC_CLIMB_PER_S:g}/s; a degradation alert "
              "needs a minute of its own baseline)")
         set_val(st.gpu(0).clock_events, 0x40)
@@ -546,8 +571,8 @@ class Demo:
         set_val(st.gpu(2).util_gpu, 0)
         for counter in (0, 1):  # corrected volatile and aggregate: ecc[error type * 2 + counter]
             set_counter(st.gpu(3).ecc[counter], rate=ECC_CLIMB_PER_S)
-        with open(self._fault_file(1), "a") as f:
-            f.write("collective_timeout\n")
+        with open(self._fault_file(1), "a") as f:  # its GPU's clocks held down: the rank computes slower
+            f.write("gpu_throttled\ncollective_timeout\n")
         st.xid(1, 79)
         time.sleep(3)  # the XID is counted before the GPU disappears
         st.lose_gpu(1)
@@ -555,8 +580,13 @@ class Demo:
     def _fix(self) -> None:
         assert self.sim is not None, "start() creates the simulator first"
         st = self.sim.state
-        _say("FIX: GPU 0 cooled, GPU 1 back after a reset, GPU 2 busy again, GPU 3 drained and replaced "
-             "(no new ECC errors), rank 1 restarted from its checkpoint (no new timeouts)")
+        _say("FIX: GPU 0 cooled (rank 1 computes at full speed again), GPU 1 back after a reset, GPU 2 busy "
+             f"again, GPU 3 drained and replaced (no new ECC errors), {JOB_ID} restarted from its checkpoint "
+             "(no new timeouts)")
+        # the rank first, then its GPU: the straggler's ratio falls while its cause still reads thermal,
+        # so it resolves as it fired instead of changing its cause label on the way out
+        with open(self._fault_file(1), "a") as f:
+            f.write("gpu_recovered\n")
         set_val(st.gpu(0).clock_events, 0)
         set_val(st.gpu(0).temp_gpu, 60)
         st.lose_gpu(1, False)
@@ -564,10 +594,30 @@ class Demo:
         for counter in (0, 1):
             set_counter(st.gpu(3).ecc[counter], rate=0.0)
 
+    def _explain(self) -> None:
+        """Print what `gpuobs explain JOB_ID` prints now, while the straggler fires: the command on-call
+        would run, in a child of the group (Children), as the fast profile's rules read it over
+        EXPLAIN_WINDOW. Its failure is said, not raised: the alerts are the demo's outcome."""
+        assert self.children is not None, "start() spawns the children first"
+        cmd = [sys.executable, "-m", "gpuobs.cli", "explain", JOB_ID, "--prometheus", self.prometheus,
+               "--profile", "fast", "--window", EXPLAIN_WINDOW]
+        _say(f"EXPLAIN: gpuobs {' '.join(cmd[3:])}")
+        log = self.workdir / "explain.log"
+        proc = self.children.spawn(cmd, log)  # not in self.procs: it is meant to exit
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        for line in log.read_text(errors="replace").splitlines():
+            print(f"    {line}", flush=True)
+        if proc.returncode != 0:
+            _say(f"gpuobs explain exited {proc.returncode} (see {log})")
+
     def _follow_slowest_step(self) -> None:
         """Print the slowest step of the last minutes as on-call would follow it: the exemplar Prometheus
         stored on the step-duration histogram, the trace it names, and that trace's spans."""
-        query = f'{STEP_BUCKETS}{{job_id="demo-job"}}'
+        query = f'{STEP_BUCKETS}{{job_id="{JOB_ID}"}}'
         try:
             slowest = slowest_exemplar(self.prometheus, query, 300)
         except (OSError, ValueError, KeyError) as e:

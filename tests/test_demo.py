@@ -1,4 +1,5 @@
 """`gpuobs demo` non-interactively: the scripted incident's alerts reach the webhook and resolve,
+the slow rank's one straggler ticket and `gpuobs explain` name its throttled GPU and the cause,
 the narration says so only once Alertmanager does, the start-up pages nobody, the command exits 0,
 and no process it started is left behind: not after a clean exit, not after SIGHUP (a closed
 terminal), not after SIGKILL; grandchildren included."""
@@ -27,7 +28,7 @@ from conftest import REPO, require_tool
 from gpuobs import demo
 
 EXPECTED = ("GpuHwThermalSlowdown", "GpuAllocatedIdle", "GpuXidRebootRequired", "GpuLost",
-            "TrainingCollectiveTimeout", "GpuEccCorrectedRising")
+            "TrainingCollectiveTimeout", "GpuEccCorrectedRising", "TrainingStragglerRank")
 
 
 # ------------------------------------------------------------------------------ processes of a run
@@ -121,6 +122,7 @@ def test_demo_plays_the_incident_and_leaves_nothing_running():
     assert any("GpuHwThermalSlowdown" in line and "GPU 0" in line and "[   pager]" in line for line in lines)
     assert any("GpuEccCorrectedRising" in line and "GPU 3" in line for line in lines)
     assert any("TrainingCollectiveTimeout" in line and "job demo-job rank 1" in line for line in lines)
+    _straggler_names_its_throttled_gpu(lines)
     # the slowest step, followed from its exemplar to its trace: the trace's spans were received
     slowest = next(i for i, line in enumerate(lines) if "SLOWEST STEP" in line)
     trace = re.search(r"trace ([0-9a-f]{32})", lines[slowest])
@@ -135,6 +137,27 @@ def test_demo_plays_the_incident_and_leaves_nothing_running():
     assert lines[-1].endswith("stopped")
     workdir = re.search(r"\blogs\s+(/\S+)", stdout)[1]
     assert not leftovers(token, workdir), leftovers(token, workdir)
+
+
+def _straggler_names_its_throttled_gpu(lines: list[str]) -> None:
+    """Rank 1 runs on GPU 0, which throttles during the incident: one straggler ticket, sent after the
+    incident began, names rank 1, cause thermal and GPU 0's UUID (as GPU 0's own page prints it), and
+    resolves after the fix; `gpuobs explain`, printed meanwhile, names the same cause and GPU first."""
+    gpu0 = next(m[1] for line in lines if "GpuHwThermalSlowdown" in line
+                and (m := re.search(r" GPU 0 \((GPU-[0-9a-fA-F-]+)\)", line)))
+    incident = next(i for i, line in enumerate(lines) if "INCIDENT" in line)
+    fix = next(i for i, line in enumerate(lines) if "FIX" in line)
+    fired = [i for i, line in enumerate(lines) if "FIRING" in line and "TrainingStragglerRank" in line]
+    assert len(fired) == 1, [lines[i] for i in fired]
+    assert incident < fired[0] < fix, (incident, fired, fix)
+    assert "[  ticket]" in lines[fired[0]] and "job demo-job rank 1" in lines[fired[0]], lines[fired[0]]
+    assert f"cause thermal on {gpu0}" in lines[fired[0]], (gpu0, lines[fired[0]])
+    assert any("RESOLVED" in line and "TrainingStragglerRank" in line for line in lines[fix:])
+    explain = next(i for i, line in enumerate(lines) if "EXPLAIN: gpuobs explain demo-job" in line)
+    assert explain < fix
+    first = next((line for line in lines[explain:fix] if re.match(r"\s+1\. ", line)), None)
+    assert first is not None, "\n".join(lines[explain:fix])
+    assert re.match(rf"\s+1\. thermal on rank 1, GPU {gpu0}\b", first), first
 
 
 def leftovers(token: str, workdir: str | None = None) -> list[dict]:
@@ -322,11 +345,11 @@ def test_resolved_is_said_only_when_alertmanager_and_on_call_agree(tmp_path):
             d.on_call.notify("ticket", {"status": "firing", "labels": {"alertname": name}})
         for name in EXPECTED:  # every expected alert resolved at on-call...
             d.on_call.notify("ticket", {"status": "resolved", "labels": {"alertname": name}})
-        am.alerts = ["Watchdog", "TrainingStragglerRank", "GpuEccCorrectedRate"]
+        am.alerts = ["Watchdog", "GpuEccCorrectedRate"]
         assert demo.active_alerts(am.url) == set(am.alerts)
         assert not d._all_resolved()  # ...but Alertmanager still holds one
         assert all(f"{k}=true" in am.queries[-1] for k in ("active", "inhibited", "silenced"))
-        am.alerts = ["Watchdog", "TrainingStragglerRank"]
+        am.alerts = ["Watchdog"]
         assert not d._all_resolved()  # Alertmanager let go, on-call has not had the resolution yet
         d.on_call.notify("ticket", {"status": "resolved", "labels": {"alertname": "GpuEccCorrectedRate"}})
         assert d._all_resolved()
@@ -335,3 +358,44 @@ def test_resolved_is_said_only_when_alertmanager_and_on_call_agree(tmp_path):
         assert demo.active_alerts(am.url) is None and not d._all_resolved()  # no answer: not resolved
     finally:
         d.on_call.server.shutdown()
+
+
+def test_on_call_prints_a_slowdown_alerts_cause_and_its_gpu(capsys):
+    on_call = demo.OnCall(echo=True)
+    labels = {"alertname": "TrainingStragglerRank", "severity": "warning", "node": "n1", "job_id": "j", "rank": "1"}
+    try:
+        on_call.notify("ticket", {"status": "firing", "labels": {**labels, "cause": "thermal", "cause_gpu": "GPU-ab"}})
+        on_call.notify("ticket", {"status": "firing", "labels": {**labels, "rank": "2", "cause": "none",
+                                                                 "cause_gpu": ""}})
+        on_call.notify("ticket", {"status": "firing", "labels": {**labels, "rank": "3"}})  # no cause labels
+    finally:
+        on_call.server.shutdown()
+    thermal, none, plain = capsys.readouterr().out.splitlines()
+    assert "n1 job j rank 1 cause thermal on GPU-ab" in thermal, thermal
+    assert none.rstrip().endswith("job j rank 2 cause none"), none  # no GPU to name
+    assert "rank 3" in plain and "cause" not in plain, plain
+
+
+def test_the_example_trainer_computes_slower_while_its_fault_file_says_its_gpu_throttles(tmp_path):
+    """examples/train.py's FaultFile, which the demo writes to: gpu_throttled scales the compute per
+    step by the given factor until gpu_recovered; a fault in the same write as another plays too."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("demo_train_example", REPO / "examples" / "train.py")
+    assert spec and spec.loader
+    train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train)
+    path = tmp_path / "faults"
+    path.touch()
+    faults = train.FaultFile(str(path), throttled=1.7)
+    faults.play(rank=1, step=1)
+    assert faults.compute_scale == 1.0
+    path.write_text("gpu_throttled\ncollective_timeout\n")
+    faults.play(rank=1, step=2)
+    assert faults.compute_scale == 1.7
+    faults.play(rank=1, step=3)  # nothing new: unchanged
+    assert faults.compute_scale == 1.7
+    with open(path, "a") as f:
+        f.write("gpu_recovered\n")
+    faults.play(rank=1, step=4)
+    assert faults.compute_scale == 1.0
