@@ -96,9 +96,11 @@ class Seen:
     causes: dict[tuple[str, str], list[tuple[str, str]]] = field(default_factory=dict)
 
 
-def start_node(tmp_path: Path, logs, segments: Segments) -> tuple[Simulator, list[str], subprocess.Popen, int, object]:
+def start_node(tmp_path: Path, logs, segments: Segments, changes: list[threading.Timer],
+               ) -> tuple[Simulator, list[str], subprocess.Popen, int, object]:
     """The simulated node (every GPU busy, GPUs THROTTLED in HW thermal slowdown, the energy job's GPUs
-    drawing WATTS, recorded in segments), its kubelet giving
+    drawing WATTS, its GPU 0 LATER_WATTS from CHANGE_AT_S to BACK_AT_S: timers added to changes, the
+    watts recorded in segments), its kubelet giving
     each rank's pod its GPU, and a real exporter process reading both. Returns (simulator, UUIDs by
     slot, exporter process, its port, the kubelet's stop())."""
     sim = Simulator({"gpus": [{"profile": "h100-sxm-80gb", "count": 7}]}, base=REPO, directory=tmp_path / "node")
@@ -109,6 +111,10 @@ def start_node(tmp_path: Path, logs, segments: Segments) -> tuple[Simulator, lis
         set_val(sim.state.gpu(i).clock_events, HW_THERMAL)
     for slot, watts in WATTS.items():
         draw(sim, slot, watts, segments)
+    changes += [threading.Timer(at, draw, (sim, 0, watts, segments))
+                for at, watts in ((CHANGE_AT_S, LATER_WATTS), (BACK_AT_S, WATTS[0]))]
+    for change in changes:
+        change.start()
     kubelet, socket, stop_kubelet = serve_kubelet()
     kubelet.pods = [(f"{job}-{rank}", NAMESPACE, "trainer", "nvidia.com/gpu", [uuids[slot]])
                     for job, (_, slots) in JOBS.items() for rank, slot in enumerate(slots)]
@@ -185,6 +191,18 @@ def stop_and_measure(job: Job, query, segments: Segments) -> dict[str, float]:
             "charged_truth_j": integral(segments, charged), "first": min(a for a, _ in spans.values()),
             "end": max(b for _, b in spans.values()), "stopped": stopped, "spans": spans,
             "first_power": min(samples), "last_power": max(samples), "first_join": min(gpus)}
+
+
+def stop_node(exporter, stop_kubelet, sim, changes: list[threading.Timer]) -> None:
+    """Stop what start_node started (each part that did start)."""
+    for change in changes:
+        change.cancel()
+    if exporter is not None:
+        stop(exporter)
+    if stop_kubelet is not None:
+        stop_kubelet()
+    if sim is not None:
+        sim.close()
 
 
 def jobs() -> list[Job]:
@@ -267,6 +285,29 @@ def rank_gpus(query) -> dict[tuple[str, str], set[str]]:
     return mapped
 
 
+def check_energy(energy: dict[str, float], job_gpus: set[str], own: set[str], segments: Segments,
+                 report: str) -> None:
+    """The energy job's acceptance: its GPUs (own: its pods') joined, its energy from the records
+    against the watts set, integrated over its run (stop_and_measure's figures)."""
+    # energy per training job: its two pods' GPUs joined, its energy within 2 % of the watts set,
+    # integrated over its run (a run long enough that a 1 s evaluation is under 2 % of it)
+    assert job_gpus == own, report
+    assert energy["end"] - energy["first"] >= MIN_RUN_S and len(segments[0]) == 3, report  # the changes within it
+    assert abs(energy["end"] - energy["stopped"]) < 2, report  # the span measured is the ranks' own
+    error = energy["records_j"] / energy["truth_j"] - 1
+    charged_error = energy["records_j"] / energy["charged_truth_j"] - 1
+    print(f"energy of job {ENERGY_JOB}: records {energy['records_j']:.0f} J; truth over its run "
+          f"{energy['truth_j']:.0f} J ({100 * error:+.2f} %, {energy['end'] - energy['first']:.1f} s); truth over "
+          f"the span charged {energy['charged_truth_j']:.0f} J ({100 * charged_error:+.2f} %); first scrape "
+          f"{energy['first']:.3f}, first join {energy['first_join']:.3f}, first power {energy['first_power']:.3f}")
+    # the watts charged: within 2 % of the simulated watts over the span the records charged ...
+    assert abs(charged_error) < ENERGY_TOLERANCE, report
+    # ... and over the whole run, short of it by no more than EDGE_EVALS evaluations of the job's watts
+    lost = EDGE_EVALS * records.duration_seconds(FAST.eval_interval) * sum(WATTS.values())
+    assert -ENERGY_TOLERANCE < (energy["records_j"] + lost) / energy["truth_j"] - 1 and error < ENERGY_TOLERANCE, \
+        report
+
+
 @pytest.mark.timeout(WATCH_S + 80)
 def test_each_slow_rank_pages_with_its_cause_joined_through_its_pod(tmp_path):
     require_tool("prometheus")
@@ -278,11 +319,7 @@ def test_each_slow_rank_pages_with_its_cause_joined_through_its_pod(tmp_path):
     segments: Segments = {}
     try:
         start = time.monotonic()
-        sim, uuids, exporter, port, stop_kubelet = start_node(tmp_path, logs, segments)
-        changes = [threading.Timer(at, draw, (sim, 0, watts, segments))  # the energy job's GPU 0
-                   for at, watts in ((CHANGE_AT_S, LATER_WATTS), (BACK_AT_S, WATTS[0]))]
-        for change in changes:
-            change.start()
+        sim, uuids, exporter, port, stop_kubelet = start_node(tmp_path, logs, segments, changes)
         for job in running:
             job.start(logs)
         write_targets(sd, running, {}, node=NODE)
@@ -299,15 +336,8 @@ def test_each_slow_rank_pages_with_its_cause_joined_through_its_pod(tmp_path):
         job_gpus = {r["metric"]["uuid"] for r in query(f'{records.JOB_GPUS.name}{{job_id="{ENERGY_JOB}"}}')}
         energy = stop_and_measure(next(j for j in running if j.job_id == ENERGY_JOB), query, segments)
     finally:
-        for change in changes:
-            change.cancel()
         stop_all(running, prom)
-        if exporter is not None:
-            stop(exporter)
-        if stop_kubelet is not None:
-            stop_kubelet()
-        if sim is not None:
-            sim.close()
+        stop_node(exporter, stop_kubelet, sim, changes)
         logs.close()
     report = (f"fired (s since start): {seen.fired}\nrank causes over time: {seen.causes}\nrank GPUs: {mapped}\n"
               f"GPUs with the thermal cause: {throttled}\ndescriptions: {texts}\nexplain: {diagnosed}\n"
@@ -330,23 +360,7 @@ def test_each_slow_rank_pages_with_its_cause_joined_through_its_pod(tmp_path):
         "thermal": ("thermal", "1", uuids[THROTTLED[0]]), "loader": ("data_loader", "1", ""),
         "plain": ("none", "1", "")}, report
     assert all(d[3].startswith(f"  1. {d[0]} on rank {d[1]}") for d in diagnosed.values()), report
-    # energy per training job: its two pods' GPUs joined, its energy within 2 % of the watts set,
-    # integrated over its run (a run long enough that a 1 s evaluation is under 2 % of it)
-    assert job_gpus == {uuids[slot] for slot in WATTS}, report
-    assert energy["end"] - energy["first"] >= MIN_RUN_S and len(segments[0]) == 3, report  # the changes within it
-    assert abs(energy["end"] - energy["stopped"]) < 2, report  # the span measured is the ranks' own
-    error = energy["records_j"] / energy["truth_j"] - 1
-    charged_error = energy["records_j"] / energy["charged_truth_j"] - 1
-    print(f"energy of job {ENERGY_JOB}: records {energy['records_j']:.0f} J; truth over its run "
-          f"{energy['truth_j']:.0f} J ({100 * error:+.2f} %, {energy['end'] - energy['first']:.1f} s); truth over "
-          f"the span charged {energy['charged_truth_j']:.0f} J ({100 * charged_error:+.2f} %); first scrape "
-          f"{energy['first']:.3f}, first join {energy['first_join']:.3f}, first power {energy['first_power']:.3f}")
-    # the watts charged: within 2 % of the simulated watts over the span the records charged ...
-    assert abs(charged_error) < ENERGY_TOLERANCE, report
-    # ... and over the whole run, short of it by no more than EDGE_EVALS evaluations of the job's watts
-    lost = EDGE_EVALS * records.duration_seconds(FAST.eval_interval) * sum(WATTS.values())
-    assert -ENERGY_TOLERANCE < (energy["records_j"] + lost) / energy["truth_j"] - 1 and error < ENERGY_TOLERANCE, \
-        report
+    check_energy(energy, job_gpus, {uuids[slot] for slot in WATTS}, segments, report)
     # no rank's cause ever named a GPU but its own (GPU 6, throttled, belongs to no rank)
     for (job, rank), history in seen.causes.items():
         own = uuids[JOBS[job][1][int(rank)]] if job in JOBS else None
