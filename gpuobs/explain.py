@@ -98,10 +98,23 @@ class GpuRow:
 
 
 @dataclass
+class Energy:
+    """A training job's energy over the window, from the energy records per training job
+    (gpuobs.records.energy): watts its GPUs drew (TRAINING_JOB_POWER, mean over the samples it has),
+    joules (that record summed over the window times the rules' evaluation interval), joules per step
+    and per token (their records' means; None where absent: no steps or no tokens reported)."""
+    watts: float
+    joules: float
+    joules_per_step: float | None = None
+    joules_per_token: float | None = None
+
+
+@dataclass
 class Diagnosis:
     """Why job_id is slow over the `window` (a Prometheus duration) ending at `at` (Unix s): per rank,
     per GPU, the findings most likely first, and the slowest step's exemplar (trace id, its duration in
-    s and its rank; "" / None without exemplars). source: how the records were read."""
+    s and its rank; "" / None without exemplars). source: how the records were read. energy: the job's
+    power and energy over the window (None where its GPUs are not joined)."""
     job_id: str
     prometheus: str
     at: float
@@ -113,6 +126,7 @@ class Diagnosis:
     trace_id: str = ""
     trace_seconds: float | None = None
     trace_rank: str = ""
+    energy: Energy | None = None
 
 
 # ------------------------------------------------------------------------------------ reading
@@ -182,6 +196,20 @@ def _ranks(r: _Reader, job_id: str) -> dict[str, RankRow]:
         if not row.gpus and row.cause_gpu:
             row.gpus.append(row.cause_gpu)
     return ranks
+
+
+def _energy(r: _Reader, job_id: str) -> Energy | None:
+    """The job's power, energy, and energy per step and per token over the window; None when no GPU of
+    its ranks is joined (nothing is charged to it)."""
+    job = {"job_id": {job_id}}
+    power = r.record(records.TRAINING_JOB_POWER, "avg", job)
+    if not power:
+        return None
+    total = r.record(records.TRAINING_JOB_POWER, "sum", job)
+    per = {rec: r.record(rec, "avg", job) for rec in (records.TRAINING_JOB_ENERGY_PER_STEP,
+                                                       records.TRAINING_JOB_ENERGY_PER_TOKEN)}
+    step, token = (_value(found[0]) if found else None for found in per.values())
+    return Energy(_value(power[0]), _value(total[0]) * parse_duration(r.t.eval_interval), step, token)
 
 
 def _gpu_signals(r: _Reader, uuids: set[str]) -> dict[str, list[tuple[str, dict, float]]]:
@@ -311,7 +339,7 @@ def diagnose(prometheus: str, job_id: str, at: float | None = None, window: str 
     gpus = _gpus(reader, ranks)
     d = Diagnosis(job_id, client.url, when, window, RULES if reader.rules else INLINED,
                   [ranks[k] for k in sorted(ranks, key=_rank_order)], [gpus[k] for k in sorted(gpus)],
-                  _findings(ranks, gpus, thresholds))
+                  _findings(ranks, gpus, thresholds), energy=_energy(reader, job_id))
     _add_exemplar(d, parse_duration(window))
     return d
 
@@ -389,6 +417,16 @@ def headline(f: Finding) -> str:
     return f"{f.cause} on {where}: {f.evidence} (score {f.score:.2f})"
 
 
+def energy_line(d: Diagnosis) -> str:
+    """One line: the job's mean power and energy over the window, per step and per token."""
+    e = d.energy
+    if e is None:
+        return "Energy: none charged (no GPU of its ranks joined)"
+    per = f"{_cell(e.joules_per_step, '.4g')} J/step, {_cell(e.joules_per_token, '.4g')} J/token"
+    kwh = e.joules / records.JOULES_PER_KWH
+    return f"Energy: {e.watts:.0f} W on its GPUs (mean), {kwh:.4g} kWh in the window, {per}"
+
+
 def render(d: Diagnosis, trace_url: str = JAEGER) -> str:
     """The terminal text: a header, the causes most likely first (the first line names the top one's
     rank, GPU and node), the rank and GPU tables, the slowest step's trace (a link under trace_url,
@@ -397,7 +435,7 @@ def render(d: Diagnosis, trace_url: str = JAEGER) -> str:
              f"  from Prometheus at {d.prometheus}; causes read from the {d.source}", "",
              "Most likely causes, most likely first:"]
     lines += [f"  {i}. {headline(f)}" for i, f in enumerate(d.findings, 1)]
-    lines += ["", "Ranks:", *_rank_table(d), "", "GPUs of the ranks:"]
+    lines += ["", energy_line(d), "", "Ranks:", *_rank_table(d), "", "GPUs of the ranks:"]
     lines += _gpu_table(d) if d.gpus else ["  none mapped (no rank info joined to a GPU: see docs/instrument.md)"]
     lines.append("")
     if d.trace_id:
@@ -447,5 +485,5 @@ def section_slow_jobs(client: Prometheus, window, settings, t: Thresholds = DEFA
                    + table(["job", "cause", "rank", "GPU", "node", "evidence"], rows, numeric_from=99))
 
 
-__all__ = ["Diagnosis", "ExplainError", "Finding", "GpuRow", "RankRow", "ReportError", "confirm_lines", "diagnose",
-           "evidence", "headline", "render", "section_slow_jobs", "slow_jobs"]
+__all__ = ["Diagnosis", "Energy", "ExplainError", "Finding", "GpuRow", "RankRow", "ReportError", "confirm_lines",
+           "diagnose", "energy_line", "evidence", "headline", "render", "section_slow_jobs", "slow_jobs"]

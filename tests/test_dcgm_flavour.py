@@ -28,7 +28,10 @@ EXEMPT = {c.FAN_SPEED.name: "an H200 SXM has no fan", c.RETIRED_PAGES.name: "Hop
           c.RETIRED_PAGES_PENDING.name: "Hopper remaps rows, retires no pages",
           c.FABRIC_HEALTH.name: "the simulated H200 has no NVSwitch fabric",
           records.NODE_PCIE_DEGRADED.name: "no PCIe fault injected",
-          records.RANK_GPUS.name: "no training ranks run on this node"}
+          records.RANK_GPUS.name: "no training ranks run on this node",
+          **{r.name: "no training job runs on this node" for r in (
+              records.JOB_GPUS, records.TRAINING_JOB_POWER, records.TRAINING_JOB_CO2E_RATE,
+              records.TRAINING_JOB_ENERGY_PER_STEP, records.TRAINING_JOB_ENERGY_PER_TOKEN)}}
 # the alerts this test injects a fault for: (alert, GPU slot)
 EXPECTED = {("GpuHwThermalSlowdown", 0), ("GpuXidRebootRequired", 1), ("GpuLost", 1), ("GpuAllocatedIdle", 2),
             ("GpuSwPowerCapSustained", 3), ("GpuEccUncorrectable", 3), ("GpuRowRemapPending", 3)}

@@ -17,6 +17,7 @@ import subprocess
 import pytest
 import yaml
 from conftest import require_tool
+from rule_subset import subset
 from test_efficiency_rules import check
 
 from gpuobs import catalog as c
@@ -166,3 +167,110 @@ def test_the_report_settings_file_reads_grid_intensity_in_order_and_refuses_bad_
         path.write_text(bad + "\n")
         with pytest.raises(report.ReportError):
             report.load_settings(path)
+
+
+# --------------------------------------------------------------------- energy per training job (job_id)
+# GPUs: (cluster, node, gpu, uuid, watts, attribution); ranks: (job_id, rank, where it says it runs,
+# steps/s, tokens/s). Each path of the join once, and what it must not map:
+JOB_GPUS_IN = [
+    ("west", "n1", "0", "GPU-a", 100.0, {}),  # jobs a (two ranks) and s by UUID: charged to both
+    ("west", "n1", "1", "GPU-b", 120.0, {"k8s_namespace": "ml", "k8s_pod": "pb"}),  # job b's pod (its UUID unknown)
+    ("west", "n2", "0", "GPU-e1", 200.0, {"k8s_namespace": "ml", "k8s_pod": "pe"}),  # job e: two ranks in pod pe,
+    ("west", "n2", "1", "GPU-e2", 300.0, {"k8s_namespace": "ml", "k8s_pod": "pe"}),  # no UUIDs: both GPUs
+    ("east", "n2", "2", "GPU-f", 50.0, {"k8s_namespace": "ml", "k8s_pod": "pf"}),  # and its third rank's pod
+    ("west", "n3", "0", "GPU-c0", 150.0, {"hpc_job": "c"}),  # Slurm job c on n3: both its GPUs
+    ("west", "n3", "1", "GPU-c1", 150.0, {"hpc_job": "c"}),
+    ("west", "n4", "0", "GPU-d0", 400.0, {}),  # job d alone on bare host n4: its unheld GPU only
+    ("west", "n4", "1", "GPU-d1", 999.0, {"hpc_job": "other"}),
+    ("west", "n5", "0", "GPU-g0", 700.0, {}),  # jobs g and h on bare host n5: neither can be told apart
+]
+JOB_RANKS = [
+    ("a", "0", {"host": "n1", "uuid": "GPU-a"}, 2.0, 0.0), ("a", "1", {"host": "n1", "uuid": "GPU-a"}, 2.0, 0.0),
+    ("s", "0", {"host": "n1", "uuid": "GPU-a"}, 1.0, 0.0),
+    ("b", "0", {"host": "pb", "k8s_namespace": "ml", "k8s_pod": "pb", "uuid": "GPU-zz"}, 1.0, 0.0),
+    ("e", "0", {"host": "pe", "k8s_namespace": "ml", "k8s_pod": "pe"}, 2.0, 1000.0),
+    ("e", "1", {"host": "pe", "k8s_namespace": "ml", "k8s_pod": "pe"}, 2.0, 1000.0),
+    ("e", "2", {"host": "pf", "k8s_namespace": "ml", "k8s_pod": "pf"}, 2.6, 500.0),
+    ("c", "0", {"host": "n3"}, 1.0, 0.0), ("c", "1", {"host": "n3"}, 1.0, 0.0),
+    ("d", "0", {"host": "n4"}, 4.0, 0.0),
+    ("g", "0", {"host": "n5"}, 1.0, 0.0), ("h", "0", {"host": "n5"}, 1.0, 0.0),
+]
+JOB_MAPS = {"a": {"GPU-a"}, "s": {"GPU-a"}, "b": {"GPU-b"}, "e": {"GPU-e1", "GPU-e2", "GPU-f"},
+            "c": {"GPU-c0", "GPU-c1"}, "d": {"GPU-d0"}}  # worked out from the paths above, by hand
+EVAL_S = 60
+
+
+def _job_series() -> list[dict]:
+    """GPU info, up and energy counter of each GPU (joules growing at its watts); each rank's rank info
+    and step and token counters growing at its rates; 1 min samples for 10 min."""
+    out = []
+    n = 10
+    for cluster, node, gpu, uuid, watts, who in JOB_GPUS_IN:
+        lbl = ",".join(f'{k}="{v}"' for k, v in {"cluster": cluster, "node": node, "instance": f"{node}:9445",
+                                                   "job": "gpuobs", "gpu": gpu, "uuid": uuid, **who}.items())
+        out += [{"series": f"{c.GPU_INFO.exposed_name}{{{lbl}}}", "values": f"1x{n}"},
+                {"series": f"{c.GPU_UP.name}{{{lbl}}}", "values": f"1x{n}"},
+                {"series": f"{c.ENERGY.exposed_name}{{{lbl}}}", "values": f"1e9+{watts * EVAL_S:g}x{n}"}]
+    for job, rank, where, steps, tokens in JOB_RANKS:
+        lbl = ",".join(f'{k}="{v}"' for k, v in {"cluster": "west", "instance": f"{job}{rank}:9464", "job": "training",
+                                                   "job_id": job, "rank": rank, **where}.items())
+        out += [{"series": f"{c.RANK_INFO.exposed_name}{{{lbl}}}", "values": f"1x{n}"},
+                {"series": f"{c.STEPS.exposed_name}{{{lbl}}}", "values": f"0+{steps * EVAL_S:g}x{n}"}]
+        if tokens:
+            out.append({"series": f"{c.TOKENS_TRAINED.exposed_name}{{{lbl}}}", "values": f"0+{tokens * EVAL_S:g}x{n}"})
+    return out
+
+
+def _job_expected() -> dict[str, dict[str, float]]:
+    """Per job the JOB_MAPS GPUs' watts and CO2e g/s (each GPU's grid intensity by its cluster), its
+    steps/s (the mean of its ranks') and tokens/s (their sum)."""
+    gpus = {uuid: (cluster, watts) for cluster, _, _, uuid, watts, _ in JOB_GPUS_IN}
+    out = {}
+    for job, uuids in JOB_MAPS.items():
+        ranks = [(steps, tokens) for j, _, _, steps, tokens in JOB_RANKS if j == job]
+        out[job] = {"watts": sum(gpus[u][1] for u in uuids),
+                    "grams": sum(gpus[u][1] * intensity(gpus[u][0], "") for u in uuids) / 3.6e6,
+                    "steps": sum(s for s, _ in ranks) / len(ranks), "tokens": sum(t for _, t in ranks)}
+    return out
+
+
+def test_job_gpus_map_each_job_through_the_paths_and_charge_it_their_watts(tmp_path):
+    """JOB_GPUS: job a by UUID (two ranks, one GPU, shared by UUID with job s), b by its pod (its UUID
+    unknown to every GPU), e by its pods (two ranks in one pod: every GPU of both pods, where RANK_GPUS
+    has no pair), Slurm job c by hpc_job and host, d by its bare host (not the GPU another job holds),
+    and neither g nor h (two jobs on one bare host). Then per job its watts, CO2e rate, J/step and
+    J/token from the GPUs' energy counters and its ranks' counters."""
+    want = _job_expected()
+    name = r.JOB_GPUS.name
+    pairs = [{"labels": f'{name}{{job_id="{job}",node="{node}",gpu="{gpu}",uuid="{uuid}"}}', "value": 1}
+             for job, uuids in JOB_MAPS.items() for _, node, gpu, uuid, _, _ in JOB_GPUS_IN if uuid in uuids]
+    tests = [{"expr": name, "exp_samples": pairs}]
+    for job, w in want.items():
+        tests += [check(r.TRAINING_JOB_POWER, {"job_id": job}, w["watts"]),
+                  check(r.TRAINING_JOB_CO2E_RATE, {"job_id": job}, w["grams"]),
+                  check(r.TRAINING_JOB_ENERGY_PER_STEP, {"job_id": job}, w["watts"] / w["steps"])]
+    e = want["e"]
+    tests += [check(r.TRAINING_JOB_ENERGY_PER_TOKEN, {"job_id": "e"}, e["watts"] / e["tokens"]),
+              {"expr": f"count({r.TRAINING_JOB_ENERGY_PER_TOKEN.name})",  # only e reports tokens
+               "exp_samples": [{"labels": "{}", "value": 1}]}]
+    exprs = [name, r.TRAINING_JOB_CO2E_RATE.name, r.TRAINING_JOB_ENERGY_PER_STEP.name,
+             r.TRAINING_JOB_ENERGY_PER_TOKEN.name]
+    groups = subset(rule_groups(T), exprs)
+    binary = require_tool("promtool")
+    (tmp_path / "r.yml").write_text(yaml.safe_dump({"groups": [{**g, "interval": f"{EVAL_S}s"} for g in groups]},
+                                                   sort_keys=False))
+    doc = {"rule_files": ["r.yml"], "evaluation_interval": f"{EVAL_S}s",
+           "group_eval_order": [g["name"] for g in groups],
+           "tests": [{"interval": f"{EVAL_S}s", "input_series": _job_series(),
+                      "promql_expr_test": [{"eval_time": "8m", **t} for t in tests]}]}
+    (tmp_path / "t.yml").write_text(yaml.safe_dump(doc, sort_keys=False, width=10 ** 6))
+    out = subprocess.run([binary, "test", "rules", "t.yml"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-2000:]
+
+
+def test_the_job_example_has_what_the_paths_must_tell_apart():
+    """The worked example is not trivial: a GPU shared by UUID, a job on more GPUs than a pod, a job on
+    no GPU, and per-step energy that differs from the sum or maximum of the ranks' rates."""
+    want = _job_expected()
+    assert JOB_MAPS["a"] == JOB_MAPS["s"] and len(JOB_MAPS["e"]) == 3 and not {"g", "h"} & set(JOB_MAPS)
+    assert want["e"]["steps"] not in (2.0, 2.6, 6.6) and want["e"]["grams"] != want["e"]["watts"] * 400 / 3.6e6

@@ -142,6 +142,7 @@ def node(tmp_path_factory):
                                "--port", str(port), "--interval", "0.5"], env=sim.env(),
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
     uuids = {i: sim.state.gpu(i).uuid.s.decode() for i in range(6)}
+    watts = {i: sim.state.gpu(i).energy_mj.amp / 1000 for i in range(6)}  # the energy counters' rates (mW)
     server = serve_ranks(uuids)
     try:
         targets = [f"127.0.0.1:{port}", f"127.0.0.1:{server.server_address[1]}"]
@@ -154,7 +155,7 @@ def node(tmp_path_factory):
               "the exporter's six GPUs, by the simulator's UUIDs")
         _wait(ruled, f"count_over_time(count({records.RANK_CAUSE.name})[{WINDOW}:1s]) >= 8",
               lambda r: bool(r), "8 s of the cause records")
-        yield {**urls, "uuids": uuids}
+        yield {**urls, "uuids": uuids, "watts": watts}
     finally:
         for proc in procs:
             stop(proc)
@@ -179,6 +180,15 @@ def test_a_thermally_throttled_gpu_is_named_first(node, source):
     text = explain.render(d)
     assert f"thermal on rank 1, GPU {node['uuids'][1]}, node sim-node" in _first_line(text)
     assert "nvidia-smi -q -d PERFORMANCE,TEMPERATURE" in text  # the runbook's confirm line
+    # its energy: the simulated watts of its two GPUs (each rank's own, by UUID), a step every STEP_S
+    watts = node["watts"][0] + node["watts"][1]
+    assert watts > 100 and d.energy is not None and d.energy.watts == pytest.approx(watts, rel=0.05)
+    # J/step: watts over the steps' rate; these series are younger than the rate window, whose rate reads
+    # low (see below), so the mean over the window is above watts * STEP_S, never below (the sum of the
+    # two ranks' rates would halve it)
+    assert d.energy.joules_per_step is not None and d.energy.joules_per_step >= 0.95 * watts * STEP_S
+    assert d.energy.joules_per_token is None  # these ranks report no tokens
+    assert f"Energy: {d.energy.watts:.0f} W on its GPUs" in text
     if source == "rules":  # the exemplar store: the slowest step's trace (rank 1's, 3 steps long)
         assert d.trace_rank == "1" and d.trace_seconds == pytest.approx(3 * STEP_S) and d.trace_id in text
 

@@ -1,5 +1,6 @@
 """Training job: step time by rank and the straggler, data waits, throughput, MFU, loss, gradient
-norm, learning rate, checkpoints, goodput, and the GPUs of the nodes the job runs on.
+norm, learning rate, checkpoints, goodput, the GPUs of the nodes the job runs on, and its power and
+energy (per step, per token, and kWh and CO2e over the range).
 
 The series come from gpuobs.instrument (OpenTelemetry, scraped from each rank's Prometheus
 endpoint or through a collector); every point carries `job_id` and `rank`.
@@ -18,6 +19,7 @@ J = (JOB, RANK)
 BY_RANK = "rank {{rank}}"
 RANK_NODE = "rank, node"  # by node too: the series' node label feeds the link to its GPU metrics
 TOKENS = "suffix: tokens/s"
+RANGE_STEP_S = 60  # seconds between the samples of a record integrated over the range
 
 
 def job_nodes() -> str:
@@ -59,6 +61,31 @@ def _why_slow(L: k.Layout) -> None:
     L.add(k.table("Where each rank runs", [target(m(c.RANK_INFO))], "short",
                   "Each rank's host, pod and GPU UUID as it reports them (rank info): what the causes are joined "
                   "on (docs/instrument.md, Why is my rank slow).", hide=("job_id", "Value")), 24, 6)
+
+
+def _over_range(record: r.Record) -> str:
+    """A per-second record of the selected job integrated over the dashboard's range: its value sampled
+    every RANGE_STEP_S (a subquery, whatever the rules' evaluation interval) times that step."""
+    return f"sum_over_time(({sel(record, JOB)})[$__range:{RANGE_STEP_S}s]) * {RANGE_STEP_S}"
+
+
+def _energy(L: k.Layout) -> None:
+    """Panels of the job's power, energy per step and per token, and energy and CO2e over the range (the
+    energy records per training job: the watts of the GPUs its ranks run on, gpuobs.records.energy)."""
+    L.add(k.timeseries("Power of the job's GPUs", [target(sel(r.TRAINING_JOB_POWER, JOB), "watts")], "watt",
+                       "Watts the GPUs the job's ranks run on draw (the rate of their energy counters; the join of "
+                       "the ranks' rank info to the GPUs: UUID, pod, Slurm job or bare host).", min=0), 8, 6)
+    L.add(k.stat("Energy per step", [target(sel(r.TRAINING_JOB_ENERGY_PER_STEP, JOB))], "joule",
+                 "Joules the job's GPUs draw per optimizer step: their watts over the job's steps per second."), 4, 6)
+    L.add(k.stat("Energy per token", [target(sel(r.TRAINING_JOB_ENERGY_PER_TOKEN, JOB))], "joule",
+                 "Joules the job's GPUs draw per token trained (no data when the job reports no tokens)."), 4, 6)
+    L.add(k.stat("Energy over the range", [target(f"{_over_range(r.TRAINING_JOB_POWER)} / {r.JOULES_PER_KWH:g}",
+                                                  instant=True)], "kwatth",
+                 "kWh the job's GPUs drew over the dashboard's time range, while its ranks were up.",
+                 graph=False), 4, 6)
+    L.add(k.stat("CO2e over the range", [target(_over_range(r.TRAINING_JOB_CO2E_RATE), instant=True)], "massg",
+                 "Grams of CO2e of that energy at the configured grid intensity (an average, not live; embodied "
+                 "carbon not counted).", graph=False), 4, 6)
 
 
 def build():
@@ -207,6 +234,7 @@ def build():
                        "bytes", "Device memory used on the job's nodes.", min=0), 8, 8)
     L.add(k.timeseries("GPU power", [target(f"{sel(c.POWER_USAGE)} and {nodes}", "{{node}} GPU {{gpu}}")],
                        "watt", "Board power on the job's nodes.", min=0), 8, 8)
+    _energy(L)
 
     variables = [
         k.variable("job_id", f"label_values({c.STEPS.exposed_name}, job_id)", "Job", multi=False),

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from .. import catalog as c
 from .allocation import NAMESPACE, _by_team, _weekly
-from .base import ATTRIBUTION, GPU, GPU_BY, Record, Windows, _by
+from .base import ATTRIBUTION, GPU, GPU_BY, JOB, RANK, Record, Windows, _by, _sum_rate
 from .placement import HPC_JOB
+from .slowdown import JOB_GPUS
+from .training import JOB_TOKENS
 
 # ------------------------------------------------------------------------ energy and carbon per holder
 # A GPU's power is the rate of its energy counter (NVML's total energy since the driver loaded, Volta
@@ -22,8 +24,9 @@ from .placement import HPC_JOB
 # usage gauge instead: the board's power, averaged over a second by NVML, sampled once a scrape.
 # CO2e: the energy times the grid's carbon intensity per GPU (Thresholds.grid_intensities, first
 # match, else grid_intensity_default; gCO2e/kWh), a configured average: neither live nor marginal, and
-# embodied carbon (manufacturing) is not counted. Hook: per training job energy per step and per token
-# read GPU_POWER_DRAWN through the rank -> GPU join (gpuobs.records.slowdown) once it is there.
+# embodied carbon (manufacturing) is not counted. Per training job (job_id of the instrumentation), the
+# same per-GPU watts are charged through the job -> GPU join (gpuobs.records.slowdown.JOB_GPUS) while
+# its ranks are served, and divided by its step and token rates for the energy per step and per token.
 KSM_NODE_LABELS = "kube_node_labels"
 JOULES_PER_KWH = 3.6e6
 
@@ -85,3 +88,33 @@ WEEKLY_ENERGY = {level: tuple(x for now in (power, co2e) for x in _weekly(now, T
 NAMESPACE_POWER_STEP, NAMESPACE_ENERGY, NAMESPACE_CO2E_STEP, NAMESPACE_CO2E = WEEKLY_ENERGY["namespace"]
 TEAM_POWER_STEP, TEAM_ENERGY, TEAM_CO2E_STEP, TEAM_CO2E = WEEKLY_ENERGY["team"]
 JOB_POWER_STEP, JOB_ENERGY, JOB_CO2E_STEP, JOB_CO2E = WEEKLY_ENERGY["job"]
+
+
+# ------------------------------------------------------------------------ energy per training job
+def _over_job_gpus(per_gpu: str) -> str:
+    """Per job_id, the sum over the GPUs its ranks run on now (JOB_GPUS) of a per-GPU quantity (its
+    series taken one per UUID): a GPU two jobs share by UUID is charged to each."""
+    return f"sum by (job_id) ({JOB_GPUS.name} * on (uuid) group_left () max by (uuid) ({per_gpu}))"
+
+
+def _per_second_of(rate: str) -> str:
+    """TRAINING_JOB_POWER (J/s) over a per-job rate (per second), where the rate is above 0."""
+    return f"{TRAINING_JOB_POWER.name} / on (job_id) ({rate} > 0)"
+
+
+# Watts the GPUs of each training job draw now (GPU_POWER_DRAWN over JOB_GPUS), the same name as the
+# holders' power at level job_id
+TRAINING_JOB_POWER = Record(JOB, NAMESPACE_POWER.metric, "sum", lambda t: _over_job_gpus(GPU_POWER_DRAWN.name))
+# Grams of CO2e per second the job's GPUs emit now, at each GPU's grid intensity (as the holders')
+TRAINING_JOB_CO2E_RATE = Record(
+    JOB, NAMESPACE_CO2E_RATE.metric, "sum",
+    lambda t: f"{_over_job_gpus(f'{GPU_POWER_DRAWN.name} * on ({GPU_BY}) group_left () ({grid_intensity(t)})')}"
+              f" / {JOULES_PER_KWH:g}")
+# Joules per optimizer step: the job's watts over its step rate (the mean of its ranks' rates over
+# rate_window: every rank of a synchronous job runs every step); none while it makes no steps
+TRAINING_JOB_ENERGY_PER_STEP = Record(
+    JOB, "gpuobs_training_energy_joules", "per_step",
+    lambda t: _per_second_of(f"avg by (job_id) ({_sum_rate(RANK, c.STEPS.exposed_name, t)})"))
+# Joules per token trained: the job's watts over its tokens per second (JOB_TOKENS, all ranks')
+TRAINING_JOB_ENERGY_PER_TOKEN = Record(JOB, "gpuobs_training_energy_joules", "per_token",
+                                       lambda t: _per_second_of(JOB_TOKENS.name))

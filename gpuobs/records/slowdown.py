@@ -18,7 +18,9 @@ must equal the host name the ranks see (RunEnv.node: NODE_NAME, SLURMD_NODENAME 
 PromQL joins one-to-many only, so a holder with several ranks and several GPUs (one pod of 8 ranks on
 8 GPUs, without UUIDs) cannot be joined rank by GPU: RANK_CAUSE then joins each rank to its holder's
 top cause (a rank maps to its pod's GPUs), and RANK_GPUS lists (rank, GPU) pairs only where a rank's
-UUID names its GPU or its holder runs that one rank.
+UUID names its GPU or its holder runs that one rank. JOB_GPUS maps each job to the GPUs its ranks run
+on now, through the same paths (one-to-many: a holder running ranks of one job maps it to all its
+GPUs); the energy records charge a training job through it (gpuobs.records.energy).
 
 Causes and their priorities (the integer part of GPU_CAUSES' value; the fraction is the evidence, in
 [0, 1), so topk(1) picks the most likely): CAUSES below. A rank's data loader (its data-wait share an
@@ -106,9 +108,13 @@ GPU_CAUSES = Record(GPU, "gpuobs_gpu_slowdown_cause", "priority", _gpu_causes)
 
 
 # ---------------------------------------------------------------------------------- the join paths
-def _rank_info(t: Windows, matchers: str = "") -> str:
+def _rank_info(t: Windows, matchers: str = "", now: bool = False) -> str:
     # over rate_window, as the rates the training alerts compare: a rank that just ended keeps its
-    # cause as long as its alert's inputs last (a cause label that changes restarts the alert's for)
+    # cause as long as its alert's inputs last (a cause label that changes restarts the alert's for).
+    # now: the rank info served now (it goes stale at the rank's first failed scrape), for what is
+    # charged while a job runs (its energy), never after it
+    if now:
+        return f"{c.RANK_INFO.name}{matchers}"
     return f"last_over_time({c.RANK_INFO.name}{matchers}[{t.rate_window}])"
 
 
@@ -120,16 +126,23 @@ def _host_as(labels: tuple[str, ...], expr: str) -> str:
     return expr
 
 
-def _paths(t: Windows) -> tuple[tuple[str, str, tuple[str, ...], str], ...]:
+def _paths(t: Windows, now: bool = False) -> tuple[tuple[str, str, tuple[str, ...], str], ...]:
     """(path, rank side, the labels both sides match on, the GPU series of the path): in order, each
-    for the ranks the earlier ones did not map."""
+    for the ranks the earlier ones did not map. now: the rank side is the rank info served now
+    (_rank_info), else its last sample over rate_window."""
     return (
-        ("exact", _rank_info(t, '{uuid!=""}'), ("uuid",), ""),
-        ("pod", _rank_info(t, '{k8s_pod!=""}'), ("k8s_namespace", "k8s_pod"), '{k8s_pod!=""}'),
-        ("slurm", _host_as(("hpc_job", "node"), _rank_info(t, '{job_id!="", host!=""}')), ("hpc_job", "node"),
+        ("exact", _rank_info(t, '{uuid!=""}', now), ("uuid",), ""),
+        ("pod", _rank_info(t, '{k8s_pod!=""}', now), ("k8s_namespace", "k8s_pod"), '{k8s_pod!=""}'),
+        ("slurm", _host_as(("hpc_job", "node"), _rank_info(t, '{job_id!="", host!=""}', now)), ("hpc_job", "node"),
          '{hpc_job!=""}'),
-        ("host", _host_as(("node",), _rank_info(t, '{host!=""}')), ("node",), '{k8s_pod="", hpc_job=""}'),
+        ("host", _host_as(("node",), _rank_info(t, '{host!=""}', now)), ("node",), '{k8s_pod="", hpc_job=""}'),
     )
+
+
+def _mapped_before(paths: tuple[tuple[str, str, tuple[str, ...], str], ...], i: int) -> str:
+    """The rank info series that a path before paths[i] maps (those with a GPU on that path); "" for the first."""
+    info = c.GPU_INFO.exposed_name
+    return " or ".join(f"{r} and on ({_by(o)}) {info}{g}" for _, r, o, g in paths[:i])
 
 
 def _rank_gpus(t: Windows) -> str:
@@ -148,7 +161,7 @@ def _rank_gpus(t: Windows) -> str:
             one = f"{per_rank} and on ({keys}) (count by ({keys}) ({per_rank}) == 1)"
             pairs = f"({one}) * on ({keys}) group_right (job_id, rank) {info}{gpus}"
         found = f"max by (job_id, rank, node, gpu, uuid) ({pairs})"
-        mapped = " or ".join(f"{r} and on ({_by(o)}) {info}{g}" for _, r, o, g in paths[:i])
+        mapped = _mapped_before(paths, i)
         terms.append(f"({found} unless on (job_id, rank) ({mapped}))" if mapped else f"({found})")
     return " or ".join(terms)
 
@@ -183,6 +196,34 @@ def _rank_cause(t: Windows) -> str:
     return f"topk by (job_id, rank) (1, {' or '.join(terms)}) % {PATH_STEP}"
 
 
+def _job_gpus(t: Windows) -> str:
+    """Per path, each job to every GPU its ranks run on now, over the ranks no earlier path maps: by
+    UUID (a GPU may be several jobs'), else every GPU of each holder (pod, Slurm job on a host, bare
+    host) that runs ranks of that one job only (a pod runs one job; a host running two jobs' ranks
+    without UUIDs cannot tell their GPUs apart and maps neither)."""
+    info = c.GPU_INFO.exposed_name
+    terms = []
+    paths = _paths(t, now=True)
+    for i, (_, ranks, on, gpus) in enumerate(paths):
+        keys = _by(on)
+        mapped = _mapped_before(paths, i)
+        own = f"{ranks} unless on (job_id, rank) ({mapped})" if mapped else ranks
+        per_job = f"max by (job_id, {keys}) ({own})"
+        if i == 0:
+            pairs = f"{per_job} * on ({keys}) group_left (node, gpu) max by ({keys}, node, gpu) ({info})"
+        else:
+            one = f"{per_job} and on ({keys}) (count by ({keys}) ({per_job}) == 1)"
+            pairs = f"({one}) * on ({keys}) group_right (job_id) {info}{gpus}"
+        terms.append(f"max by (job_id, node, gpu, uuid) ({pairs})")
+    return " or ".join(terms)
+
+
+# Each training job's GPUs now (the rank info served now: nothing is charged to a job after its ranks
+# end): (job_id, node, gpu, uuid), value 1. One-to-many where RANK_GPUS cannot list pairs: a pod or
+# host running several ranks of one job without UUIDs maps the job to every GPU it holds.
+JOB_GPUS = Record(("job_id", "node", "gpu", "uuid"), "gpuobs_training_job_gpus", "info", _job_gpus)
+
+
 # Per rank (with steps or data waits over rate_window, or mapped to a GPU), one series: its most likely
 # slowdown cause and the GPU it is on (cause_gpu, empty for data_loader and none), valued the cause's
 # priority plus its evidence
@@ -198,4 +239,4 @@ def _job_cause(t: Windows) -> str:
 # Per job, its ranks' top cause, with the rank it is on (cause_rank, empty for none)
 JOB_CAUSE = Record(JOB, RANK_CAUSE, "top", _job_cause)
 
-__all__ = ["CAUSE_BY", "CAUSES", "JOB_CAUSE_BY", "GPU_CAUSES", "JOB_CAUSE", "RANK_CAUSE", "RANK_GPUS"]
+__all__ = ["CAUSE_BY", "CAUSES", "JOB_CAUSE_BY", "GPU_CAUSES", "JOB_CAUSE", "JOB_GPUS", "RANK_CAUSE", "RANK_GPUS"]
