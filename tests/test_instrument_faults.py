@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 from conftest import free_port
 
+from gpuobs.instrument.telemetry import EXIT_TIMEOUT_S
+
 REPO = Path(__file__).resolve().parents[1]
 
 SCRIPT = textwrap.dedent('''
@@ -143,7 +145,8 @@ def test_process_exits_in_bounded_time_without_calling_shutdown(endpoint):
     t0 = time.monotonic()
     proc.wait(timeout=20)
     # the SDK's own exit hooks could wait 30 s on this endpoint; gpuobs's bounded one replaces them
-    assert time.monotonic() - t0 < 6
+    # (EXIT_TIMEOUT_S on the flush, plus the interpreter's teardown: seconds on a busy 2-core machine)
+    assert time.monotonic() - t0 < EXIT_TIMEOUT_S + 7
 
 
 FORK = textwrap.dedent('''

@@ -39,8 +39,9 @@ def test_training_metrics_by_rank_in_prometheus(exporter, prometheus, tmp_path):
             for proc in procs:
                 if proc.poll() is not None:
                     pytest.fail(f"train.py exited {proc.returncode}: {proc.stderr.read()[-2000:]}")
-            if len(by_rank(p50)) == 2 and len(by_rank("rate(gpuobs_training_tokens_total[10s])")) == 2:
-                break
+            if len(by_rank(p50)) == 2 and len(by_rank("rate(gpuobs_training_tokens_total[10s])")) == 2 \
+                    and len(by_rank("sum by (rank) (gen_ai_server_request_duration_seconds_count)")) == 2:
+                break  # every rank has stepped and run an evaluation (every 20 steps) that was scraped
             time.sleep(1)
         steps = by_rank(p50)
         assert set(steps) == {"0", "1"}
