@@ -19,7 +19,8 @@ J = (JOB, RANK)
 BY_RANK = "rank {{rank}}"
 RANK_NODE = "rank, node"  # by node too: the series' node label feeds the link to its GPU metrics
 TOKENS = "suffix: tokens/s"
-RANGE_STEP_S = 60  # seconds between the samples of a record integrated over the range
+RANGE_STEP_S = 15  # seconds between the samples of a record integrated over the range (a job younger
+# than one step would show nothing; 15 s is half the default evaluation interval)
 
 
 def job_nodes() -> str:
